@@ -25,8 +25,13 @@ class CapabilityError(ValueError):
 class DeviceCaps:
     """One compute device: the CPU, or one GPU.
 
+    ``arch`` is the instruction set (``x86_64``, ``aarch64``) for CPUs and the GPU target
+    (``sm_90``, ``gfx942``, ``pvc``) for accelerators; ``microarch`` is the CPU core design
+    (``zen4``, ``sapphire_rapids``, ``neoverse_v1``) where it can be told reliably.
     ``features`` holds ISA features for CPUs (``avx512f``, ``amx_int8``, ``sve`` ...) and
     architecture features for GPUs (``tma``, ``wgmma``, ``mi300_class`` ...).
+    ``cores`` counts logical CPUs (CPU), SMs (NVIDIA), CUs (AMD) or EUs (Intel XPU).
+    ``driver`` is the version of the driver that reported the device, when it says.
     ``matrix_types`` lists the element types the matrix units multiply natively.
     ``torch_ops`` lists the torch quantized ops that have a kernel for this device in the
     running torch build. ``runnable`` says whether torch in this process can launch work on it.
@@ -37,6 +42,7 @@ class DeviceCaps:
     vendor: str = UNKNOWN
     name: str = UNKNOWN
     arch: str = UNKNOWN
+    microarch: str = UNKNOWN
     compute_capability: tuple[int, int] | None = None
     memory_bytes: int | None = None
     cores: int | None = None
@@ -45,6 +51,7 @@ class DeviceCaps:
     libraries: frozenset[str] = frozenset()
     torch_ops: frozenset[str] = frozenset()
     runnable: bool = False
+    driver: str = UNKNOWN
     source: str = UNKNOWN
 
     @property
@@ -176,7 +183,7 @@ def _from_json(cls: type[DeviceCaps], data: Any, where: str) -> DeviceCaps:
     if kind not in DEVICE_KINDS:
         raise CapabilityError(f"{where}.kind: expected one of {DEVICE_KINDS}, found {kind!r}")
     kw: dict[str, Any] = {"kind": kind}
-    for key in ("vendor", "name", "arch", "source"):
+    for key in ("vendor", "name", "arch", "microarch", "driver", "source"):
         if key in data:
             kw[key] = _expect(data[key], str, f"{where}.{key}")
     for key in ("index",):
