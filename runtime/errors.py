@@ -17,3 +17,8 @@ class DispatchError(QuantrtError, RuntimeError):
 
 class ConfigError(QuantrtError, ValueError):
     """A QUANTRT_* environment variable or an option has a value quantrt cannot use."""
+
+
+class ReferenceInputError(QuantrtError, ValueError):
+    """Input a reference quantizer or dequantizer cannot use: a shape, dtype, missing tensor,
+    non-finite value or group that does not fit; the message names it, expected vs found."""

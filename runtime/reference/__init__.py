@@ -34,8 +34,14 @@ def family_module(scheme: Scheme) -> ModuleType:
     return mod
 
 
-def quantize(w: torch.Tensor, scheme: Scheme | str, *, calib: torch.Tensor | None = None,
-             g_idx: torch.Tensor | None = None, output_sizes: tuple[int, ...] = ()) -> CanonicalWeight:
+def quantize(
+    w: torch.Tensor,
+    scheme: Scheme | str,
+    *,
+    calib: torch.Tensor | None = None,
+    g_idx: torch.Tensor | None = None,
+    output_sizes: tuple[int, ...] = (),
+) -> CanonicalWeight:
     """Round-to-nearest quantization of a dense [N, K] weight into canonical tensors.
 
     ``calib``: activations [M, K] to set static activation scales (required by static schemes).
@@ -68,8 +74,13 @@ def quantize_activations(x: torch.Tensor, weight: CanonicalWeight) -> torch.Tens
     return fake_quantize(x.to(torch.float32), weight)
 
 
-def linear(x: torch.Tensor, weight: CanonicalWeight, bias: torch.Tensor | None = None,
-           out_dtype: torch.dtype | None = None, weight_only: bool = False) -> torch.Tensor:
+def linear(
+    x: torch.Tensor,
+    weight: CanonicalWeight,
+    bias: torch.Tensor | None = None,
+    out_dtype: torch.dtype | None = None,
+    weight_only: bool = False,
+) -> torch.Tensor:
     """Dequantize-then-matmul in fp32: the oracle every kernel is measured against.
 
     ``weight_only``: keep activations unquantized (the reference for weight-only substitutes).
