@@ -12,7 +12,8 @@ int (weight ``int``, bits b in 2, 3, 4, 8)
     zeros    int16 like scales, asymmetric only; may hold 2^b (GPTQ v1's zero 0 after its +1)
              symmetric weights use the implicit zero 2^(b-1)
     g_idx    int32 [K], act-order only: the scale/zero column of each input channel
-    input_scale fp32 [1], static activations only
+    input_scale fp32 [1], static activations only (loaded per slice of a fused layer, then
+             reduced to their max, as vLLM does: the slices share one activation)
     w[n, k] = (q[n, k] - z[n, g(k)]) * s[n, g(k)],  g(k) = g_idx[k] or k // G
 
 fp8 (weight ``fp8_e4m3`` / ``fp8_e5m2``)
@@ -37,8 +38,9 @@ bnb4 (weight ``nf4`` / ``fp4_bnb``; blocks of G over the row-major flattened wei
     qweight  uint8 [ceil(N*K/2)]  high nibble = even element
     code     fp32 [16]  the code book (NF4 or bitsandbytes' FP4 table)
     absmax   fp32 [ceil(N*K/G)], or uint8 codes of the same length with double quant:
-    nested_absmax fp32 [ceil(len(absmax)/256)], nested_code fp32 [256], offset fp32 [1]
-             absmax = nested_code[codes] * nested_absmax[i // 256] + offset
+    nested_absmax fp32 [ceil(len(absmax)/256)], nested_code fp32 [256], offset fp32 [S]
+             absmax = nested_code[codes] * nested_absmax[i // 256] + offset[slice of block i]
+             (each slice of a fused layer keeps its own quant state's offset)
     w.flat[e] = code[nibble(e)] * absmax[e // G]
 
 gguf (weight ``gguf``, type t with block of B elements in T bytes)
@@ -86,8 +88,9 @@ class CanonicalWeight:
         return next(iter(self.tensors.values())).device
 
     def to(self, device: torch.device | str) -> CanonicalWeight:
-        return CanonicalWeight(self.scheme, self.N, self.K,
-                               {k: v.to(device) for k, v in self.tensors.items()}, self.output_sizes)
+        return CanonicalWeight(
+            self.scheme, self.N, self.K, {k: v.to(device) for k, v in self.tensors.items()}, self.output_sizes
+        )
 
     @property
     def nbytes(self) -> int:
@@ -120,19 +123,48 @@ def canonical_specs(scheme: Scheme, N: int, K: int, num_slices: int = 1) -> dict
         elif scheme.granularity == "group":
             G = scheme.group_size
             assert G is not None
-            add(TensorSpec(name, (N, _ceil(K, G)), dtype, output_dim=0, input_dim=1,
-                           input_unit=Fraction(G), input_align=G,
-                           row="replicate" if replicate_rows else "split"))
+            add(
+                TensorSpec(
+                    name,
+                    (N, _ceil(K, G)),
+                    dtype,
+                    output_dim=0,
+                    input_dim=1,
+                    input_unit=Fraction(G),
+                    input_align=G,
+                    row="replicate" if replicate_rows else "split",
+                )
+            )
         else:
             bn, bk = scheme.block  # type: ignore[misc]
-            add(TensorSpec(name, (_ceil(N, bn), _ceil(K, bk)), dtype, output_dim=0, input_dim=1,
-                           output_unit=Fraction(bn), input_unit=Fraction(bk),
-                           output_align=bn, input_align=bk, ceil_end=True))
+            add(
+                TensorSpec(
+                    name,
+                    (_ceil(N, bn), _ceil(K, bk)),
+                    dtype,
+                    output_dim=0,
+                    input_dim=1,
+                    output_unit=Fraction(bn),
+                    input_unit=Fraction(bk),
+                    output_align=bn,
+                    input_align=bk,
+                    ceil_end=True,
+                )
+            )
 
     if fam == "int":
         b = scheme.bits
-        add(TensorSpec("qweight", (N, _ceil(K * b, 8)), torch.uint8, output_dim=0, input_dim=1,
-                       input_unit=Fraction(8, b), input_align=8 // math.gcd(8, b)))
+        add(
+            TensorSpec(
+                "qweight",
+                (N, _ceil(K * b, 8)),
+                torch.uint8,
+                output_dim=0,
+                input_dim=1,
+                input_unit=Fraction(8, b),
+                input_align=8 // math.gcd(8, b),
+            )
+        )
         scale_like("scales", torch.float32, replicate_rows=scheme.act_order)
         if not scheme.symmetric:
             scale_like("zeros", torch.int16, replicate_rows=scheme.act_order)
@@ -144,43 +176,165 @@ def canonical_specs(scheme: Scheme, N: int, K: int, num_slices: int = 1) -> dict
     elif fam in ("nvfp4", "mxfp4"):
         G = scheme.group_size
         assert G is not None
-        add(TensorSpec("qweight", (N, _ceil(K, 2)), torch.uint8, output_dim=0, input_dim=1,
-                       input_unit=Fraction(2), input_align=G))
+        add(
+            TensorSpec(
+                "qweight",
+                (N, _ceil(K, 2)),
+                torch.uint8,
+                output_dim=0,
+                input_dim=1,
+                input_unit=Fraction(2),
+                input_align=G,
+            )
+        )
         sdt = torch.float8_e4m3fn if fam == "nvfp4" else torch.uint8
-        add(TensorSpec("scales", (N, _ceil(K, G)), sdt, output_dim=0, input_dim=1,
-                       input_unit=Fraction(G), input_align=G))
+        add(
+            TensorSpec(
+                "scales",
+                (N, _ceil(K, G)),
+                sdt,
+                output_dim=0,
+                input_dim=1,
+                input_unit=Fraction(G),
+                input_align=G,
+            )
+        )
         if fam == "nvfp4":
             add(TensorSpec("global_scale", (S,), torch.float32, per_slice=True))
             if scheme.act is not None:
-                add(TensorSpec("input_global_scale", (1,), torch.float32, column="replicate", row="replicate"))
+                add(TensorSpec("input_global_scale", (S,), torch.float32, per_slice=True))
     elif fam == "bnb4":
         G = scheme.group_size
         assert G is not None
         flat = "bitsandbytes 4-bit blocks run over the flattened weight, across rows"
         col = "split" if K % G == 0 else "refuse"
-        why = (f"{flat}; a row-parallel cut would split them" if col == "split" else
-               f"{flat}, and K={K} is not a multiple of the blocksize {G}, so rows share blocks")
-        add(TensorSpec("qweight", (_ceil(N * K, 2),), torch.uint8, output_dim=0,
-                       output_unit=Fraction(2, K), column=col, row="refuse", refuse_reason=why))
+        why = (
+            f"{flat}; a row-parallel cut would split them"
+            if col == "split"
+            else f"{flat}, and K={K} is not a multiple of the blocksize {G}, so rows share blocks"
+        )
+        add(
+            TensorSpec(
+                "qweight",
+                (_ceil(N * K, 2),),
+                torch.uint8,
+                output_dim=0,
+                output_unit=Fraction(2, K),
+                column=col,
+                row="refuse",
+                refuse_reason=why,
+            )
+        )
         add(TensorSpec("code", (16,), torch.float32, column="replicate", row="replicate"))
         nb = _ceil(N * K, G)
         if scheme.double_quant:
-            add(TensorSpec("absmax", (nb,), torch.uint8, output_dim=0, output_unit=Fraction(G, K),
-                           column=col, row="refuse", refuse_reason=why))
-            add(TensorSpec("nested_absmax", (_ceil(nb, 256),), torch.float32, output_dim=0,
-                           output_unit=Fraction(256 * G, K), column=col, row="refuse",
-                           refuse_reason=why, ceil_end=True))
+            add(
+                TensorSpec(
+                    "absmax",
+                    (nb,),
+                    torch.uint8,
+                    output_dim=0,
+                    output_unit=Fraction(G, K),
+                    column=col,
+                    row="refuse",
+                    refuse_reason=why,
+                )
+            )
+            add(
+                TensorSpec(
+                    "nested_absmax",
+                    (_ceil(nb, 256),),
+                    torch.float32,
+                    output_dim=0,
+                    output_unit=Fraction(256 * G, K),
+                    column=col,
+                    row="refuse",
+                    refuse_reason=why,
+                    ceil_end=True,
+                )
+            )
             add(TensorSpec("nested_code", (256,), torch.float32, column="replicate", row="replicate"))
-            add(TensorSpec("offset", (1,), torch.float32, column="replicate", row="replicate"))
+            add(TensorSpec("offset", (S,), torch.float32, per_slice=True))
         else:
-            add(TensorSpec("absmax", (nb,), torch.float32, output_dim=0, output_unit=Fraction(G, K),
-                           column=col, row="refuse", refuse_reason=why))
+            add(
+                TensorSpec(
+                    "absmax",
+                    (nb,),
+                    torch.float32,
+                    output_dim=0,
+                    output_unit=Fraction(G, K),
+                    column=col,
+                    row="refuse",
+                    refuse_reason=why,
+                )
+            )
     elif fam == "gguf":
         B, T, _ = GGUF_TYPES[scheme.gguf_type]  # type: ignore[index]
-        add(TensorSpec("qweight", (N, K // B * T), torch.uint8, output_dim=0, input_dim=1,
-                       input_unit=Fraction(B, T), input_align=B))
+        add(
+            TensorSpec(
+                "qweight",
+                (N, K // B * T),
+                torch.uint8,
+                output_dim=0,
+                input_dim=1,
+                input_unit=Fraction(B, T),
+                input_align=B,
+            )
+        )
     else:  # pragma: no cover - every family is listed above
         raise AssertionError(fam)
     if scheme.act is not None and not scheme.act_dynamic:
-        add(TensorSpec("input_scale", (1,), torch.float32, column="replicate", row="replicate"))
+        add(TensorSpec("input_scale", (S,), torch.float32, per_slice=True))
     return specs
+
+
+#: activation scales loaded once per slice of a fused layer and reduced to one at load
+PER_LAYER_ACTIVATION_SCALES = ("input_scale", "input_global_scale")
+
+
+class CanonicalAdapter:
+    """The format adapter for canonical tensors as quantrt's own quantizer writes them.
+
+    Format adapters (GPTQ, AWQ, GGUF ...) have the same two methods: the TensorSpecs of what
+    the checkpoint stores, and the conversion of loaded tensors to canonical ones.
+    """
+
+    name = "canonical"
+
+    def tensor_specs(self, scheme: Scheme, N: int, K: int, num_slices: int = 1) -> dict[str, TensorSpec]:
+        return canonical_specs(scheme, N, K, num_slices)
+
+    def to_canonical(
+        self, tensors: dict[str, torch.Tensor], scheme: Scheme, N: int, K: int, output_sizes: tuple[int, ...]
+    ) -> CanonicalWeight:
+        out = dict(tensors)
+        for name in PER_LAYER_ACTIVATION_SCALES:
+            if name in out:
+                out[name] = out[name].max().reshape(1)
+        return CanonicalWeight(scheme, N, K, out, output_sizes)
+
+
+def int_codes(weight: CanonicalWeight) -> torch.Tensor:
+    """The unsigned integer codes of an ``int`` weight as int32 [N, K] (unpacked once, at load)."""
+    from .reference.packing import unpack_codes
+
+    return unpack_codes(weight["qweight"], weight.scheme.bits, weight.K).to(torch.int32)
+
+
+def act_order_perm(weight: CanonicalWeight, group: int) -> torch.Tensor | None:
+    """The input-channel order that makes act-order groups contiguous (None without act-order).
+
+    Sorting by g_idx must leave groups of exactly ``group`` consecutive channels, as GPTQ's
+    desc_act does; a uniform-group kernel refuses anything else, at load, with this error.
+    """
+    g_idx = weight.get("g_idx")
+    if g_idx is None:
+        return None
+    perm = torch.argsort(g_idx.long(), stable=True)
+    want = torch.arange(weight.K, device=g_idx.device) // group
+    if not torch.equal(g_idx.long()[perm], want):
+        raise ValueError(
+            f"act-order g_idx does not form groups of exactly {group} channels; "
+            "a uniform-group kernel cannot run it"
+        )
+    return perm

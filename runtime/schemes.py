@@ -36,8 +36,15 @@ _WEIGHT_TOKENS = {
     "nf4": "nf4",
     "bnbfp4": "fp4_bnb",
 }
-_WEIGHT_CANON = {"int": "int", "fp8_e4m3": "fp8", "fp8_e5m2": "fp8e5m2", "nvfp4": "nvfp4",
-                 "mxfp4": "mxfp4", "nf4": "nf4", "fp4_bnb": "bnbfp4"}
+_WEIGHT_CANON = {
+    "int": "int",
+    "fp8_e4m3": "fp8",
+    "fp8_e5m2": "fp8e5m2",
+    "nvfp4": "nvfp4",
+    "mxfp4": "mxfp4",
+    "nf4": "nf4",
+    "fp4_bnb": "bnbfp4",
+}
 
 #: GGUF block types the catalog covers -> (elements per block, bytes per block, nominal bits)
 GGUF_TYPES: dict[str, tuple[int, int, int]] = {
@@ -130,8 +137,16 @@ class Scheme:
 
 
 def default_scale_dtype(weight: str) -> str:
-    return {"int": "fp16", "fp8_e4m3": "fp32", "fp8_e5m2": "fp32", "nvfp4": "e4m3", "mxfp4": "e8m0",
-            "nf4": "fp32", "fp4_bnb": "fp32", "gguf": "fp16"}[weight]
+    return {
+        "int": "fp16",
+        "fp8_e4m3": "fp32",
+        "fp8_e5m2": "fp32",
+        "nvfp4": "e4m3",
+        "mxfp4": "e8m0",
+        "nf4": "fp32",
+        "fp4_bnb": "fp32",
+        "gguf": "fp16",
+    }[weight]
 
 
 def default_act_type(weight: str, act_bits: int) -> str | None:
@@ -146,7 +161,7 @@ def _fail(scheme: Scheme, why: str) -> SchemeError:
     return SchemeError(f"invalid scheme {scheme!r}: {why}")
 
 
-def _validate(s: Scheme) -> None:  # noqa: C901 - one place that states every rule
+def _validate(s: Scheme) -> None:
     if s.weight == "gguf":
         if s.gguf_type not in GGUF_TYPES:
             raise _fail(s, f"gguf_type must be one of {sorted(GGUF_TYPES)}, found {s.gguf_type!r}")
@@ -167,8 +182,11 @@ def _validate(s: Scheme) -> None:  # noqa: C901 - one place that states every ru
     elif s.group_size is not None:
         raise _fail(s, f"group_size is only valid with group granularity, found {s.group_size}")
     if s.granularity == "block":
-        if not (isinstance(s.block, tuple) and len(s.block) == 2 and all(isinstance(b, int) and b > 0
-                                                                          for b in s.block)):
+        if not (
+            isinstance(s.block, tuple)
+            and len(s.block) == 2
+            and all(isinstance(b, int) and b > 0 for b in s.block)
+        ):
             raise _fail(s, f"block granularity needs block=(rows, cols), found {s.block!r}")
     elif s.block is not None:
         raise _fail(s, "block is only valid with block granularity")
@@ -201,13 +219,15 @@ def _validate(s: Scheme) -> None:  # noqa: C901 - one place that states every ru
         if s.scale_dtype not in ("fp32", "fp16", "bf16"):
             raise _fail(s, f"integer scales are fp32, fp16 or bf16, found {s.scale_dtype}")
         if s.act == "int8":
-            if s.bits not in (4, 8) or not s.symmetric or s.granularity == "group" and s.bits == 8:
+            if s.bits not in (4, 8) or not s.symmetric or (s.granularity == "group" and s.bits == 8):
                 raise _fail(s, "int8 activations pair with symmetric 8-bit tensor/channel or 4-bit weights")
             if s.act_granularity not in ("token", "tensor"):
                 raise _fail(s, "int8 activations are per token (dynamic) or per tensor")
         elif s.act == "fp8_e4m3":
             if s.bits != 4 or not s.symmetric or s.granularity not in ("group", "channel"):
-                raise _fail(s, "fp8 activations with integer weights need symmetric int4 group/channel (W4A8)")
+                raise _fail(
+                    s, "fp8 activations with integer weights need symmetric int4 group/channel (W4A8)"
+                )
             if s.act_granularity != "token":
                 raise _fail(s, "W4A8 activations are dynamic per token")
         elif s.act == "nvfp4":
@@ -224,14 +244,26 @@ def _validate(s: Scheme) -> None:  # noqa: C901 - one place that states every ru
         if s.granularity == "block" and s.act is not None and s.act_granularity != "token_group":
             raise _fail(s, "block fp8 weights pair with dynamic per-token-group activations")
     elif fam == "nvfp4":
-        if (s.bits, s.granularity, s.group_size, s.scale_dtype, s.symmetric) != (4, "group", 16, "e4m3", True):
+        if (s.bits, s.granularity, s.group_size, s.scale_dtype, s.symmetric) != (
+            4,
+            "group",
+            16,
+            "e4m3",
+            True,
+        ):
             raise _fail(s, "nvfp4 is 4-bit e2m1 with e4m3 scales per 16 and a global fp32 scale")
         if s.act not in (None, "nvfp4"):
             raise _fail(s, "nvfp4 weights pair with nvfp4 activations or none")
         if s.act == "nvfp4" and (s.act_granularity, s.act_group) != ("token_group", 16):
             raise _fail(s, "nvfp4 activations are quantized dynamically in groups of 16")
     elif fam == "mxfp4":
-        if (s.bits, s.granularity, s.group_size, s.scale_dtype, s.symmetric) != (4, "group", 32, "e8m0", True):
+        if (s.bits, s.granularity, s.group_size, s.scale_dtype, s.symmetric) != (
+            4,
+            "group",
+            32,
+            "e8m0",
+            True,
+        ):
             raise _fail(s, "mxfp4 is 4-bit e2m1 with e8m0 scales per 32")
         if s.act is not None:
             raise _fail(s, "mxfp4 is weight-only in the catalog")
@@ -265,10 +297,18 @@ def parse_scheme(text: str) -> Scheme:
             raise SchemeError(f"{raw!r}: a GGUF scheme is 'gguf-<type>', e.g. gguf-q4_k")
         gt = parts[1]
         if gt not in GGUF_TYPES:
-            raise SchemeError(f"{raw!r}: unknown GGUF type {gt!r}; supported: {', '.join(GGUF_TYPES)}"
-                              + ("; IQ types are not supported yet" if gt.startswith("iq") else ""))
-        return Scheme(weight="gguf", bits=GGUF_TYPES[gt][2], granularity="group",
-                      group_size=GGUF_TYPES[gt][0], scale_dtype="fp16", gguf_type=gt)
+            raise SchemeError(
+                f"{raw!r}: unknown GGUF type {gt!r}; supported: {', '.join(GGUF_TYPES)}"
+                + ("; IQ types are not supported yet" if gt.startswith("iq") else "")
+            )
+        return Scheme(
+            weight="gguf",
+            bits=GGUF_TYPES[gt][2],
+            granularity="group",
+            group_size=GGUF_TYPES[gt][0],
+            scale_dtype="fp16",
+            gguf_type=gt,
+        )
     m = _HEAD.match(parts[0])
     if not m:
         raise SchemeError(f"{raw!r}: first part {parts[0]!r} should be w<bits>a<bits> (e.g. w4a16) or 'gguf'")
@@ -276,11 +316,15 @@ def parse_scheme(text: str) -> Scheme:
     if abits not in (4, 8, 16):
         raise SchemeError(f"{raw!r}: activation bits in {parts[0]!r} must be 4, 8 or 16, found {abits}")
     if len(parts) < 2:
-        raise SchemeError(f"{raw!r}: missing the weight type after {parts[0]!r} "
-                          f"(one of {', '.join(sorted(_WEIGHT_TOKENS))})")
+        raise SchemeError(
+            f"{raw!r}: missing the weight type after {parts[0]!r} "
+            f"(one of {', '.join(sorted(_WEIGHT_TOKENS))})"
+        )
     wtok = parts[1]
     if wtok not in _WEIGHT_TOKENS:
-        raise SchemeError(f"{raw!r}: unknown weight type {wtok!r}; known: {', '.join(sorted(_WEIGHT_TOKENS))}")
+        raise SchemeError(
+            f"{raw!r}: unknown weight type {wtok!r}; known: {', '.join(sorted(_WEIGHT_TOKENS))}"
+        )
     weight = _WEIGHT_TOKENS[wtok]
 
     kw: dict[str, object] = {"weight": weight, "bits": wbits}
@@ -336,7 +380,8 @@ def parse_scheme(text: str) -> Scheme:
             raise SchemeError(
                 f"{where} is not understood; expected a granularity (tensor, ch, g<G>, block<B>[x<B>]), "
                 "sym/asym, actorder, dq, s<fp32|fp16|bf16>, afp8/aint8, or an activation mode "
-                "(tok, static, dyn, tokg<G>)")
+                "(tok, static, dyn, tokg<G>)"
+            )
     if weight in ("int",) and "granularity" not in kw:
         raise SchemeError(f"{raw!r}: integer weights need a granularity (tensor, ch or g<G>)")
     if weight in ("nf4", "fp4_bnb") and "granularity" not in kw:
@@ -351,8 +396,9 @@ def parse_scheme(text: str) -> Scheme:
             act_gran = _default_act_granularity(weight, act_type, kw)
         kw.update(act=act_type, act_granularity=act_gran[0], act_dynamic=act_gran[1], act_group=act_gran[2])
     elif act_gran is not None:
-        raise SchemeError(f"{raw!r}: an activation mode needs quantized activations (a8 or a4), "
-                          f"found a{abits}")
+        raise SchemeError(
+            f"{raw!r}: an activation mode needs quantized activations (a8 or a4), found a{abits}"
+        )
     try:
         return Scheme(**kw)  # type: ignore[arg-type]
     except SchemeError as e:
@@ -425,11 +471,13 @@ class KVCacheScheme:
 
     def __post_init__(self) -> None:
         if self.dtype not in _KV_CANON:
-            raise SchemeError(f"invalid KV-cache scheme: dtype must be one of {sorted(_KV_CANON)}, "
-                              f"found {self.dtype!r}")
+            raise SchemeError(
+                f"invalid KV-cache scheme: dtype must be one of {sorted(_KV_CANON)}, found {self.dtype!r}"
+            )
         if self.granularity not in ("tensor", "head"):
-            raise SchemeError(f"invalid KV-cache scheme: granularity must be tensor or head, "
-                              f"found {self.granularity!r}")
+            raise SchemeError(
+                f"invalid KV-cache scheme: granularity must be tensor or head, found {self.granularity!r}"
+            )
 
     @property
     def name(self) -> str:
@@ -457,20 +505,47 @@ def parse_kv_scheme(text: str) -> KVCacheScheme:
 
 _CATALOG_STRINGS = (
     # integer weight-only
-    "w4a16-int-g128-sym", "w4a16-int-g128-asym", "w4a16-int-g32-sym", "w4a16-int-g64-asym",
-    "w4a16-int-ch-sym", "w4a16-int-ch-asym", "w4a16-int-g128-sym-actorder", "w4a16-int-g128-asym-actorder",
-    "w8a16-int-ch-sym", "w8a16-int-g128-sym", "w8a16-int-g128-asym",
-    "w3a16-int-g128-asym", "w3a16-int-g128-sym", "w2a16-int-g128-asym", "w2a16-int-g64-sym",
+    "w4a16-int-g128-sym",
+    "w4a16-int-g128-asym",
+    "w4a16-int-g32-sym",
+    "w4a16-int-g64-asym",
+    "w4a16-int-ch-sym",
+    "w4a16-int-ch-asym",
+    "w4a16-int-g128-sym-actorder",
+    "w4a16-int-g128-asym-actorder",
+    "w8a16-int-ch-sym",
+    "w8a16-int-g128-sym",
+    "w8a16-int-g128-asym",
+    "w3a16-int-g128-asym",
+    "w3a16-int-g128-sym",
+    "w2a16-int-g128-asym",
+    "w2a16-int-g64-sym",
     # W8A8 int8 and W4A8
-    "w8a8-int-ch-sym", "w8a8-int-ch-sym-static", "w8a8-int-tensor-sym-static",
+    "w8a8-int-ch-sym",
+    "w8a8-int-ch-sym-static",
+    "w8a8-int-tensor-sym-static",
     "w4a8-int-g128-sym-afp8",
     # fp8 weight-only and W8A8
-    "w8a16-fp8-tensor", "w8a16-fp8-ch", "w8a16-fp8-block128", "w8a16-fp8e5m2-tensor", "w8a16-fp8e5m2-ch",
-    "w8a8-fp8-tensor", "w8a8-fp8-tensor-static", "w8a8-fp8-ch", "w8a8-fp8-ch-static", "w8a8-fp8-block128",
+    "w8a16-fp8-tensor",
+    "w8a16-fp8-ch",
+    "w8a16-fp8-block128",
+    "w8a16-fp8e5m2-tensor",
+    "w8a16-fp8e5m2-ch",
+    "w8a8-fp8-tensor",
+    "w8a8-fp8-tensor-static",
+    "w8a8-fp8-ch",
+    "w8a8-fp8-ch-static",
+    "w8a8-fp8-block128",
     # fp4
-    "w4a16-nvfp4", "w4a4-nvfp4", "w4a16-mxfp4",
+    "w4a16-nvfp4",
+    "w4a4-nvfp4",
+    "w4a16-mxfp4",
     # bitsandbytes (int8 is w8a16-int-ch-sym with fp32 scales: LLM.int8's outlier split is not reproduced)
-    "w4a16-nf4-g64", "w4a16-nf4-g64-dq", "w4a16-bnbfp4-g64", "w4a16-bnbfp4-g64-dq", "w8a16-int-ch-sym-sfp32",
+    "w4a16-nf4-g64",
+    "w4a16-nf4-g64-dq",
+    "w4a16-bnbfp4-g64",
+    "w4a16-bnbfp4-g64-dq",
+    "w8a16-int-ch-sym-sfp32",
     # GGUF
     *(f"gguf-{t}" for t in GGUF_TYPES),
 )

@@ -67,7 +67,8 @@ class TensorSpec:
             if edge % align and not (edge == total and self.ceil_end):
                 raise ShardError(
                     f"{self.name}: a cut at {axis} element {edge} is not a multiple of {align}: "
-                    f"it would split a group/block of this tensor")
+                    f"it would split a group/block of this tensor"
+                )
         lo = Fraction(start) / unit
         hi = Fraction(stop) / unit
         if self.ceil_end and stop == total:
@@ -75,7 +76,9 @@ class TensorSpec:
         if lo.denominator != 1 or hi.denominator != 1:
             raise ShardError(
                 f"{self.name}: {axis} elements [{start}, {stop}) do not map onto whole stored elements "
-                f"({unit} elements per stored index along dim {dim})")
+                f"({unit} elements per stored index along dim {dim}): the cut would fall inside a packed "
+                "element, group or block"
+            )
         return int(lo), int(hi)
 
     def local_shape(self, parallel: str | None, rank: int, world: int, k: int, n: int) -> tuple[int, ...]:
@@ -99,8 +102,9 @@ class TensorSpec:
         shape[dim] = hi - lo
         return tuple(shape)
 
-    def shard(self, tensor: torch.Tensor, parallel: str | None, rank: int, world: int,
-              k: int, n: int) -> torch.Tensor:
+    def shard(
+        self, tensor: torch.Tensor, parallel: str | None, rank: int, world: int, k: int, n: int
+    ) -> torch.Tensor:
         """The part of a full stored tensor that rank ``rank`` of ``world`` holds."""
         self.check_shape(tensor)
         if parallel is None or world == 1:
@@ -118,8 +122,9 @@ class TensorSpec:
 
     def check_shape(self, tensor: torch.Tensor, where: str = "") -> None:
         if tuple(tensor.shape) != tuple(self.shape):
-            raise ShardError(f"{where or self.name}: expected shape {list(self.shape)}, "
-                             f"found {list(tensor.shape)}")
+            raise ShardError(
+                f"{where or self.name}: expected shape {list(self.shape)}, found {list(tensor.shape)}"
+            )
 
 
 @dataclass(frozen=True)
@@ -169,6 +174,12 @@ class LayerSpec:
         return self.out_dtype or self.act_dtype
 
     def describe(self) -> str:
-        extra = f" (rank part {self.K_part}x{self.N_part})" if (self.K_part, self.N_part) != (self.K, self.N) else ""
-        return (f"{self.scheme} K={self.K} N={self.N}{extra} act={str(self.act_dtype).replace('torch.', '')}"
-                + (" bias" if self.bias else ""))
+        extra = (
+            f" (rank part {self.K_part}x{self.N_part})"
+            if (self.K_part, self.N_part) != (self.K, self.N)
+            else ""
+        )
+        return (
+            f"{self.scheme} K={self.K} N={self.N}{extra} act={str(self.act_dtype).replace('torch.', '')}"
+            + (" bias" if self.bias else "")
+        )

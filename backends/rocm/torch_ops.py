@@ -1,0 +1,81 @@
+"""torch's ROCm quantized ops (hipBLASLt) as quantrt kernels, with AMD's fp8 flavours."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from quantrt.kernels import Verdict, check
+from quantrt.specs import LayerSpec
+from quantrt.torchops import TorchIntMMW8A8, TorchScaledMMFp8, torch_op_verdict
+
+
+class RocmScaledMMFp8Fnuz(TorchScaledMMFp8):
+    """W8A8 fp8 on MI300-class GPUs (gfx942): e4m3fn checkpoints converted to e4m3fnuz at load."""
+
+    name = "rocm.torch_scaled_mm_fnuz"
+    backend = "rocm"
+    device_kinds = ("rocm",)
+    priority = 50
+    description = "torch._scaled_mm (hipBLASLt) in e4m3fnuz: bytes 0x80 -> 0, scales doubled at load"
+    fp8_dtype = torch.float8_e4m3fnuz
+
+    @classmethod
+    def supports(cls, spec: LayerSpec, caps: Any) -> Verdict:
+        return (
+            check(
+                (
+                    "fp8_e4m3fnuz" in caps.matrix_types,
+                    "fp8_e4m3fnuz matrix units (gfx94x)",
+                    {"arch": caps.arch},
+                )
+            )
+            and cls.scheme_verdict(spec)
+            and torch_op_verdict(caps, "_scaled_mm")
+        )
+
+
+class RocmScaledMMFp8(TorchScaledMMFp8):
+    """W8A8 fp8 on AMD GPUs with OCP fp8 (gfx950, gfx12)."""
+
+    name = "rocm.torch_scaled_mm"
+    backend = "rocm"
+    device_kinds = ("rocm",)
+    priority = 51
+    description = "torch._scaled_mm (hipBLASLt) in OCP e4m3fn"
+    fp8_dtype = torch.float8_e4m3fn
+
+    @classmethod
+    def supports(cls, spec: LayerSpec, caps: Any) -> Verdict:
+        return (
+            check(("fp8_e4m3" in caps.matrix_types, "OCP fp8_e4m3 matrix units", {"arch": caps.arch}))
+            and cls.scheme_verdict(spec)
+            and torch_op_verdict(caps, "_scaled_mm")
+        )
+
+
+class RocmIntMM(TorchIntMMW8A8):
+    """W8A8 int8 through ``torch._int_mm`` on hipBLASLt."""
+
+    name = "rocm.torch_int_mm"
+    backend = "rocm"
+    device_kinds = ("rocm",)
+    priority = 50
+    description = "torch._int_mm (hipBLASLt int8) with per-token int8 activations"
+    min_m = 17
+
+    @classmethod
+    def supports(cls, spec: LayerSpec, caps: Any) -> Verdict:
+        return (
+            check(
+                ("int8" in caps.matrix_types, "int8 matrix units", {"arch": caps.arch}),
+                (
+                    spec.act_dtype in (torch.bfloat16, torch.float16),
+                    "activations bf16 or fp16",
+                    {"act_dtype": spec.act_dtype},
+                ),
+            )
+            and cls.scheme_verdict(spec)
+            and torch_op_verdict(caps, "_int_mm")
+        )

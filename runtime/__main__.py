@@ -1,0 +1,7 @@
+"""``python -m quantrt`` is the ``quantrt`` command."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())

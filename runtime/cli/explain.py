@@ -1,0 +1,97 @@
+"""Explain the dispatch plan: for a scheme and shape (checkpoints later), on this machine or a
+preset, which kernel runs each layer and what every candidate said."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import torch
+
+from ..capability import load_capabilities
+from ..env import Overrides
+from ..errors import ConfigError
+from ..plans import explain, plan_catalog
+from ..schemes import parse_scheme
+
+NAME = "explain"
+HELP = "show which kernel a layer gets, and why every other candidate was rejected"
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--scheme",
+        required=True,
+        help="a scheme string (e.g. w4a16-int-g128-asym), or 'all' for the whole catalog",
+    )
+    p.add_argument("--shape", default="4096x4096", help="KxN: in_features x out_features (default 4096x4096)")
+    p.add_argument(
+        "--as",
+        dest="preset",
+        metavar="PRESET",
+        help="plan for a preset or capabilities file instead of this machine (same as QUANTRT_CAPABILITIES)",
+    )
+    p.add_argument("--device", help="device to plan for (default: the first accelerator, else cpu)")
+    p.add_argument(
+        "--act-dtype", choices=sorted(DTYPES), default="bf16", help="activation dtype (default bf16)"
+    )
+    p.add_argument("--tp", type=int, default=1, help="tensor-parallel size (plan one rank)")
+    p.add_argument("--parallel", choices=("column", "row"), help="how the layer is split under --tp")
+
+
+def parse_shape(text: str) -> tuple[int, int]:
+    try:
+        k, n = (int(v) for v in text.lower().split("x"))
+    except ValueError:
+        raise ConfigError(f"--shape {text!r}: expected KxN, e.g. 4096x14336") from None
+    if k <= 0 or n <= 0:
+        raise ConfigError(f"--shape {text!r}: K and N must be positive")
+    return k, n
+
+
+def handle(args: argparse.Namespace) -> int:
+    from . import emit
+
+    K, N = parse_shape(args.shape)
+    ov = Overrides.from_env()
+    if args.preset:
+        ov = Overrides(ov.backend, ov.kernel, ov.kernel_by_scheme, ov.disabled, args.preset, ov.fallback)
+    from ..dispatch import planning_capabilities
+
+    caps = load_capabilities(args.preset) if args.preset else planning_capabilities(ov)
+    if args.tp > 1 and args.parallel is None:
+        raise ConfigError("--tp > 1 needs --parallel column or row")
+    act = DTYPES[args.act_dtype]
+    if args.scheme == "all":
+        dev = args.device or caps.default_device.torch_device
+        table = plan_catalog(caps, dev, K, N, act)
+        if args.json:
+            emit({"capabilities": caps.origin, "device": dev, "K": K, "N": N, "plans": table})
+        else:
+            print(f"plans for {K}x{N} on {dev} [{caps.origin}]")
+            width = max(len(s) for s in table)
+            for s, k in table.items():
+                print(f"  {s:<{width}}  {k}")
+        return 0
+    scheme = parse_scheme(args.scheme)
+    ov_quiet = Overrides(ov.backend, ov.kernel, ov.kernel_by_scheme, ov.disabled, ov.capabilities, "allow")
+    sel = explain(
+        scheme,
+        K,
+        N,
+        device=args.device,
+        caps=caps,
+        act_dtype=act,
+        overrides=ov_quiet,
+        tp_size=args.tp,
+        parallel=args.parallel,
+    )
+    if args.json:
+        emit(sel.to_json())
+    else:
+        print(sel.explain())
+        if ov.fallback == "strict" and sel.fallback:
+            print("QUANTRT_FALLBACK=strict: loading this layer would fail", file=sys.stderr)
+    return 0

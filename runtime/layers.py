@@ -1,0 +1,451 @@
+"""One layer-method interface for every format and every kernel.
+
+:class:`QuantMethod` is what an engine drives (vLLM's LinearMethod shape):
+``create_weights`` makes parameters in checkpoint layout that carry their TensorSpecs and a
+``weight_loader``; the loader fills them (only this rank's part; fused layers slice by
+slice); ``process_weights_after_loading`` converts to canonical tensors, lets dispatch pick
+the kernel and runs its one-time ``prepare``; ``apply`` is the forward.
+:class:`QuantLinear` is that path packaged as an ``nn.Module``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from .canonical import PER_LAYER_ACTIVATION_SCALES, CanonicalAdapter, CanonicalWeight
+from .dispatch import Selection, build, device_of
+from .env import Overrides
+from .errors import ShardError
+from .kernels import Kernel
+from .schemes import Scheme, parse_scheme
+from .specs import LayerSpec, TensorSpec
+
+
+class QuantMethod:
+    """The layer method: data differs per format (the adapter), compute per hardware (the kernel)."""
+
+    def __init__(self, scheme: Scheme | str, adapter: Any = None) -> None:
+        self.scheme = parse_scheme(scheme) if isinstance(scheme, str) else scheme
+        self.adapter = adapter or CanonicalAdapter()
+
+    # -- load time -------------------------------------------------------------------------
+    def create_weights(self, layer: QuantLinear) -> None:
+        """Register this rank's parameters on ``layer``, each carrying its full TensorSpec."""
+        full = self.adapter.tensor_specs(
+            self.scheme, layer.out_features, layer.in_features, len(layer.output_sizes)
+        )
+        layer.tensor_specs = full
+        for name, spec in full.items():
+            shape = self._local_shape(layer, name, spec)
+            data = torch.empty(shape, dtype=spec.dtype, device=layer.device)
+            param = nn.Parameter(data, requires_grad=False)
+            param.spec = spec  # type: ignore[attr-defined]
+            param.weight_loader = _bind_loader(layer, name)  # type: ignore[attr-defined]
+            layer.register_parameter(name, param)
+        if layer.has_bias:
+            n_local = layer.N_part
+            bias = nn.Parameter(
+                torch.empty(n_local, dtype=layer.act_dtype, device=layer.device), requires_grad=False
+            )
+            bias.spec = TensorSpec(
+                "bias",
+                (layer.out_features,),
+                layer.act_dtype,
+                output_dim=0,  # type: ignore[attr-defined]
+                row="replicate",
+            )
+            bias.weight_loader = _bind_loader(layer, "bias")  # type: ignore[attr-defined]
+            layer.register_parameter("bias", bias)
+        else:
+            layer.register_parameter("bias", None)
+
+    def _slice_specs(self, layer: QuantLinear, name: str) -> list[TensorSpec]:
+        return [
+            self.adapter.tensor_specs(self.scheme, n, layer.in_features, 1)[name] for n in layer.output_sizes
+        ]
+
+    def _local_shape(self, layer: QuantLinear, name: str, spec: TensorSpec) -> tuple[int, ...]:
+        S = len(layer.output_sizes)
+        if S == 1 or spec.per_slice:
+            return spec.local_shape(
+                layer.parallel, layer.tp_rank, layer.tp_size, layer.in_features, layer.out_features
+            )
+        shapes = [
+            sp.local_shape(layer.parallel, layer.tp_rank, layer.tp_size, layer.in_features, n)
+            for sp, n in zip(self._slice_specs(layer, name), layer.output_sizes)
+        ]
+        if spec.output_dim is None:
+            return shapes[0]
+        out = list(shapes[0])
+        out[spec.output_dim] = sum(s[spec.output_dim] for s in shapes)
+        return tuple(out)
+
+    def load(
+        self, layer: QuantLinear, name: str, tensor: torch.Tensor, shard: int | str | None = None
+    ) -> None:
+        """Fill parameter ``name`` from a full (unsharded) checkpoint tensor.
+
+        ``shard`` names the slice of a fused layer the tensor belongs to (an index, or a
+        name from ``shard_names``); None loads a tensor that covers the whole layer.
+        """
+        if name == "bias":
+            return self._load_bias(layer, tensor, shard)
+        if name not in layer.tensor_specs:
+            raise ShardError(
+                f"{layer.prefix}: unexpected tensor {name!r}; this layer ({self.scheme}) "
+                f"stores {sorted(layer.tensor_specs)}"
+            )
+        param: nn.Parameter = getattr(layer, name)
+        spec = layer.tensor_specs[name]
+        S = len(layer.output_sizes)
+        where = f"{layer.prefix}.{name}" if layer.prefix else name
+        tensor = _as_dtype(tensor, spec.dtype, where)
+        if shard is None:
+            if S == 1:
+                part = spec.shard(
+                    tensor,
+                    layer.parallel,
+                    layer.tp_rank,
+                    layer.tp_size,
+                    layer.in_features,
+                    layer.out_features,
+                )
+                param.data.copy_(part)
+                layer._loaded.setdefault(name, set()).add(0)
+                return
+            return self._load_fused_whole(layer, name, tensor)
+        idx = layer.shard_index(shard)
+        self._load_slice(layer, name, tensor, idx)
+
+    def _load_fused_whole(self, layer: QuantLinear, name: str, tensor: torch.Tensor) -> None:
+        spec = layer.tensor_specs[name]
+        if spec.per_slice:
+            if tensor.numel() == 1:
+                tensor = tensor.reshape(1).expand(len(layer.output_sizes)).clone()
+            spec.check_shape(tensor)
+            for i in range(len(layer.output_sizes)):
+                self._load_slice(layer, name, tensor[i : i + 1], i)
+            return
+        spec.check_shape(tensor, f"{layer.prefix}.{name}")
+        if spec.output_dim is None:
+            for i in range(len(layer.output_sizes)):
+                self._load_slice(layer, name, tensor, i)
+            return
+        start = 0
+        for i, n in enumerate(layer.output_sizes):
+            lo, hi = spec.index_range(spec.output_dim, start, start + n, layer.out_features)
+            self._load_slice(layer, name, tensor.narrow(spec.output_dim, lo, hi - lo), i)
+            start += n
+
+    def _load_slice(self, layer: QuantLinear, name: str, tensor: torch.Tensor, idx: int) -> None:
+        param: nn.Parameter = getattr(layer, name)
+        full = layer.tensor_specs[name]
+        where = f"{layer.prefix}.{name}[slice {idx}]"
+        if full.per_slice:
+            if tensor.numel() != 1:
+                raise ShardError(f"{where}: expected one value per slice, found shape {list(tensor.shape)}")
+            param.data[idx] = tensor.reshape(())
+            layer._loaded.setdefault(name, set()).add(idx)
+            return
+        sspec = self._slice_specs(layer, name)[idx]
+        sspec.check_shape(tensor, where)
+        n = layer.output_sizes[idx]
+        part = sspec.shard(tensor, layer.parallel, layer.tp_rank, layer.tp_size, layer.in_features, n)
+        if full.output_dim is None:  # replicated along N: every slice must agree
+            if layer._loaded.get(name) and not torch.equal(param.data, part):
+                raise ShardError(
+                    f"{where}: differs from the value another slice loaded; fused slices "
+                    f"must share it to share one kernel"
+                )
+            param.data.copy_(part)
+        else:
+            d = full.output_dim
+            sizes = [
+                sp.local_shape(layer.parallel, layer.tp_rank, layer.tp_size, layer.in_features, m)[d]
+                for sp, m in zip(self._slice_specs(layer, name), layer.output_sizes)
+            ]
+            offset = sum(sizes[:idx])
+            local = self.adapter.tensor_specs(
+                self.scheme, layer.N_part, layer.K_part, len(layer.output_sizes)
+            )[name]
+            p_start = sum(layer.output_sizes_part[:idx])
+            lo, _ = local.index_range(d, p_start, p_start + layer.output_sizes_part[idx], layer.N_part)
+            if lo != offset:
+                raise ShardError(
+                    f"{where}: fused slices do not line up in this layout (slice starts at "
+                    f"stored index {offset}, the fused layout needs {lo})"
+                )
+            param.data.narrow(d, offset, sizes[idx]).copy_(part)
+        layer._loaded.setdefault(name, set()).add(idx)
+
+    def _load_bias(self, layer: QuantLinear, tensor: torch.Tensor, shard: int | str | None) -> None:
+        if layer.bias is None:
+            raise ShardError(f"{layer.prefix}: a bias was loaded but the layer was built with bias=False")
+        spec: TensorSpec = layer.bias.spec  # type: ignore[attr-defined]
+        tensor = tensor.to(layer.act_dtype)
+        if shard is None:
+            part = spec.shard(
+                tensor, layer.parallel, layer.tp_rank, layer.tp_size, layer.in_features, layer.out_features
+            )
+            layer.bias.data.copy_(part)
+            layer._loaded["bias"] = set(range(len(layer.output_sizes)))
+            return
+        idx = layer.shard_index(shard)
+        n = layer.output_sizes[idx]
+        if tuple(tensor.shape) != (n,):
+            raise ShardError(
+                f"{layer.prefix}.bias[slice {idx}]: expected shape [{n}], found {list(tensor.shape)}"
+            )
+        sub = TensorSpec("bias", (n,), layer.act_dtype, output_dim=0, row="replicate")
+        part = sub.shard(tensor, layer.parallel, layer.tp_rank, layer.tp_size, layer.in_features, n)
+        off = sum(layer.output_sizes_part[:idx])
+        layer.bias.data[off : off + part.shape[0]].copy_(part)
+        layer._loaded.setdefault("bias", set()).add(idx)
+
+    def process_weights_after_loading(self, layer: QuantLinear, overrides: Overrides | None = None) -> None:
+        """Check everything arrived, convert to canonical, pick the kernel, prepare it."""
+        S = len(layer.output_sizes)
+        names = [*layer.tensor_specs, *(["bias"] if layer.has_bias else [])]
+        for name in names:
+            got = layer._loaded.get(name, set())
+            spec = layer.tensor_specs.get(name)
+            need = (
+                set(range(S))
+                if spec is None or spec.per_slice or spec.output_dim is not None
+                else {min(got, default=0)}
+            )
+            if not got:
+                raise ShardError(f"{layer.prefix or 'layer'}: tensor {name!r} was never loaded")
+            if need - got:
+                missing = ", ".join(layer.shard_label(i) for i in sorted(need - got))
+                raise ShardError(f"{layer.prefix or 'layer'}: tensor {name!r} is missing slice(s) {missing}")
+        tensors = {name: getattr(layer, name).data for name in layer.tensor_specs}
+        weight = self.adapter.to_canonical(
+            tensors, self.scheme, layer.N_part, layer.K_part, layer.output_sizes_part
+        )
+        layer.attach(weight, overrides)
+
+    def apply(self, layer: QuantLinear, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        return layer._kernel.apply(layer._state, x, bias)
+
+
+def _bind_loader(layer: QuantLinear, name: str) -> Any:
+    def weight_loader(param: nn.Parameter, loaded: torch.Tensor, shard_id: int | str | None = None) -> None:
+        layer.method.load(layer, name, loaded, shard_id)
+
+    return weight_loader
+
+
+def _as_dtype(t: torch.Tensor, dtype: torch.dtype, where: str) -> torch.Tensor:
+    if t.dtype == dtype:
+        return t
+    if (
+        t.dtype.is_floating_point
+        and dtype.is_floating_point
+        and t.dtype.itemsize <= 4
+        and dtype.itemsize >= 2
+    ):
+        return t.to(dtype)
+    raise ShardError(
+        f"{where}: expected dtype {str(dtype).replace('torch.', '')}, "
+        f"found {str(t.dtype).replace('torch.', '')}"
+    )
+
+
+class QuantLinear(nn.Module):
+    """A quantized linear layer whose kernel dispatch chose, on one tensor-parallel rank.
+
+    ``parallel``: None, ``"column"`` (this rank holds N/tp_size outputs; ranks' outputs
+    concatenate) or ``"row"`` (K/tp_size inputs; ranks' outputs sum; the bias is added on
+    rank 0 only so the sum carries it once). ``output_sizes`` makes a fused layer (q, k, v)
+    whose slices load separately, named by ``shard_names``.
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        scheme: Scheme | str,
+        *,
+        bias: bool = False,
+        output_sizes: Sequence[int] | None = None,
+        shard_names: Sequence[str] | None = None,
+        parallel: str | None = None,
+        tp_rank: int = 0,
+        tp_size: int = 1,
+        act_dtype: torch.dtype = torch.bfloat16,
+        out_dtype: torch.dtype | None = None,
+        device: Any = "cpu",
+        adapter: Any = None,
+        prefix: str = "",
+        m_hint: int | None = None,
+    ) -> None:
+        super().__init__()
+        if parallel not in (None, "column", "row"):
+            raise ValueError(f"parallel must be None, 'column' or 'row', found {parallel!r}")
+        if not 0 <= tp_rank < tp_size:
+            raise ValueError(f"tp_rank={tp_rank} is not in [0, {tp_size})")
+        if tp_size > 1 and parallel is None:
+            raise ValueError("tp_size > 1 needs parallel='column' or 'row'")
+        self.in_features, self.out_features = in_features, out_features
+        self.output_sizes = tuple(output_sizes) if output_sizes else (out_features,)
+        if sum(self.output_sizes) != out_features:
+            raise ValueError(f"output_sizes {self.output_sizes} do not add up to out_features={out_features}")
+        self.shard_names = tuple(shard_names) if shard_names else ()
+        if self.shard_names and len(self.shard_names) != len(self.output_sizes):
+            raise ValueError(f"{len(self.shard_names)} shard names for {len(self.output_sizes)} slices")
+        self.parallel, self.tp_rank, self.tp_size = parallel, tp_rank, tp_size
+        self.act_dtype, self.out_dtype = act_dtype, out_dtype
+        self.device = torch.device(device)
+        self.prefix, self.m_hint, self.has_bias = prefix, m_hint, bias
+        if parallel == "column" and any(n % tp_size for n in self.output_sizes):
+            raise ShardError(
+                f"{prefix or 'layer'}: output sizes {self.output_sizes} do not divide by {tp_size} ranks"
+            )
+        if parallel == "row" and in_features % tp_size:
+            raise ShardError(
+                f"{prefix or 'layer'}: in_features={in_features} does not divide by {tp_size} ranks"
+            )
+        col = parallel == "column" and tp_size > 1
+        row = parallel == "row" and tp_size > 1
+        self.K_part = in_features // tp_size if row else in_features
+        self.output_sizes_part = tuple(n // tp_size for n in self.output_sizes) if col else self.output_sizes
+        self.N_part = sum(self.output_sizes_part)
+        self._loaded: dict[str, set[int]] = {}
+        self._kernel: Kernel | None = None
+        self._state: Any = None
+        self.selection: Selection | None = None
+        self.method = QuantMethod(scheme, adapter)
+        self.scheme = self.method.scheme
+        self.method.create_weights(self)
+
+    # -- loading ---------------------------------------------------------------------------
+    def shard_index(self, shard: int | str) -> int:
+        if isinstance(shard, int):
+            if not 0 <= shard < len(self.output_sizes):
+                raise ShardError(
+                    f"{self.prefix or 'layer'}: shard {shard} is out of range for "
+                    f"{len(self.output_sizes)} slices"
+                )
+            return shard
+        if shard not in self.shard_names:
+            raise ShardError(
+                f"{self.prefix or 'layer'}: unknown shard {shard!r}; known: {list(self.shard_names)}"
+            )
+        return self.shard_names.index(shard)
+
+    def shard_label(self, i: int) -> str:
+        return self.shard_names[i] if self.shard_names else str(i)
+
+    def load(self, name: str, tensor: torch.Tensor, shard: int | str | None = None) -> None:
+        """Load one checkpoint tensor (full size; this rank's part is taken)."""
+        self.method.load(self, name, tensor, shard)
+
+    def load_canonical(
+        self, weight: CanonicalWeight, shard: int | str | None = None, bias: torch.Tensor | None = None
+    ) -> None:
+        """Load every canonical tensor of ``weight`` (one slice, or the whole layer)."""
+        for name, t in weight.tensors.items():
+            if name in PER_LAYER_ACTIVATION_SCALES and shard is None and len(self.output_sizes) > 1:
+                t = t.reshape(-1)[:1]
+            self.load(name, t, shard)
+        if bias is not None:
+            self.load("bias", bias, shard)
+
+    def process_weights_after_loading(self, overrides: Overrides | None = None) -> QuantLinear:
+        self.method.process_weights_after_loading(self, overrides)
+        return self
+
+    def attach(self, weight: CanonicalWeight, overrides: Overrides | None = None) -> None:
+        """Dispatch on the canonical weight, prepare the kernel and drop the loading parameters."""
+        spec = self.layer_spec()
+        kernel, sel = build(spec, device_of(self.device), overrides)
+        state = kernel.prepare(weight.to(self.device), spec)
+        self._kernel, self._state, self.selection = kernel, state, sel
+        for name in list(self.tensor_specs):
+            delattr(self, name)
+        self._bias = None
+        if self.bias is not None and not (self.parallel == "row" and self.tp_rank > 0):
+            self._bias = self.bias.data
+        self._apply = kernel.apply
+
+    def layer_spec(self) -> LayerSpec:
+        return LayerSpec(
+            self.scheme,
+            self.in_features,
+            self.out_features,
+            self.K_part,
+            self.N_part,
+            act_dtype=self.act_dtype,
+            out_dtype=self.out_dtype,
+            bias=self.has_bias,
+            m_hint=self.m_hint,
+            output_sizes=self.output_sizes_part,
+            parallel=self.parallel,
+            tp_size=self.tp_size,
+        )
+
+    # -- running ---------------------------------------------------------------------------
+    @property
+    def kernel_name(self) -> str:
+        if self._kernel is None:
+            raise RuntimeError(
+                f"{self.prefix or 'layer'}: weights are not processed yet "
+                "(call process_weights_after_loading)"
+            )
+        return self._kernel.name
+
+    def forward(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        lead = x.shape[:-1]
+        x2 = x.reshape(-1, x.shape[-1])
+        if x2.shape[0] == 0:
+            return x.new_empty(*lead, self.N_part, dtype=self.out_dtype or x.dtype)
+        y = self._apply(self._state, x2, self._bias, None if out is None else out.view(-1, self.N_part))
+        return y.view(*lead, self.N_part)
+
+    def extra_repr(self) -> str:
+        kern = self._kernel.name if self._kernel is not None else "not prepared"
+        tp = f", {self.parallel} rank {self.tp_rank}/{self.tp_size}" if self.tp_size > 1 else ""
+        return f"{self.in_features}, {self.out_features}, scheme={self.scheme}, kernel={kern}{tp}"
+
+    # -- convenience -----------------------------------------------------------------------
+    @classmethod
+    def from_canonical(
+        cls,
+        weight: CanonicalWeight,
+        *,
+        bias: torch.Tensor | None = None,
+        device: Any = "cpu",
+        act_dtype: torch.dtype = torch.bfloat16,
+        overrides: Overrides | None = None,
+        **kw: Any,
+    ) -> QuantLinear:
+        """A ready layer from canonical tensors (e.g. from :func:`quantrt.reference.quantize`)."""
+        layer = cls(
+            weight.K,
+            weight.N,
+            weight.scheme,
+            bias=bias is not None,
+            output_sizes=weight.output_sizes if len(weight.output_sizes) > 1 else None,
+            act_dtype=act_dtype,
+            device=device,
+            **kw,
+        )
+        for name, t in weight.tensors.items():
+            if name in PER_LAYER_ACTIVATION_SCALES and len(weight.output_sizes) > 1:
+                t = t.reshape(-1)[:1]
+            layer.load(name, t)
+        if bias is not None:
+            layer.load("bias", bias)
+        return layer.process_weights_after_loading(overrides)
+
+
+def load_slices(layer: QuantLinear, slices: Mapping[int | str, CanonicalWeight]) -> QuantLinear:
+    """Load a fused layer from one canonical weight per slice, then process it."""
+    for shard, w in slices.items():
+        layer.load_canonical(w, shard)
+    return layer.process_weights_after_loading()

@@ -1,0 +1,44 @@
+"""Golden plans: the kernel every catalog scheme gets on every preset (or "no native kernel yet").
+
+The files are reviewed expectations, not outputs accepted blindly: a kernel's new
+``supports`` rule or priority shows up here as a diff to read (``python ci/golden_plans.py``).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from quantrt.capability import load_preset, preset_names
+from quantrt.plans import NO_NATIVE, plan_catalog
+from quantrt.schemes import catalog
+
+GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "plans"
+
+
+def test_every_preset_has_a_golden_plan() -> None:
+    assert sorted(p.stem for p in GOLDEN.glob("*.json")) == sorted(preset_names())
+
+
+@pytest.mark.parametrize("preset", preset_names())
+def test_golden_plan(preset: str) -> None:
+    golden = json.loads((GOLDEN / f"{preset}.json").read_text())
+    assert set(golden["plans"]) == {s.name for s in catalog()}, "every catalog scheme has an entry"
+    caps = load_preset(preset)
+    now = plan_catalog(caps, caps.default_device.torch_device)
+    diff = {s: (golden["plans"][s], k) for s, k in now.items() if golden["plans"][s] != k}
+    assert not diff, f"{preset}: scheme: (golden, now) = {diff}"
+
+
+def test_golden_facts_that_must_hold() -> None:
+    """A few plans stated independently of the files: hardware facts, not recorded outputs."""
+    plans = {p: json.loads((GOLDEN / f"{p}.json").read_text())["plans"] for p in preset_names()}
+    assert plans["a100"]["w8a8-fp8-ch"] == NO_NATIVE  # sm_80 has no fp8 tensor cores
+    assert plans["l40s"]["w8a8-fp8-ch"] == "cuda.torch_scaled_mm"  # sm_89 does
+    assert plans["mi300x"]["w8a8-fp8-tensor"] == "rocm.torch_scaled_mm_fnuz"  # gfx942: e4m3fnuz
+    assert plans["mi355x"]["w8a8-fp8-tensor"] == "rocm.torch_scaled_mm"  # gfx950: OCP e4m3
+    assert plans["h100"]["w4a16-int-g128-asym"] == "cuda.torch_tinygemm"
+    assert plans["zen4"]["w4a16-int-g128-asym"] == "cpu.torch_int4pack"
+    assert all(k == NO_NATIVE for k in plans["pvc"].values())  # no XPU kernel yet, said explicitly

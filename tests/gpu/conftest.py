@@ -1,0 +1,12 @@
+"""GPU tests: marked ``gpu`` and skipped where torch sees no CUDA/ROCm device."""
+
+import pytest
+import torch
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    skip = pytest.mark.skip(reason="needs a CUDA or ROCm device (run by ci/gpu.sh on a GPU machine)")
+    for item in items:
+        item.add_marker(pytest.mark.gpu)
+        if not torch.cuda.is_available():
+            item.add_marker(skip)
