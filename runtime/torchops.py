@@ -8,12 +8,13 @@ Activation quantization here matches :mod:`quantrt.reference.activations` code f
 
 from __future__ import annotations
 
+from abc import abstractmethod
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
 
-from .canonical import CanonicalWeight
+from .canonical import CanonicalWeight, act_order_perm, int_codes
 from .kernels import Kernel, Verdict, check
 from .specs import LayerSpec
 
@@ -53,6 +54,17 @@ def per_channel_scales(weight: CanonicalWeight) -> torch.Tensor:
     return s.reshape(-1)
 
 
+def finish(
+    y: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor | None, out_dtype: torch.dtype
+) -> torch.Tensor:
+    """The shared epilogue of torch-op kernels: add the bias, honour ``out=``, cast to the output dtype."""
+    if bias is not None:
+        y = y + bias
+    if out is not None:
+        return out.copy_(y)
+    return y if y.dtype == out_dtype else y.to(out_dtype)
+
+
 @dataclass
 class ScaledMMState:
     wt: torch.Tensor  # [K, N] column-major view of the fp8 weight, as _scaled_mm wants it
@@ -72,6 +84,19 @@ class TorchScaledMMFp8(Kernel):
     """
 
     fp8_dtype: ClassVar[torch.dtype] = torch.float8_e4m3fn
+
+    @classmethod
+    def supports(cls, spec: LayerSpec, caps: Any) -> Verdict:
+        return (
+            cls.device_verdict(spec, caps)
+            and cls.scheme_verdict(spec)
+            and torch_op_verdict(caps, "_scaled_mm")
+        )
+
+    @classmethod
+    def device_verdict(cls, spec: LayerSpec, caps: Any) -> Verdict:
+        """The vendor's hardware requirement (its fp8 matrix units); vendor folders override it."""
+        return Verdict.yes()
 
     @classmethod
     def scheme_verdict(cls, spec: LayerSpec) -> Verdict:
@@ -146,12 +171,7 @@ class TorchScaledMMFp8(Kernel):
             a_scale = dynamic_scale(x.abs().amax(), SCHEME_FP8_MAX) * mult
             xq = quantize_fp8(x, self.fp8_dtype, a_scale)
         y = torch._scaled_mm(xq, state.wt, a_scale, state.w_scale, out_dtype=state.out_dtype)
-        if bias is not None:
-            y.add_(bias)
-        if out is not None:
-            out.copy_(y)
-            return out
-        return y
+        return finish(y, bias, out, state.out_dtype)
 
 
 @dataclass
@@ -170,6 +190,18 @@ class TorchIntMMW8A8(Kernel):
     """
 
     min_m: ClassVar[int] = 1
+    act_dtypes: ClassVar[tuple[torch.dtype, ...]] = (torch.bfloat16, torch.float16, torch.float32)
+
+    @classmethod
+    def supports(cls, spec: LayerSpec, caps: Any) -> Verdict:
+        return (
+            cls.device_verdict(spec, caps) and cls.scheme_verdict(spec) and torch_op_verdict(caps, "_int_mm")
+        )
+
+    @classmethod
+    def device_verdict(cls, spec: LayerSpec, caps: Any) -> Verdict:
+        """The vendor's hardware requirement; vendor folders override it."""
+        return Verdict.yes()
 
     @classmethod
     def scheme_verdict(cls, spec: LayerSpec) -> Verdict:
@@ -189,6 +221,11 @@ class TorchIntMMW8A8(Kernel):
             (spec.op == "linear", "op == 'linear'", {"op": spec.op}),
             (spec.K_part % 8 == 0, "K % 8 == 0", {"K": spec.K_part}),
             (spec.N_part % 8 == 0, "N % 8 == 0", {"N": spec.N_part}),
+            (
+                spec.act_dtype in cls.act_dtypes,
+                "activations " + ", ".join(str(d).replace("torch.", "") for d in cls.act_dtypes),
+                {"act_dtype": spec.act_dtype},
+            ),
         )
 
     def prepare(self, weight: CanonicalWeight, spec: LayerSpec) -> IntMMState:
@@ -220,13 +257,89 @@ class TorchIntMMW8A8(Kernel):
         if m < self.min_m:
             xq = torch.nn.functional.pad(xq, (0, 0, 0, self.min_m - m))
         acc = torch._int_mm(xq, state.wt)[:m]
-        y = acc.float().mul_(a_scale).mul_(state.w_scale)
-        if bias is not None:
-            y.add_(bias.float())
-        if out is not None:
-            out.copy_(y)
-            return out
-        return y.to(state.out_dtype)
+        return finish(acc.float().mul_(a_scale).mul_(state.w_scale), bias, out, state.out_dtype)
+
+
+INT4PACK_GROUPS = (32, 64, 128, 256)
+
+
+@dataclass
+class Int4PackState:
+    packed: torch.Tensor
+    group: int
+    scales_zeros: torch.Tensor  # [K/G, N, 2]: scale and float zero, w = (q - 8) * scale + zero
+    perm: torch.Tensor | None  # act-order: the input-channel order the packed weight uses
+    out_dtype: torch.dtype
+
+
+class TorchInt4Pack(Kernel):
+    """W4A16 through torch's tinygemm-form int4 ops (``_weight_int4pack_mm*``).
+
+    torch dequantizes ``(q - 8) * scale + zero`` with a float zero, so an integer zero-point z
+    becomes ``(8 - z) * scale`` at load. Act-order is served by permuting the weight's input
+    channels once at load and the activations per call. Subclasses set ``mm_op``, the
+    scale/zero dtype and ``pack`` (CPU and CUDA take differently packed codes).
+    """
+
+    mm_op: ClassVar[str] = ""
+
+    @classmethod
+    def scheme_verdict(cls, spec: LayerSpec) -> Verdict:
+        s = spec.scheme
+        G = s.group_size if s.granularity == "group" else spec.K_part
+        return check(
+            (
+                s.weight == "int" and s.bits == 4,
+                "4-bit integer weights",
+                {"weight": s.weight, "bits": s.bits},
+            ),
+            (s.weight_only, "weight-only scheme", {"act": s.act}),
+            (
+                s.granularity in ("group", "channel"),
+                "group or channel scales",
+                {"granularity": s.granularity},
+            ),
+            (G in INT4PACK_GROUPS, "group size in (32, 64, 128, 256)", {"G": G}),
+            (spec.op == "linear", "op == 'linear'", {"op": spec.op}),
+            (
+                not s.act_order or spec.k_full,
+                "act-order with the full K on this rank",
+                {"K_part": spec.K_part, "K": spec.K},
+            ),
+        )
+
+    @abstractmethod
+    def pack(self, codes: torch.Tensor, K: int) -> torch.Tensor:
+        """Codes int32 [N, K] (0..15) into the op's packed layout."""
+
+    def prepare(self, weight: CanonicalWeight, spec: LayerSpec) -> Int4PackState:
+        s = weight.scheme
+        G = s.group_size if s.granularity == "group" else weight.K
+        codes = int_codes(weight)
+        perm = act_order_perm(weight, G)
+        if perm is not None:
+            codes = codes[:, perm]
+        scales = weight["scales"].float()
+        zeros = weight["zeros"].float() if not s.symmetric else torch.full_like(scales, 8.0)
+        sz = torch.stack([scales, (8.0 - zeros) * scales], dim=-1).transpose(0, 1).contiguous()
+        return Int4PackState(
+            self.pack(codes.contiguous(), weight.K), G, sz.to(spec.act_dtype), perm, spec.output_dtype
+        )
+
+    def workspace_bytes(self, spec: LayerSpec, max_m: int) -> int:
+        return max_m * spec.K_part * spec.act_dtype.itemsize if spec.scheme.act_order else 0
+
+    def apply(
+        self,
+        state: Int4PackState,
+        x: torch.Tensor,
+        bias: torch.Tensor | None = None,
+        out: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        if state.perm is not None:
+            x = x.index_select(1, state.perm)
+        y = getattr(torch.ops.aten, self.mm_op)(x.contiguous(), state.packed, state.group, state.scales_zeros)
+        return finish(y, bias, out, state.out_dtype)
 
 
 def torch_op_verdict(caps: Any, op: str) -> Verdict:

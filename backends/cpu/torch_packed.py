@@ -7,25 +7,15 @@ from typing import Any
 
 import torch
 
-from quantrt.canonical import CanonicalWeight, act_order_perm, int_codes
+from quantrt.canonical import CanonicalWeight, int_codes
 from quantrt.kernels import Kernel, Verdict, check
 from quantrt.specs import LayerSpec
-from quantrt.torchops import TorchIntMMW8A8, per_channel_scales, torch_op_verdict
+from quantrt.torchops import TorchInt4Pack, TorchIntMMW8A8, finish, per_channel_scales, torch_op_verdict
 
 CPU_ACT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-INT4PACK_GROUPS = (32, 64, 128, 256)
 
 
-@dataclass
-class Int4PackState:
-    packed: torch.Tensor
-    group: int
-    scales_zeros: torch.Tensor
-    perm: torch.Tensor | None
-    out_dtype: torch.dtype
-
-
-class CpuInt4Pack(Kernel):
+class CpuInt4Pack(TorchInt4Pack):
     """W4A16 through torch's ``_weight_int4pack_mm_for_cpu`` (AVX-512/AVX2 inside torch)."""
 
     name = "cpu.torch_int4pack"
@@ -33,72 +23,25 @@ class CpuInt4Pack(Kernel):
     device_kinds = ("cpu",)
     priority = 50
     description = "torch._weight_int4pack_mm_for_cpu: int4 group weights, zero-points folded into floats"
+    mm_op = "_weight_int4pack_mm_for_cpu"
 
     @classmethod
     def supports(cls, spec: LayerSpec, caps: Any) -> Verdict:
-        s = spec.scheme
-        G = s.group_size if s.granularity == "group" else spec.K_part
-        return check(
-            (
-                s.weight == "int" and s.bits == 4,
-                "4-bit integer weights",
-                {"weight": s.weight, "bits": s.bits},
-            ),
-            (s.weight_only, "weight-only scheme", {"act": s.act}),
-            (
-                s.granularity in ("group", "channel"),
-                "group or channel scales",
-                {"granularity": s.granularity},
-            ),
-            (G in INT4PACK_GROUPS, "group size in (32, 64, 128, 256)", {"G": G}),
-            (spec.op == "linear", "op == 'linear'", {"op": spec.op}),
-            (spec.N_part % 16 == 0, "N % 16 == 0", {"N": spec.N_part}),
-            (
-                not s.act_order or spec.k_full,
-                "act-order with the full K on this rank",
-                {"K_part": spec.K_part, "K": spec.K},
-            ),
-            (
-                spec.act_dtype in CPU_ACT_DTYPES,
-                "activations fp32, bf16 or fp16",
-                {"act_dtype": spec.act_dtype},
-            ),
-        ) and torch_op_verdict(caps, "_weight_int4pack_mm_for_cpu")
-
-    def prepare(self, weight: CanonicalWeight, spec: LayerSpec) -> Int4PackState:
-        s = weight.scheme
-        G = s.group_size if s.granularity == "group" else weight.K
-        codes = int_codes(weight)  # [N, K] int32, 0..15
-        perm = act_order_perm(weight, G)
-        scales = weight["scales"].float()
-        if perm is not None:
-            codes = codes[:, perm]
-        zeros = weight["zeros"].float() if not s.symmetric else torch.full_like(scales, 8.0)
-        # tinygemm form: w = (q - 8) * s + zf with zf = (8 - z) * s
-        sz = torch.stack([scales, (8.0 - zeros) * scales], dim=-1).transpose(0, 1).contiguous()
-        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.to(torch.int32).contiguous(), 1)
-        return Int4PackState(packed, G, sz.to(spec.act_dtype), perm, spec.output_dtype)
-
-    def workspace_bytes(self, spec: LayerSpec, max_m: int) -> int:
-        return max_m * spec.K_part * spec.act_dtype.itemsize if spec.scheme.act_order else 0
-
-    def apply(
-        self,
-        state: Int4PackState,
-        x: torch.Tensor,
-        bias: torch.Tensor | None = None,
-        out: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        if state.perm is not None:
-            x = x.index_select(1, state.perm)
-        y = torch.ops.aten._weight_int4pack_mm_for_cpu(
-            x.contiguous(), state.packed, state.group, state.scales_zeros
+        return (
+            cls.scheme_verdict(spec)
+            and check(
+                (spec.N_part % 16 == 0, "N % 16 == 0", {"N": spec.N_part}),
+                (
+                    spec.act_dtype in CPU_ACT_DTYPES,
+                    "activations fp32, bf16 or fp16",
+                    {"act_dtype": spec.act_dtype},
+                ),
+            )
+            and torch_op_verdict(caps, cls.mm_op)
         )
-        if bias is not None:
-            y = y + bias
-        if out is not None:
-            return out.copy_(y)
-        return y if y.dtype == state.out_dtype else y.to(state.out_dtype)
+
+    def pack(self, codes: torch.Tensor, K: int) -> torch.Tensor:
+        return torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1)
 
 
 @dataclass
@@ -154,11 +97,7 @@ class CpuInt8Pack(Kernel):
         out: torch.Tensor | None = None,
     ) -> torch.Tensor:
         y = torch.ops.aten._weight_int8pack_mm(x.contiguous(), state.weight, state.scales)
-        if bias is not None:
-            y = y + bias
-        if out is not None:
-            return out.copy_(y)
-        return y if y.dtype == state.out_dtype else y.to(state.out_dtype)
+        return finish(y, bias, out, state.out_dtype)
 
 
 class CpuIntMM(TorchIntMMW8A8):
@@ -169,17 +108,3 @@ class CpuIntMM(TorchIntMMW8A8):
     device_kinds = ("cpu",)
     priority = 50
     description = "torch._int_mm with per-token or static int8 activations, scales in the epilogue"
-
-    @classmethod
-    def supports(cls, spec: LayerSpec, caps: Any) -> Verdict:
-        return (
-            cls.scheme_verdict(spec)
-            and check(
-                (
-                    spec.act_dtype in CPU_ACT_DTYPES,
-                    "activations fp32, bf16 or fp16",
-                    {"act_dtype": spec.act_dtype},
-                )
-            )
-            and torch_op_verdict(caps, "_int_mm")
-        )

@@ -8,7 +8,7 @@ import torch
 
 from quantrt.kernels import Verdict, check
 from quantrt.specs import LayerSpec
-from quantrt.torchops import TorchIntMMW8A8, TorchScaledMMFp8, torch_op_verdict
+from quantrt.torchops import TorchIntMMW8A8, TorchScaledMMFp8
 
 
 class RocmScaledMMFp8Fnuz(TorchScaledMMFp8):
@@ -22,17 +22,9 @@ class RocmScaledMMFp8Fnuz(TorchScaledMMFp8):
     fp8_dtype = torch.float8_e4m3fnuz
 
     @classmethod
-    def supports(cls, spec: LayerSpec, caps: Any) -> Verdict:
-        return (
-            check(
-                (
-                    "fp8_e4m3fnuz" in caps.matrix_types,
-                    "fp8_e4m3fnuz matrix units (gfx94x)",
-                    {"arch": caps.arch},
-                )
-            )
-            and cls.scheme_verdict(spec)
-            and torch_op_verdict(caps, "_scaled_mm")
+    def device_verdict(cls, spec: LayerSpec, caps: Any) -> Verdict:
+        return check(
+            ("fp8_e4m3fnuz" in caps.matrix_types, "fp8_e4m3fnuz matrix units (gfx94x)", {"arch": caps.arch})
         )
 
 
@@ -47,12 +39,8 @@ class RocmScaledMMFp8(TorchScaledMMFp8):
     fp8_dtype = torch.float8_e4m3fn
 
     @classmethod
-    def supports(cls, spec: LayerSpec, caps: Any) -> Verdict:
-        return (
-            check(("fp8_e4m3" in caps.matrix_types, "OCP fp8_e4m3 matrix units", {"arch": caps.arch}))
-            and cls.scheme_verdict(spec)
-            and torch_op_verdict(caps, "_scaled_mm")
-        )
+    def device_verdict(cls, spec: LayerSpec, caps: Any) -> Verdict:
+        return check(("fp8_e4m3" in caps.matrix_types, "OCP fp8_e4m3 matrix units", {"arch": caps.arch}))
 
 
 class RocmIntMM(TorchIntMMW8A8):
@@ -65,17 +53,8 @@ class RocmIntMM(TorchIntMMW8A8):
     description = "torch._int_mm (hipBLASLt int8) with per-token int8 activations"
     min_m = 17
 
+    act_dtypes = (torch.bfloat16, torch.float16)
+
     @classmethod
-    def supports(cls, spec: LayerSpec, caps: Any) -> Verdict:
-        return (
-            check(
-                ("int8" in caps.matrix_types, "int8 matrix units", {"arch": caps.arch}),
-                (
-                    spec.act_dtype in (torch.bfloat16, torch.float16),
-                    "activations bf16 or fp16",
-                    {"act_dtype": spec.act_dtype},
-                ),
-            )
-            and cls.scheme_verdict(spec)
-            and torch_op_verdict(caps, "_int_mm")
-        )
+    def device_verdict(cls, spec: LayerSpec, caps: Any) -> Verdict:
+        return check(("int8" in caps.matrix_types, "int8 matrix units", {"arch": caps.arch}))
