@@ -531,6 +531,7 @@ _CATALOG_STRINGS = (
     "w8a16-fp8-block128",
     "w8a16-fp8e5m2-tensor",
     "w8a16-fp8e5m2-ch",
+    "w8a16-fp8e5m2-block128",
     "w8a8-fp8-tensor",
     "w8a8-fp8-tensor-static",
     "w8a8-fp8-ch",

@@ -208,3 +208,43 @@ def test_unknown_preset_and_malformed_file(tmp_path: Path) -> None:
         select(
             layer_spec("w4a16-int-g128-asym", 4096, 4096), "cpu", overrides=ov(QUANTRT_CAPABILITIES=str(bad))
         )
+
+
+def test_emulated_and_substitute_labels(monkeypatch: pytest.MonkeyPatch) -> None:
+    import quantrt.dispatch as d
+    from quantrt.kernels import Kernel, Registry, check
+    from quantrt.reference.kernel import ReferenceKernel
+
+    class Emulated(ReferenceKernel):
+        name, backend, device_kinds, priority, emulated = "test.emulated", "test", ("cpu",), 1, True
+
+        @classmethod
+        def supports(cls, spec, caps):
+            return check((spec.scheme.name == "gguf-q4_k", "gguf-q4_k only", {"scheme": spec.scheme.name}))
+
+    class WeightOnly(ReferenceKernel):
+        name, backend, device_kinds, priority = "test.nvfp4_weight_only", "test", ("cpu",), 1
+
+        @classmethod
+        def supports(cls, spec, caps):
+            return check((spec.scheme.family == "nvfp4", "nvfp4 weights", {"family": spec.scheme.family}))
+
+        @classmethod
+        def is_substitute(cls, spec):
+            return spec.scheme.act is not None
+
+    assert issubclass(Emulated, Kernel)
+    reg = Registry()
+    for k in (ReferenceKernel, Emulated, WeightOnly):
+        reg.register(k)
+    reg.backends.update(reference="quantrt.reference", test="tests")
+    monkeypatch.setattr(d, "registry", lambda: reg)
+    caps = load_preset("zen4")
+    sel = select(layer_spec("gguf-q4_k", 4096, 4096), "cpu", caps, ov(QUANTRT_FALLBACK="allow"))
+    assert (sel.kernel, sel.label, sel.fallback) == (Emulated, "emulated", True)
+    with pytest.raises(DispatchError, match=r"runs on emulated kernel test.emulated: no native kernel here"):
+        select(layer_spec("gguf-q4_k", 4096, 2048), "cpu", caps, ov(QUANTRT_FALLBACK="strict"))
+    sel = select(layer_spec("w4a4-nvfp4", 4096, 4096), "cpu", caps, ov())
+    assert (sel.kernel, sel.label, sel.fallback) == (WeightOnly, "weight-only substitute", False)
+    assert "test.nvfp4_weight_only (weight-only substitute)" in sel.explain()
+    assert select(layer_spec("w4a16-nvfp4", 4096, 4096), "cpu", caps, ov()).label == "native"
