@@ -22,3 +22,8 @@ class ConfigError(QuantrtError, ValueError):
 class ReferenceInputError(QuantrtError, ValueError):
     """Input a reference quantizer or dequantizer cannot use: a shape, dtype, missing tensor,
     non-finite value or group that does not fit; the message names it, expected vs found."""
+
+
+class CheckpointError(QuantrtError, ValueError):
+    """A checkpoint quantrt cannot read as it claims to be: the message names the file, the
+    tensor or config key, and the expected vs found value."""

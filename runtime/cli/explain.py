@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
 
 import torch
 
@@ -21,10 +22,9 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("path", nargs="?", help="a checkpoint: plan every layer of it")
     p.add_argument(
-        "--scheme",
-        required=True,
-        help="a scheme string (e.g. w4a16-int-g128-asym), or 'all' for the whole catalog",
+        "--scheme", help="a scheme string (e.g. w4a16-int-g128-asym), or 'all' for the whole catalog"
     )
     p.add_argument("--shape", default="4096x4096", help="KxN: in_features x out_features (default 4096x4096)")
     p.add_argument(
@@ -35,7 +35,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--device", help="device to plan for (default: the first accelerator, else cpu)")
     p.add_argument(
-        "--act-dtype", choices=sorted(DTYPES), default="bf16", help="activation dtype (default bf16)"
+        "--act-dtype",
+        choices=sorted(DTYPES),
+        help="activation dtype (default bf16; for a checkpoint, its torch_dtype)",
     )
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel size (plan one rank)")
     p.add_argument("--parallel", choices=("column", "row"), help="how the layer is split under --tp")
@@ -63,7 +65,11 @@ def handle(args: argparse.Namespace) -> int:
     caps = load_capabilities(args.preset) if args.preset else planning_capabilities(ov)
     if args.tp > 1 and args.parallel is None:
         raise ConfigError("--tp > 1 needs --parallel column or row")
-    act = DTYPES[args.act_dtype]
+    act = DTYPES[args.act_dtype or "bf16"]
+    if args.path:
+        return _explain_checkpoint(args, caps, ov)
+    if not args.scheme:
+        raise ConfigError("give a checkpoint PATH or --scheme S")
     if args.scheme == "all":
         dev = args.device or caps.default_device.torch_device
         table = plan_catalog(caps, dev, K, N, act)
@@ -94,4 +100,70 @@ def handle(args: argparse.Namespace) -> int:
         print(sel.explain())
         if ov.fallback == "strict" and sel.fallback:
             print("QUANTRT_FALLBACK=strict: loading this layer would fail", file=sys.stderr)
+    return 0
+
+
+def _explain_checkpoint(args: argparse.Namespace, caps: Any, ov: Overrides) -> int:
+    from ..checkpoint import open_checkpoint
+    from ..dispatch import REJECTED, select
+    from ..plans import layer_spec
+    from . import emit
+
+    ckpt = open_checkpoint(args.path)
+    act = DTYPES[args.act_dtype] if args.act_dtype else ckpt.default_act_dtype
+    dev = args.device or caps.default_device.torch_device
+    quiet = Overrides(ov.backend, ov.kernel, ov.kernel_by_scheme, ov.disabled, ov.capabilities, "allow")
+    rows, cases = [], {}
+    for prefix, e in ckpt.layers.items():
+        if not e.quantized:
+            rows.append(
+                {"layer": prefix, "scheme": None, "kernel": "torch F.linear (unquantized)", "label": "dense"}
+            )
+            continue
+        sel = select(
+            layer_spec(e.scheme, e.K, e.N, act_dtype=act, tp_size=args.tp, parallel=args.parallel),
+            dev,
+            caps,
+            quiet,
+        )
+        key = (str(e.scheme), e.K, e.N)
+        cases.setdefault(key, sel)
+        rows.append(
+            {
+                "layer": prefix,
+                "scheme": str(e.scheme),
+                "K": e.K,
+                "N": e.N,
+                "kernel": sel.kernel.name,
+                "label": sel.label,
+                "fallback": sel.fallback,
+                "candidates": [c.to_json() for c in sel.candidates],
+            }
+        )
+    if args.json:
+        emit(
+            {
+                "path": str(ckpt.path),
+                "format": ckpt.format,
+                "capabilities": caps.origin,
+                "device": dev,
+                "act_dtype": str(act).replace("torch.", ""),
+                "layers": rows,
+            }
+        )
+        return 0
+    d = caps.device(dev)
+    print(
+        f"{ckpt.path} [{ckpt.format}] on {dev} {d.name} ({d.arch}) [{caps.origin}], activations "
+        f"{str(act).replace('torch.', '')}"
+    )
+    width = max((len(r["layer"]) for r in rows), default=5)
+    for r in rows:
+        print(f"  {r['layer']:<{width}}  {r['scheme'] or 'dense':<26} -> {r['kernel']} ({r['label']})")
+    for (scheme, k, n), sel in cases.items():
+        rejected = [c for c in sel.candidates if c.status == REJECTED]
+        if rejected:
+            print(f"why not, for {scheme} K={k} N={n}:")
+            for c in rejected:
+                print(f"  {c.name}: {c.verdict.reason}")
     return 0

@@ -9,7 +9,10 @@ compressed-tensors' dense streams do (§1.2).
 
 The stream repeats every ``lcm(b, 8)`` bits (at most 56), so codes are packed a period at a
 time: ``P`` codes are shifted into one int64 and split into ``B`` bytes, and back. That keeps
-the work vectorised over whole rows with no Python loop over elements.
+the work vectorised over whole rows with no Python loop over elements. Widths that divide a
+byte take a uint8 fast path, and a stream of little-endian int32 words *is* the canonical byte
+stream (see :func:`words_as_bytes`), so converting GPTQ or compressed-tensors weights along K
+is a byte view, not an unpack.
 """
 
 from __future__ import annotations
@@ -70,7 +73,7 @@ def _unpack_stream(data: torch.Tensor, bits: int, n: int) -> torch.Tensor:
 def _as_codes(codes: torch.Tensor, bits: int) -> torch.Tensor:
     if codes.dtype not in _INT_DTYPES:
         raise ReferenceInputError(f"codes must be an integer tensor, found {codes.dtype}")
-    c = codes.to(torch.int64)
+    c = codes if codes.dtype == torch.uint8 and 8 % bits == 0 else codes.to(torch.int64)
     if c.numel() and (int(c.min()) < 0 or int(c.max()) >= 1 << bits):
         raise ReferenceInputError(
             f"{bits}-bit codes must lie in [0, {(1 << bits) - 1}], found [{int(c.min())}, {int(c.max())}]"
@@ -83,9 +86,19 @@ def pack_codes(codes: torch.Tensor, bits: int) -> torch.Tensor:
 
     The canonical integer layout: each row is a little-endian bit stream, the last byte
     zero-padded, so any K packs (3-bit rows need not be a multiple of 8 codes long).
+    Widths that divide a byte are packed in uint8 arithmetic (one byte per code of scratch).
     """
     _check_bits(bits)
-    return _pack_stream(_as_codes(codes, bits), bits).to(torch.uint8)
+    c = _as_codes(codes, bits)
+    if 8 % bits:
+        return _pack_stream(c, bits).to(torch.uint8)
+    per = 8 // bits
+    n = c.shape[-1]
+    c = torch.nn.functional.pad(c.to(torch.uint8), (0, -n % per)).reshape(*c.shape[:-1], -1, per)
+    out = c[..., 0].clone()
+    for j in range(1, per):
+        out |= c[..., j] << (bits * j)
+    return out
 
 
 def unpack_codes(packed: torch.Tensor, bits: int, n: int) -> torch.Tensor:
@@ -93,7 +106,17 @@ def unpack_codes(packed: torch.Tensor, bits: int, n: int) -> torch.Tensor:
     _check_bits(bits)
     if packed.dtype != torch.uint8:
         raise ReferenceInputError(f"packed codes must be uint8, found {packed.dtype}")
-    return _unpack_stream(packed.to(torch.int64), bits, n).to(torch.uint8)
+    if 8 % bits:
+        return _unpack_stream(packed.to(torch.int64), bits, n).to(torch.uint8)
+    need = packed_length(n, bits)
+    if packed.shape[-1] < need:
+        raise ReferenceInputError(
+            f"{n} codes of {bits} bits need {need} packed bytes along the packed dim, found {packed.shape[-1]}"
+        )
+    per, mask = 8 // bits, (1 << bits) - 1
+    p = packed[..., :need]
+    parts = [(p >> (bits * j)) & mask for j in range(per)]
+    return torch.stack(parts, dim=-1).reshape(*p.shape[:-1], need * per)[..., :n]
 
 
 def pack_int32(codes: torch.Tensor, bits: int, dim: int) -> torch.Tensor:
@@ -104,7 +127,7 @@ def pack_int32(codes: torch.Tensor, bits: int, dim: int) -> torch.Tensor:
     end is zero-padded. Words are returned as int32 bit patterns (top bit set -> negative).
     """
     _check_bits(bits)
-    c = _as_codes(codes, bits).movedim(dim, -1)
+    c = _as_codes(codes, bits).to(torch.int64).movedim(dim, -1)
     data = _pack_stream(c, bits)
     words = packed_length(c.shape[-1], bits, 32)
     data = torch.nn.functional.pad(data, (0, 4 * words - data.shape[-1])).reshape(*c.shape[:-1], words, 4)
@@ -131,3 +154,17 @@ def unpack_int32(packed: torch.Tensor, bits: int, dim: int, n: int | None = None
             f"along dim {dim}, found {words.shape[-1]}"
         )
     return _unpack_stream(data, bits, count).to(torch.int32).movedim(-1, dim).contiguous()
+
+
+def words_as_bytes(words: torch.Tensor, bits: int, n: int) -> torch.Tensor:
+    """int32 words packing ``n`` codes along the LAST dim (LSB-first stream) as canonical bytes.
+
+    A little-endian word holds stream bits ``[32w, 32w + 32)`` in bytes ``4w .. 4w + 3``, so
+    the words' bytes are the canonical uint8 stream; only the padding is dropped.
+    """
+    if words.dtype != torch.int32:
+        raise ReferenceInputError(f"packed words must be int32, found {words.dtype}")
+    need = packed_length(n, bits)
+    if 4 * words.shape[-1] < need:
+        raise ReferenceInputError(f"{n} codes of {bits} bits need {need} bytes, found {4 * words.shape[-1]}")
+    return words.contiguous().view(torch.uint8)[..., :need].contiguous()

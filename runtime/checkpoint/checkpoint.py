@@ -1,0 +1,326 @@
+"""open_checkpoint: a Hugging Face style directory of safetensors, read lazily.
+
+Opening reads config.json, the quantization config, the index and every safetensors header,
+nothing else. A layer's tensors are read when that layer is asked for (memory-mapped, one
+tensor at a time), converted to canonical tensors in row chunks, and handed to dispatch.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..canonical import CanonicalWeight, canonical_specs
+from ..errors import CheckpointError, ShardError
+from ..formats import TensorIndex, find_quant_config, reader_for
+from ..formats.base import CHUNK_ROWS, LayerEntry
+from .safetensors_file import SafetensorsFile
+
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+TORCH_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+@dataclass
+class QuantizedWeight:
+    """One quantized layer of a checkpoint; nothing is read until asked."""
+
+    prefix: str
+    entry: LayerEntry
+    checkpoint: Checkpoint
+
+    @property
+    def scheme(self) -> Any:
+        return self.entry.scheme
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """[out_features, in_features]."""
+        return (self.entry.N, self.entry.K)
+
+    def stored(self) -> dict[str, torch.Tensor]:
+        """The checkpoint's own tensors of this layer, by role name."""
+        return self.checkpoint.read(self.entry)
+
+    def canonical(self) -> CanonicalWeight:
+        """The layer in canonical tensors (see ``quantrt.canonical``)."""
+        e = self.entry
+        try:
+            return e.adapter.to_canonical(self.stored(), e.scheme, e.N, e.K, (e.N,))
+        except CheckpointError as err:
+            raise CheckpointError(f"{self.checkpoint.path}: layer {self.prefix}: {err}") from None
+
+    def dequantize(self) -> torch.Tensor:
+        """The fp32 [out_features, in_features] weight, computed a block of rows at a time."""
+        return dequantize_by_rows(self.canonical())
+
+
+def dequantize_by_rows(weight: CanonicalWeight) -> torch.Tensor:
+    """Reference dequantization in row chunks, so temporaries stay a fraction of the output."""
+    from ..reference import dequantize
+
+    N, K = weight.N, weight.K
+    if N <= CHUNK_ROWS or len(weight.output_sizes) > 1:
+        return dequantize(weight)
+    specs = canonical_specs(weight.scheme, N, K)
+    out = torch.empty(N, K, dtype=torch.float32)
+    for start in range(0, N, CHUNK_ROWS):
+        stop = min(start + CHUNK_ROWS, N)
+        try:
+            part = {name: _rows(t, specs[name], start, stop, N) for name, t in weight.tensors.items()}
+        except ShardError:
+            return dequantize(weight)  # a layout whose blocks straddle this cut: do it whole
+        out[start:stop] = dequantize(CanonicalWeight(weight.scheme, stop - start, K, part))
+    return out
+
+
+def _rows(t: torch.Tensor, spec: Any, start: int, stop: int, N: int) -> torch.Tensor:
+    if spec.output_dim is None:
+        return t
+    lo, hi = spec.index_range(spec.output_dim, start, stop, N)
+    return t.narrow(spec.output_dim, lo, hi - lo)
+
+
+class Checkpoint:
+    """A quantized (or dense) checkpoint: its format, layers and their schemes."""
+
+    def __init__(
+        self,
+        path: Path,
+        directory: Path,
+        config: dict[str, Any] | None,
+        files: list[SafetensorsFile],
+        weight_map: dict[str, str] | None,
+    ) -> None:
+        self.path, self.directory, self.config = path, directory, config
+        self.index = TensorIndex(files, weight_map)
+        self.qconfig, self.qconfig_source = find_quant_config(directory, config)
+        self.reader = reader_for(self.qconfig, self.index, self.qconfig_source)
+        self._layers: dict[str, LayerEntry] | None = None
+
+    @property
+    def format(self) -> str:
+        return self.reader.name
+
+    @property
+    def layers(self) -> dict[str, LayerEntry]:
+        """Every linear-shaped layer by prefix (quantized ones carry a scheme; dense ones None)."""
+        if self._layers is None:
+            self._layers = self.reader.layers()
+        return self._layers
+
+    @property
+    def default_act_dtype(self) -> torch.dtype:
+        name = (self.config or {}).get("torch_dtype") or (self.config or {}).get("dtype") or "bfloat16"
+        return TORCH_DTYPES.get(str(name).replace("torch.", ""), torch.bfloat16)
+
+    def layer(self, prefix: str) -> LayerEntry:
+        try:
+            return self.layers[prefix]
+        except KeyError:
+            near = [p for p in self.layers if prefix.rsplit(".", 1)[-1] in p][:5]
+            raise CheckpointError(
+                f"{self.path}: no layer {prefix!r}" + (f"; e.g. {', '.join(near)}" if near else "")
+            ) from None
+
+    def weights(self) -> Iterator[tuple[str, QuantizedWeight]]:
+        """(prefix, QuantizedWeight) for every quantized layer, in layer order."""
+        for prefix, entry in self.layers.items():
+            if entry.quantized:
+                yield prefix, QuantizedWeight(prefix, entry, self)
+
+    def read(self, entry: LayerEntry) -> dict[str, torch.Tensor]:
+        return {role: self.index.read(name) for role, name in entry.tensors.items()}
+
+    def linear(
+        self,
+        prefix: str | Sequence[str],
+        *,
+        device: Any = "cpu",
+        act_dtype: torch.dtype | None = None,
+        parallel: str | None = None,
+        tp_rank: int = 0,
+        tp_size: int = 1,
+        shard_names: Sequence[str] | None = None,
+        overrides: Any = None,
+    ) -> nn.Module:
+        """A ready layer: a QuantLinear whose kernel dispatch chose, or nn.Linear for a dense layer.
+
+        A list of prefixes makes one fused layer from their shards (q, k, v or gate, up).
+        """
+        from ..layers import QuantLinear
+
+        prefixes = [prefix] if isinstance(prefix, str) else list(prefix)
+        entries = [self.layer(p) for p in prefixes]
+        act = act_dtype or self.default_act_dtype
+        first = entries[0]
+        if any(e.quantized != first.quantized or e.K != first.K or e.scheme != first.scheme for e in entries):
+            found = ", ".join(f"{e.prefix}: {e.scheme or 'dense'} K={e.K}" for e in entries)
+            raise CheckpointError(
+                f"{self.path}: the shards of a fused layer must share scheme and K; found {found}"
+            )
+        if not first.quantized:
+            return self._dense(entries, device, act, parallel, tp_rank, tp_size)
+        has_bias = [e.bias is not None for e in entries]
+        if any(has_bias) and not all(has_bias):
+            raise CheckpointError(f"{self.path}: only some shards of {prefixes} have a bias")
+        fused = len(entries) > 1
+        layer = QuantLinear(
+            first.K,
+            sum(e.N for e in entries),
+            first.scheme,
+            bias=all(has_bias),
+            output_sizes=[e.N for e in entries] if fused else None,
+            shard_names=shard_names if fused else None,
+            parallel=parallel,
+            tp_rank=tp_rank,
+            tp_size=tp_size,
+            act_dtype=act,
+            device=device,
+            adapter=first.adapter,
+            prefix=",".join(prefixes),
+        )
+        for i, e in enumerate(entries):
+            shard = i if fused else None
+            for role, name in e.tensors.items():
+                try:
+                    layer.load(role, self.index.read(name), shard)
+                except ShardError as err:
+                    raise ShardError(f"{self.index.where(name)}: {err}") from None
+            if e.bias is not None:
+                layer.load("bias", self.index.read(e.bias), shard)
+        try:
+            return layer.process_weights_after_loading(overrides)
+        except CheckpointError as err:
+            raise CheckpointError(f"{self.path}: layer {layer.prefix}: {err}") from None
+
+    def _dense(
+        self,
+        entries: list[LayerEntry],
+        device: Any,
+        act: torch.dtype,
+        parallel: str | None,
+        rank: int,
+        world: int,
+    ) -> nn.Module:
+        ws = [self.index.read(e.tensors["weight"]) for e in entries]
+        bs = [self.index.read(e.bias) if e.bias else None for e in entries]
+        w = torch.cat(ws, dim=0)
+        b = torch.cat(bs) if all(x is not None for x in bs) else None
+        if world > 1:
+            if parallel == "column":
+                w = torch.cat([x.chunk(world, 0)[rank] for x in ws])
+                b = torch.cat([x.chunk(world, 0)[rank] for x in bs]) if b is not None else None  # type: ignore[union-attr]
+            elif parallel == "row":
+                w = w.chunk(world, 1)[rank]
+                b = b if rank == 0 else None
+        lin = nn.Linear(w.shape[1], w.shape[0], bias=b is not None, device=device, dtype=act)
+        with torch.no_grad():
+            lin.weight.copy_(w)
+            if b is not None:
+                lin.bias.copy_(b)
+        lin.requires_grad_(False)
+        return lin
+
+    def summary(self) -> dict[str, Any]:
+        """What ``quantrt inspect`` prints: the format and every layer's scheme and sizes."""
+        rows = []
+        for prefix, e in self.layers.items():
+            stored = sum(self.index.info[n].nbytes for n in e.tensors.values())
+            dense16 = e.N * e.K * 2
+            rows.append(
+                {
+                    "layer": prefix,
+                    "kind": e.kind,
+                    "scheme": str(e.scheme) if e.scheme else None,
+                    "dtype": None if e.scheme else str(e.dtype).replace("torch.", ""),
+                    "out_features": e.N,
+                    "in_features": e.K,
+                    "bytes": stored,
+                    "dense_16bit_bytes": dense16,
+                    "ratio": round(stored / dense16, 4) if dense16 else None,
+                    "notes": e.notes,
+                }
+            )
+        quant = [r for r in rows if r["scheme"]]
+        return {
+            "path": str(self.path),
+            "format": self.format,
+            "quantization_config": self.qconfig_source,
+            "files": [str(f.path.name) for f in self.index.files],
+            "layers": rows,
+            "quantized_layers": len(quant),
+            "unquantized_layers": len(rows) - len(quant),
+            "quantized_bytes": sum(r["bytes"] for r in quant),
+            "quantized_dense_16bit_bytes": sum(r["dense_16bit_bytes"] for r in quant),
+        }
+
+
+def open_checkpoint(path: str | Path) -> Checkpoint:
+    """Open a checkpoint directory (config.json + *.safetensors, with or without an index) or one
+    .safetensors file. Only headers and configs are read."""
+    p = Path(path)
+    if not p.exists():
+        raise CheckpointError(f"{p}: no such file or directory")
+    if p.is_file():
+        if p.suffix == ".gguf":
+            raise CheckpointError(f"{p}: GGUF files arrive with the FP8/FP4/block formats; not supported yet")
+        if p.suffix in PICKLE_SUFFIXES:
+            raise CheckpointError(_pickle_message(p))
+        if p.suffix != ".safetensors":
+            raise CheckpointError(f"{p}: expected a directory or a .safetensors file")
+        directory, files, weight_map = p.parent, [p], None
+    else:
+        directory = p
+        files, weight_map = _find_files(p)
+    config = None
+    cfg_path = directory / "config.json"
+    if cfg_path.exists():
+        try:
+            config = json.loads(cfg_path.read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise CheckpointError(f"{cfg_path}: cannot read JSON: {e}") from None
+        if not isinstance(config, dict):
+            raise CheckpointError(f"{cfg_path}: expected a JSON object")
+    return Checkpoint(p, directory, config, [SafetensorsFile(f) for f in files], weight_map)
+
+
+def _find_files(directory: Path) -> tuple[list[Path], dict[str, str] | None]:
+    index = directory / "model.safetensors.index.json"
+    if index.exists():
+        try:
+            doc = json.loads(index.read_text())
+            weight_map = dict(doc["weight_map"])
+        except (OSError, KeyError, TypeError, ValueError) as e:
+            raise CheckpointError(
+                f"{index}: not a safetensors index (needs a weight_map object): {e}"
+            ) from None
+        names = sorted(set(weight_map.values()))
+        missing = [n for n in names if not (directory / n).exists()]
+        if missing:
+            raise CheckpointError(f"{index}: names files that are not there: {', '.join(missing)}")
+        files = [directory / n for n in names]
+        listed = set(weight_map)
+        have = {t for f in files for t in SafetensorsFile(f).tensors}
+        if listed - have:
+            raise CheckpointError(f"{index}: lists tensors no file holds, e.g. {sorted(listed - have)[:3]}")
+        return files, weight_map
+    files = sorted(directory.glob("*.safetensors"))
+    if not files:
+        pickles = [f for f in directory.iterdir() if f.suffix in PICKLE_SUFFIXES]
+        if pickles:
+            raise CheckpointError(_pickle_message(pickles[0]))
+        raise CheckpointError(f"{directory}: no *.safetensors files")
+    return files, None
+
+
+def _pickle_message(p: Path) -> str:
+    return (
+        f"{p}: a PyTorch pickle file. quantrt never unpickles (a pickle can run code); convert the "
+        "checkpoint to safetensors, e.g. transformers' save_pretrained(..., safe_serialization=True)"
+    )

@@ -1,0 +1,170 @@
+"""A safetensors file read as untrusted input: the header is validated before anything is read.
+
+The header is parsed here (8-byte little-endian length, then JSON) and every tensor's dtype,
+shape and byte range is checked against the file's real size, so a truncated file or a header
+claiming more bytes than the file holds is one clear error and nothing of the claimed size is
+ever allocated. Tensor data is then read on demand, one tensor (or rows of one) at a time,
+straight from its byte range: nothing maps the whole file, so a checkpoint larger than this
+machine's memory opens, and reading one layer costs that layer. Nothing is ever unpickled.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..errors import CheckpointError
+
+#: safetensors dtype names -> (torch dtype, bytes per element)
+DTYPES: dict[str, tuple[torch.dtype, int]] = {
+    "F64": (torch.float64, 8),
+    "F32": (torch.float32, 4),
+    "F16": (torch.float16, 2),
+    "BF16": (torch.bfloat16, 2),
+    "F8_E4M3": (torch.float8_e4m3fn, 1),
+    "F8_E5M2": (torch.float8_e5m2, 1),
+    "I64": (torch.int64, 8),
+    "I32": (torch.int32, 4),
+    "I16": (torch.int16, 2),
+    "I8": (torch.int8, 1),
+    "U8": (torch.uint8, 1),
+    "BOOL": (torch.bool, 1),
+    "U16": (torch.uint16, 2),
+    "U32": (torch.uint32, 4),
+    "U64": (torch.uint64, 8),
+}
+
+MAX_HEADER = 100 * 2**20  # safetensors' own limit
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """Where one tensor lives: its file, dtype, shape and byte range in the data section."""
+
+    name: str
+    file: Path
+    dtype: torch.dtype
+    dtype_name: str
+    shape: tuple[int, ...]
+    start: int
+    end: int
+
+    @property
+    def nbytes(self) -> int:
+        return self.end - self.start
+
+
+class SafetensorsFile:
+    """One validated safetensors file; tensors are read on demand from their byte ranges."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        self.tensors, self.metadata, self.data_start = read_header(self.path)
+
+    def get(self, name: str) -> torch.Tensor:
+        """The whole tensor, read from its byte range."""
+        info = self._info(name)
+        return self._read(info, info.start, info.nbytes).view(info.dtype).reshape(info.shape)
+
+    def get_rows(self, name: str, start: int, stop: int) -> torch.Tensor:
+        """Rows [start, stop) of a tensor's first dim, reading only those bytes."""
+        info = self._info(name)
+        if not info.shape or not 0 <= start <= stop <= info.shape[0]:
+            raise CheckpointError(f"{self.path}: rows [{start}, {stop}) of {name!r} {list(info.shape)}")
+        row = info.nbytes // info.shape[0] if info.shape[0] else 0
+        data = self._read(info, info.start + start * row, (stop - start) * row)
+        return data.view(info.dtype).reshape(stop - start, *info.shape[1:])
+
+    def _info(self, name: str) -> TensorInfo:
+        if name not in self.tensors:
+            raise CheckpointError(f"{self.path}: no tensor {name!r}")
+        return self.tensors[name]
+
+    def _read(self, info: TensorInfo, offset: int, nbytes: int) -> torch.Tensor:
+        buf = torch.empty(nbytes, dtype=torch.uint8)
+        with self.path.open("rb") as f:
+            f.seek(self.data_start + offset)
+            got = f.readinto(memoryview(buf.numpy()))
+        if got != nbytes:
+            raise CheckpointError(
+                f"{self.path}: tensor {info.name!r}: read {got} of {nbytes} bytes (file changed "
+                "or truncated while open?)"
+            )
+        return buf
+
+
+def read_header(path: Path) -> tuple[dict[str, TensorInfo], dict[str, str], int]:
+    """Parse and validate a safetensors header against the file's size."""
+    try:
+        size = path.stat().st_size
+    except OSError as e:
+        raise CheckpointError(f"{path}: cannot read: {e}") from None
+    if size < 8:
+        raise CheckpointError(
+            f"{path}: truncated: {size} bytes, but a safetensors file starts with an 8-byte header length"
+        )
+    with path.open("rb") as f:
+        (hlen,) = struct.unpack("<Q", f.read(8))
+        if hlen > MAX_HEADER or 8 + hlen > size:
+            raise CheckpointError(
+                f"{path}: the header claims {hlen} bytes but the file holds {size - 8} after "
+                "the length field (truncated or not a safetensors file)"
+            )
+        raw = f.read(hlen)
+    try:
+        header = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"{path}: the header is not valid JSON: {e}") from None
+    if not isinstance(header, dict):
+        raise CheckpointError(f"{path}: the header must be a JSON object, found {type(header).__name__}")
+    data_size = size - 8 - hlen
+    metadata = header.pop("__metadata__", None) or {}
+    if not isinstance(metadata, dict):
+        raise CheckpointError(f"{path}: __metadata__ must be an object of strings")
+    tensors: dict[str, TensorInfo] = {}
+    for name, entry in header.items():
+        tensors[name] = _tensor_info(path, name, entry, data_size)
+    return tensors, {str(k): str(v) for k, v in metadata.items()}, 8 + hlen
+
+
+def _tensor_info(path: Path, name: str, entry: Any, data_size: int) -> TensorInfo:
+    where = f"{path}: tensor {name!r}"
+    if not isinstance(entry, dict) or not {"dtype", "shape", "data_offsets"} <= set(entry):
+        raise CheckpointError(f"{where}: expected dtype, shape and data_offsets, found {entry!r}")
+    dtype_name = entry["dtype"]
+    if dtype_name not in DTYPES:
+        raise CheckpointError(f"{where}: unknown dtype {dtype_name!r}; known: {', '.join(DTYPES)}")
+    shape = entry["shape"]
+    if not isinstance(shape, list) or not all(
+        isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
+    ):
+        raise CheckpointError(f"{where}: shape must be a list of non-negative integers, found {shape!r}")
+    offs = entry["data_offsets"]
+    if not (
+        isinstance(offs, list)
+        and len(offs) == 2
+        and all(isinstance(o, int) for o in offs)
+        and 0 <= offs[0] <= offs[1]
+    ):
+        raise CheckpointError(
+            f"{where}: data_offsets must be [begin, end] with 0 <= begin <= end, found {offs!r}"
+        )
+    dtype, itemsize = DTYPES[dtype_name]
+    want = math.prod(shape) * itemsize
+    if offs[1] - offs[0] != want:
+        raise CheckpointError(
+            f"{where}: {dtype_name} {shape} needs {want} bytes, its data_offsets span {offs[1] - offs[0]}"
+        )
+    if offs[1] > data_size:
+        raise CheckpointError(
+            f"{where}: claims bytes [{offs[0]}, {offs[1]}) but the file's data section holds "
+            f"only {data_size} bytes (truncated file?)"
+        )
+    return TensorInfo(name, path, dtype, dtype_name, tuple(shape), offs[0], offs[1])

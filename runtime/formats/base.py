@@ -1,0 +1,217 @@
+"""What every format reader shares: the tensor index, the layer entry, and checks that turn
+bad checkpoints into one clear error.
+
+A format is two things: a *reader* that recognises its config and names each layer's scheme
+and stored tensors (``layers()``), and an *adapter* per scheme that describes those stored
+tensors with TensorSpecs (so tensor parallelism can cut them) and converts them to canonical
+tensors. Adapters are data transformations only: no kernels, no device logic.
+"""
+
+from __future__ import annotations
+
+import re
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+
+from ..canonical import CanonicalWeight
+from ..checkpoint.safetensors_file import SafetensorsFile, TensorInfo
+from ..errors import CheckpointError
+from ..schemes import Scheme
+from ..specs import TensorSpec
+
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+SCALE_DTYPE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
+#: rows converted at a time, so a layer's conversion never holds much more than the layer
+CHUNK_ROWS = 256
+
+
+class TensorIndex:
+    """Every tensor of a checkpoint by name, across its safetensors files (headers only)."""
+
+    def __init__(self, files: Iterable[SafetensorsFile], owner: Mapping[str, str] | None = None) -> None:
+        self.files = list(files)
+        self.info: dict[str, TensorInfo] = {}
+        self._file: dict[str, SafetensorsFile] = {}
+        for f in self.files:
+            for name, info in f.tensors.items():
+                if owner is not None and owner.get(name, f.path.name) != f.path.name:
+                    continue
+                if name in self.info:
+                    raise CheckpointError(
+                        f"tensor {name!r} is stored twice: in {self.info[name].file} and {f.path}"
+                    )
+                self.info[name] = info
+                self._file[name] = f
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.info
+
+    def names(self) -> list[str]:
+        return list(self.info)
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return self.info[name].shape
+
+    def dtype(self, name: str) -> torch.dtype:
+        return self.info[name].dtype
+
+    def read(self, name: str) -> torch.Tensor:
+        if name not in self.info:
+            raise CheckpointError(f"missing tensor {name!r}")
+        return self._file[name].get(name)
+
+    def where(self, name: str) -> str:
+        info = self.info.get(name)
+        return f"{info.file.name}: {name}" if info else name
+
+
+class Adapter(Protocol):
+    """Stored tensors of one scheme in one format: their specs, and their canonical form."""
+
+    name: str
+
+    def tensor_specs(self, scheme: Scheme, N: int, K: int, num_slices: int = 1) -> dict[str, TensorSpec]: ...
+
+    def to_canonical(
+        self, tensors: dict[str, torch.Tensor], scheme: Scheme, N: int, K: int, output_sizes: tuple[int, ...]
+    ) -> CanonicalWeight: ...
+
+
+@dataclass
+class LayerEntry:
+    """One layer of a checkpoint: its scheme (None when stored dense), shape and stored tensors.
+
+    ``tensors`` maps the adapter's role names (``qweight``, ``scales`` ...) to checkpoint names.
+    """
+
+    prefix: str
+    scheme: Scheme | None
+    N: int
+    K: int
+    tensors: dict[str, str]
+    adapter: Any = None
+    kind: str = "linear"
+    bias: str | None = None
+    dtype: torch.dtype | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def quantized(self) -> bool:
+        return self.scheme is not None
+
+
+class FormatReader(ABC):
+    """Recognises one format's config and lays out the checkpoint's layers."""
+
+    name: str = ""
+
+    def __init__(self, qconfig: Mapping[str, Any], index: TensorIndex, source: str) -> None:
+        self.qconfig = dict(qconfig)
+        self.index = index
+        self.source = source  # which file the quantization config came from
+
+    @abstractmethod
+    def quantized_layers(self) -> dict[str, LayerEntry]:
+        """Every quantized layer, keyed by prefix."""
+
+    def layers(self) -> dict[str, LayerEntry]:
+        """Quantized layers, then every other 2-D float weight as a dense layer."""
+        quant = self.quantized_layers()
+        claimed = {n for e in quant.values() for n in e.tensors.values()}
+        out = dict(quant)
+        out.update(dense_layers(self.index, claimed, set(quant)))
+        return dict(sorted(out.items(), key=lambda kv: natural_key(kv[0])))
+
+    def cfg(self, *keys: str, default: Any = None, required: bool = False) -> Any:
+        """The first of ``keys`` present in the quantization config."""
+        for k in keys:
+            if k in self.qconfig:
+                return self.qconfig[k]
+        if required:
+            raise CheckpointError(f"{self.source}: the {self.name} quantization config has no {keys[0]!r}")
+        return default
+
+
+def natural_key(name: str) -> list[Any]:
+    """Sort ``layers.10`` after ``layers.9``."""
+    return [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", name)]
+
+
+EMBEDDING_HINTS = ("embed", "wte", "wpe", "word_embeddings", "tok_embeddings")
+
+
+def dense_layers(index: TensorIndex, claimed: set[str], quantized: set[str]) -> dict[str, LayerEntry]:
+    """Unquantized 2-D float ``*.weight`` tensors: plain 16-bit linears (or embeddings)."""
+    out: dict[str, LayerEntry] = {}
+    for name in index.names():
+        if name in claimed or not name.endswith(".weight"):
+            continue
+        shape, dtype = index.shape(name), index.dtype(name)
+        if len(shape) != 2 or dtype not in FLOAT_DTYPES:
+            continue
+        prefix = name[: -len(".weight")]
+        if prefix in quantized:
+            continue
+        kind = "embedding" if any(h in prefix.rsplit(".", 1)[-1] for h in EMBEDDING_HINTS) else "linear"
+        bias = f"{prefix}.bias" if f"{prefix}.bias" in index else None
+        out[prefix] = LayerEntry(prefix, None, shape[0], shape[1], {"weight": name}, None, kind, bias, dtype)
+    return out
+
+
+def prefixes_with(index: TensorIndex, suffix: str) -> list[str]:
+    """Prefixes P for which ``P.<suffix>`` is a tensor."""
+    tail = "." + suffix
+    return [n[: -len(tail)] for n in index.names() if n.endswith(tail)]
+
+
+def expect(
+    index: TensorIndex,
+    name: str,
+    shape: tuple[int, ...] | None,
+    dtypes: tuple[torch.dtype, ...],
+    what: str = "",
+) -> None:
+    """Fail clearly unless ``name`` exists with that shape and one of those dtypes."""
+    if name not in index:
+        raise CheckpointError(f"missing tensor {name!r}" + (f" ({what})" if what else ""))
+    found_shape, found_dtype = index.shape(name), index.dtype(name)
+    if found_dtype not in dtypes:
+        want = " or ".join(str(d).replace("torch.", "") for d in dtypes)
+        raise CheckpointError(
+            f"{index.where(name)}: expected dtype {want}, found {str(found_dtype).replace('torch.', '')}"
+        )
+    if shape is not None and tuple(found_shape) != tuple(shape):
+        raise CheckpointError(
+            f"{index.where(name)}: expected shape {list(shape)}, found {list(found_shape)}"
+            + (f" ({what})" if what else "")
+        )
+
+
+def check_finite(t: torch.Tensor, where: str) -> None:
+    """NaN or infinite scales are refused where they are read."""
+    if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+        bad = int((~torch.isfinite(t)).sum())
+        raise CheckpointError(f"{where}: {bad} of {t.numel()} values are NaN or infinite")
+
+
+def by_rows(
+    n: int, fn: Callable[[int, int], torch.Tensor], dim: int = 0, rows: int = CHUNK_ROWS
+) -> torch.Tensor:
+    """Concatenate ``fn(start, stop)`` over chunks of ``rows``, so a conversion's scratch stays small."""
+    parts = [fn(s, min(s + rows, n)) for s in range(0, n, rows)]
+    return torch.cat(parts, dim=dim) if len(parts) > 1 else parts[0]
+
+
+def match_rules(prefix: str, rules: Iterable[str]) -> str | None:
+    """The first rule matching ``prefix``: an exact name, or ``re:<regex>`` matched from the start."""
+    for rule in rules:
+        if rule.startswith("re:"):
+            if re.match(rule[3:], prefix):
+                return rule
+        elif rule == prefix:
+            return rule
+    return None

@@ -1,0 +1,329 @@
+"""compressed-tensors (llm-compressor) integer paths: pack-quantized, int-quantized, naive-quantized.
+
+``config_groups`` name the scheme of the layers they target: an exact name, a ``re:`` regex
+(matched from the start of the layer name), or a module class name. A checkpoint carries no
+class names, so a class target (``Linear``) is taken to cover every linear layer that no name
+or regex target claims; ``ignore`` leaves layers dense. Each group may set its own ``format``.
+
+pack-quantized: ``weight_packed`` int32 [N, K*b/32] (codes stored as q + 2^(b-1), packed along
+K), ``weight_scale`` [N, K/G] or [N, 1], ``weight_zero_point`` int32 [N*b/32, K/G] packed along N
+(asymmetric only, with the same offset), ``weight_shape`` [2], ``weight_g_idx`` [K] (actorder
+group). int/naive-quantized: ``weight`` int8 [N, K], ``weight_scale``, ``weight_zero_point``,
+static ``input_scale``.
+"""
+
+from __future__ import annotations
+
+from fractions import Fraction
+from typing import Any
+
+import torch
+
+from ..canonical import CanonicalWeight
+from ..errors import CheckpointError
+from ..reference.packing import pack_codes, unpack_int32, words_as_bytes
+from ..schemes import Scheme
+from ..specs import TensorSpec
+from .base import (
+    FLOAT_DTYPES,
+    SCALE_DTYPE_NAMES,
+    FormatReader,
+    LayerEntry,
+    by_rows,
+    check_finite,
+    expect,
+    match_rules,
+    prefixes_with,
+)
+from .gptq import _scale_torch_dtype, word_align
+
+INT_FORMATS = ("pack-quantized", "int-quantized", "naive-quantized")
+LATER_FORMATS = ("float-quantized", "nvfp4-pack-quantized", "mxfp4-pack-quantized", "mxfp8-quantized")
+
+
+def _scale_spec(scheme: Scheme, N: int, K: int, dtype: torch.dtype, name: str, S: int) -> TensorSpec:
+    if scheme.granularity == "tensor":
+        return TensorSpec(name, (S,), dtype, per_slice=True)
+    if scheme.granularity == "channel":
+        return TensorSpec(name, (N, 1), dtype, output_dim=0, row="replicate")
+    G = scheme.group_size
+    assert G is not None
+    rows = "replicate" if scheme.act_order else "split"
+    return TensorSpec(
+        name, (N, K // G), dtype, output_dim=0, input_dim=1, input_unit=Fraction(G), input_align=G, row=rows
+    )
+
+
+class CTPackedAdapter:
+    """pack-quantized tensors <-> canonical int tensors."""
+
+    name = "compressed-tensors pack-quantized"
+
+    def tensor_specs(self, scheme: Scheme, N: int, K: int, num_slices: int = 1) -> dict[str, TensorSpec]:
+        b = scheme.bits
+        unit = Fraction(32, b)
+        specs = {
+            "weight_packed": TensorSpec(
+                "weight_packed",
+                (N, -(-K * b // 32)),
+                torch.int32,
+                output_dim=0,
+                input_dim=1,
+                input_unit=unit,
+                input_align=word_align(b),
+            ),
+            "weight_scale": _scale_spec(scheme, N, K, _scale_torch_dtype(scheme), "weight_scale", num_slices),
+            "weight_shape": TensorSpec(
+                "weight_shape", (2,), torch.int64, column="replicate", row="replicate"
+            ),
+        }
+        if not scheme.symmetric:
+            G = scheme.group_size if scheme.granularity == "group" else K
+            specs["weight_zero_point"] = TensorSpec(
+                "weight_zero_point",
+                (-(-N * b // 32), K // G),
+                torch.int32,
+                output_dim=0,
+                input_dim=1,
+                output_unit=unit,
+                output_align=word_align(b),
+                input_unit=Fraction(G),
+                input_align=G,
+                row="replicate" if scheme.act_order or scheme.granularity == "channel" else "split",
+            )
+        if scheme.act_order:
+            specs["weight_g_idx"] = TensorSpec("weight_g_idx", (K,), torch.int32, input_dim=0)
+        return specs
+
+    def to_canonical(
+        self, tensors: dict[str, torch.Tensor], scheme: Scheme, N: int, K: int, output_sizes: tuple[int, ...]
+    ) -> CanonicalWeight:
+        b = scheme.bits
+        packed, scale = tensors["weight_packed"], tensors["weight_scale"]
+        check_finite(scale, "weight_scale")
+        q = by_rows(N, lambda s, e: words_as_bytes(packed[s:e], b, K))
+        out: dict[str, torch.Tensor] = {"qweight": q, "scales": scale.float().contiguous()}
+        if scheme.granularity == "tensor":
+            out["scales"] = out["scales"].reshape(-1)
+        if not scheme.symmetric:
+            zp = unpack_int32(tensors["weight_zero_point"], b, 0, N)
+            out["zeros"] = zp.to(torch.int16).contiguous()
+        if scheme.act_order:
+            out["g_idx"] = _checked_g_idx(tensors["weight_g_idx"], out["scales"].shape[-1])
+        return CanonicalWeight(scheme, N, K, out, output_sizes)
+
+
+def _checked_g_idx(g: torch.Tensor, ng: int) -> torch.Tensor:
+    g = g.to(torch.int32)
+    if g.numel() and (int(g.min()) < 0 or int(g.max()) >= ng):
+        raise CheckpointError(
+            f"weight_g_idx: group ids must lie in [0, {ng - 1}], found [{int(g.min())}, {int(g.max())}]"
+        )
+    return g.contiguous()
+
+
+class CTIntAdapter:
+    """int-quantized / naive-quantized tensors (one signed integer per int8) <-> canonical."""
+
+    name = "compressed-tensors int-quantized"
+
+    def tensor_specs(self, scheme: Scheme, N: int, K: int, num_slices: int = 1) -> dict[str, TensorSpec]:
+        sdt = _scale_torch_dtype(scheme)
+        specs = {
+            "weight": TensorSpec("weight", (N, K), torch.int8, output_dim=0, input_dim=1),
+            "weight_scale": _scale_spec(scheme, N, K, sdt, "weight_scale", num_slices),
+        }
+        if not scheme.symmetric:
+            specs["weight_zero_point"] = _scale_spec(
+                scheme, N, K, torch.int8, "weight_zero_point", num_slices
+            )
+        if scheme.act is not None and not scheme.act_dynamic:
+            specs["input_scale"] = TensorSpec("input_scale", (num_slices,), sdt, per_slice=True)
+        return specs
+
+    def to_canonical(
+        self, tensors: dict[str, torch.Tensor], scheme: Scheme, N: int, K: int, output_sizes: tuple[int, ...]
+    ) -> CanonicalWeight:
+        b = scheme.bits
+        offset = 1 << (b - 1)
+        w, scale = tensors["weight"], tensors["weight_scale"]
+        check_finite(scale, "weight_scale")
+        lo, hi = -offset, offset - 1
+        if w.numel() and (int(w.min()) < lo or int(w.max()) > hi):
+            raise CheckpointError(
+                f"weight: {b}-bit values must lie in [{lo}, {hi}], found [{int(w.min())}, {int(w.max())}]"
+            )
+        q = by_rows(N, lambda s, e: pack_codes((w[s:e].to(torch.int16) + offset).to(torch.uint8), b))
+        out: dict[str, torch.Tensor] = {"qweight": q, "scales": scale.float().contiguous()}
+        if scheme.granularity == "tensor":
+            out["scales"] = out["scales"].reshape(-1)
+        if not scheme.symmetric:
+            out["zeros"] = (tensors["weight_zero_point"].to(torch.int16) + offset).reshape(
+                out["scales"].shape
+            )
+        if "input_scale" in tensors:
+            check_finite(tensors["input_scale"], "input_scale")
+            out["input_scale"] = tensors["input_scale"].float().max().reshape(1)
+        return CanonicalWeight(scheme, N, K, out, output_sizes)
+
+
+def weight_scheme(
+    args: dict[str, Any], act: dict[str, Any] | None, K: int, scale_dtype: torch.dtype, where: str
+) -> Scheme:
+    """A QuantizationArgs dict (and the input_activations one) as a Scheme."""
+    if args.get("type", "int") != "int":
+        raise CheckpointError(
+            f"{where}: {args.get('type')!r} weights arrive with the FP8/FP4 formats; "
+            "this reader handles integer weights"
+        )
+    bits = int(args.get("num_bits", 8))
+    sym = bool(args.get("symmetric", True))
+    strategy = args.get("strategy")
+    G = args.get("group_size")
+    if strategy is None:
+        strategy = "tensor" if G is None else ("channel" if G == -1 else "group")
+    actorder = args.get("actorder")
+    act_order = actorder in ("group", "dynamic")
+    if strategy == "group":
+        if not G or G <= 0 or K % G:
+            raise CheckpointError(f"{where}: group_size {G} does not divide K={K}")
+        gran: dict[str, Any] = {"granularity": "group", "group_size": int(G)}
+        if G == K:
+            gran = {"granularity": "channel"}
+            act_order = False
+    elif strategy in ("channel", "tensor"):
+        gran = {"granularity": strategy}
+    else:
+        raise CheckpointError(
+            f"{where}: weight strategy {strategy!r} is not an integer strategy this reader "
+            "handles (tensor, channel, group)"
+        )
+    kw: dict[str, Any] = dict(
+        weight="int",
+        bits=bits,
+        symmetric=sym,
+        scale_dtype=SCALE_DTYPE_NAMES[scale_dtype],
+        act_order=act_order,
+        **gran,
+    )
+    if act:
+        if act.get("type", "int") != "int" or int(act.get("num_bits", 8)) != 8:
+            raise CheckpointError(
+                f"{where}: input activations {act.get('type')} {act.get('num_bits')}-bit are "
+                "not an integer W8A8 scheme"
+            )
+        if not act.get("symmetric", True):
+            raise CheckpointError(f"{where}: asymmetric int8 activations are not supported")
+        a_strat = act.get("strategy") or "tensor"
+        dynamic = bool(act.get("dynamic", False))
+        if a_strat == "token":
+            kw.update(act="int8", act_granularity="token", act_dynamic=True)
+        elif a_strat == "tensor":
+            kw.update(act="int8", act_granularity="tensor", act_dynamic=dynamic)
+        else:
+            raise CheckpointError(f"{where}: activation strategy {a_strat!r} is not token or tensor")
+    try:
+        return Scheme(**kw)
+    except Exception as e:
+        raise CheckpointError(f"{where}: {e}") from None
+
+
+class CompressedTensorsReader(FormatReader):
+    """``quant_method: compressed-tensors`` (or the older ``compression_config``), integer formats."""
+
+    name = "compressed-tensors"
+
+    def quantized_layers(self) -> dict[str, LayerEntry]:
+        groups = self.cfg("config_groups", required=True)
+        if not isinstance(groups, dict) or not groups:
+            raise CheckpointError(f"{self.source}: config_groups must be a non-empty object")
+        ignore = list(self.cfg("ignore", default=[]) or [])
+        global_fmt = self.cfg("format", default=None)
+        out: dict[str, LayerEntry] = {}
+        prefixes = set(prefixes_with(self.index, "weight_packed")) | set(
+            prefixes_with(self.index, "weight_scale")
+        )
+        for prefix in sorted(prefixes):
+            if match_rules(prefix, ignore):
+                raise CheckpointError(f"{self.source}: {prefix} is in 'ignore' but stores quantized tensors")
+            gname, group = self._group_for(prefix, groups)
+            fmt = group.get("format") or global_fmt
+            if fmt in LATER_FORMATS:
+                raise CheckpointError(
+                    f"{self.source}: format {fmt!r} ({prefix}) arrives with the FP8/FP4 "
+                    "checkpoint formats; not supported yet"
+                )
+            if fmt not in INT_FORMATS:
+                raise CheckpointError(
+                    f"{self.source}: unknown compressed-tensors format {fmt!r} for {prefix}; "
+                    f"known: {', '.join(INT_FORMATS + LATER_FORMATS)}"
+                )
+            out[prefix] = self._layer(prefix, fmt, group, f"{self.source} config group {gname!r}")
+        return out
+
+    def _group_for(self, prefix: str, groups: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        by_name = [(n, g) for n, g in groups.items() if match_rules(prefix, _name_targets(g))]
+        if by_name:
+            return by_name[0]
+        by_class = [
+            (n, g) for n, g in groups.items() if any(not _is_name_target(t) for t in g.get("targets", []))
+        ]
+        if len(by_class) == 1:
+            return by_class[0]
+        if not by_class:
+            raise CheckpointError(
+                f"{self.source}: no config group targets {prefix}, which stores quantized tensors"
+            )
+        raise CheckpointError(
+            f"{self.source}: {prefix} could match several class-name targets "
+            f"({', '.join(n for n, _ in by_class)}); a checkpoint cannot tell module classes apart"
+        )
+
+    def _layer(self, prefix: str, fmt: str, group: dict[str, Any], where: str) -> LayerEntry:
+        idx = self.index
+        wargs = dict(group.get("weights") or {})
+        act = group.get("input_activations")
+        scale = f"{prefix}.weight_scale"
+        expect(idx, scale, None, FLOAT_DTYPES)
+        if fmt == "pack-quantized":
+            shape_t = f"{prefix}.weight_shape"
+            expect(idx, shape_t, (2,), (torch.int64, torch.int32))
+            N, K = (int(v) for v in idx.read(shape_t).tolist())
+            scheme = weight_scheme(wargs, act, K, idx.dtype(scale), f"{where}, layer {prefix}")
+            adapter: Any = CTPackedAdapter()
+        else:
+            w = f"{prefix}.weight"
+            expect(idx, w, None, (torch.int8,))
+            N, K = idx.shape(w)
+            scheme = weight_scheme(wargs, act, K, idx.dtype(scale), f"{where}, layer {prefix}")
+            adapter = CTIntAdapter()
+        specs = adapter.tensor_specs(scheme, N, K)
+        roles = {r: f"{prefix}.{r}" for r in specs}
+        zp = f"{prefix}.weight_zero_point"
+        if scheme.symmetric and zp in idx:
+            raise CheckpointError(f"{idx.where(zp)}: the config says symmetric, but zero-points are stored")
+        for role, spec in specs.items():
+            shape = None if role == "weight_scale" and scheme.granularity == "tensor" else spec.shape
+            expect(idx, roles[role], shape, (spec.dtype, *_alternatives(spec.dtype)), f"{scheme} {N}x{K}")
+        if scheme.granularity == "tensor" and idx.shape(scale) not in ((1,), ()):
+            raise CheckpointError(
+                f"{idx.where(scale)}: expected shape [1] (per tensor), found {list(idx.shape(scale))}"
+            )
+        bias = f"{prefix}.bias" if f"{prefix}.bias" in idx else None
+        return LayerEntry(prefix, scheme, N, K, roles, adapter, bias=bias)
+
+
+def _alternatives(dtype: torch.dtype) -> tuple[torch.dtype, ...]:
+    if dtype in FLOAT_DTYPES:
+        return FLOAT_DTYPES
+    if dtype == torch.int32:
+        return (torch.int64,)
+    return ()
+
+
+def _is_name_target(t: str) -> bool:
+    return t.startswith("re:") or "." in t
+
+
+def _name_targets(group: dict[str, Any]) -> list[str]:
+    return [t for t in group.get("targets", []) if _is_name_target(t)]
