@@ -7,7 +7,7 @@ or regex target claims; ``ignore`` leaves layers dense. Each group may set its o
 
 pack-quantized: ``weight_packed`` int32 [N, K*b/32] (codes stored as q + 2^(b-1), packed along
 K), ``weight_scale`` [N, K/G] or [N, 1], ``weight_zero_point`` int32 [N*b/32, K/G] packed along N
-(asymmetric only, with the same offset), ``weight_shape`` [2], ``weight_g_idx`` [K] (actorder
+(asymmetric only, with the same offset), ``weight_shape`` [2] (read once, to learn N and K), ``weight_g_idx`` [K] (actorder
 group). int/naive-quantized: ``weight`` int8 [N, K], ``weight_scale``, ``weight_zero_point``,
 static ``input_scale``.
 """
@@ -73,9 +73,6 @@ class CTPackedAdapter:
                 input_align=word_align(b),
             ),
             "weight_scale": _scale_spec(scheme, N, K, _scale_torch_dtype(scheme), "weight_scale", num_slices),
-            "weight_shape": TensorSpec(
-                "weight_shape", (2,), torch.int64, column="replicate", row="replicate"
-            ),
         }
         if not scheme.symmetric:
             G = scheme.group_size if scheme.granularity == "group" else K

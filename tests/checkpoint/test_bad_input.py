@@ -1,0 +1,173 @@
+"""A checkpoint is untrusted: each defect, planted in a copy of a tool-written file, is one clear
+error naming the file, the tensor or key, and the expected vs found value."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from quantrt.checkpoint import open_checkpoint
+from quantrt.errors import CheckpointError
+
+ROOT = Path(__file__).resolve().parents[1] / "fixtures" / "interop"
+DOWN = "model.layers.0.mlp.down_proj"
+
+
+def copy(tmp_path: Path, variant: str) -> Path:
+    dst = tmp_path / variant
+    shutil.copytree(ROOT / variant, dst)
+    return dst
+
+
+def edit_config(d: Path, fn: Callable[[dict], None], name: str = "config.json") -> None:
+    cfg = json.loads((d / name).read_text())
+    fn(cfg.get("quantization_config", cfg) if name == "config.json" else cfg)
+    (d / name).write_text(json.dumps(cfg))
+
+
+def edit_tensors(d: Path, fn: Callable[[dict[str, torch.Tensor]], None]) -> None:
+    path = d / "model.safetensors"
+    tensors = load_file(path)
+    fn(tensors)
+    save_file(tensors, path, metadata={"format": "pt"})
+
+
+def load_everything(d: Path) -> None:
+    ck = open_checkpoint(d)
+    for _, qw in ck.weights():
+        qw.dequantize()
+
+
+def test_unknown_and_missing_quant_method(tmp_path: Path) -> None:
+    d = copy(tmp_path, "ct-pack-w4a16-g128-sym")
+    edit_config(d, lambda q: q.update(quant_method="qlora-magic"))
+    with pytest.raises(
+        CheckpointError,
+        match=r"config.json \(quantization_config\): unknown quant_method "
+        r"'qlora-magic'; known: auto-round, awq, bitsandbytes",
+    ):
+        open_checkpoint(d)
+    edit_config(d, lambda q: q.pop("quant_method"))
+    with pytest.raises(CheckpointError, match="the quantization config has no quant_method"):
+        open_checkpoint(d)
+    edit_config(d, lambda q: q.update(quant_method="fp8"))
+    with pytest.raises(
+        CheckpointError, match="'fp8' arrives with the FP8/FP4/block formats; not supported yet"
+    ):
+        open_checkpoint(d)
+
+
+def test_missing_tensor(tmp_path: Path) -> None:
+    d = copy(tmp_path, "autoround-gptq-w4g128-sym")
+    edit_tensors(d, lambda t: t.pop(f"{DOWN}.scales"))
+    with pytest.raises(CheckpointError, match=f"missing tensor '{DOWN}.scales'"):
+        load_everything(d)
+
+
+def test_wrong_dtype_and_shape(tmp_path: Path) -> None:
+    d = copy(tmp_path, "autoround-gptq-w4g128-sym")
+    edit_tensors(d, lambda t: t.update({f"{DOWN}.qzeros": t[f"{DOWN}.qzeros"].long()}))
+    with pytest.raises(
+        CheckpointError, match=f"model.safetensors: {DOWN}.qzeros: expected dtype int32, found int64"
+    ):
+        load_everything(d)
+    d = copy(tmp_path / "b", "autoround-gptq-w4g128-sym")
+    edit_tensors(d, lambda t: t.update({f"{DOWN}.scales": torch.cat([t[f"{DOWN}.scales"]] * 2)}))
+    with pytest.raises(CheckpointError, match=rf"{DOWN}.scales: expected shape \[2, 128\], found \[4, 128\]"):
+        load_everything(d)
+
+
+def test_group_size_not_dividing_k(tmp_path: Path) -> None:
+    d = copy(tmp_path, "autoround-gptq-w4g64-sym-sharded")
+    edit_config(d, lambda q: q.update(group_size=96))
+    (d / "quantization_config.json").unlink(missing_ok=True)
+    with pytest.raises(CheckpointError, match="group_size 96 does not divide K=128"):
+        load_everything(d)
+
+
+def test_bits_the_format_does_not_allow(tmp_path: Path) -> None:
+    d = copy(tmp_path, "gptqmodel-gptq-w4g128-asym-v2")
+    edit_config(d, lambda q: q.update(bits=5))
+    with pytest.raises(CheckpointError, match=r"bits must be one of \(2, 3, 4, 8\), found 5"):
+        load_everything(d)
+    d = copy(tmp_path / "awq", "autoround-awq-w4g128-asym")
+    edit_config(d, lambda q: q.update(bits=8))
+    with pytest.raises(CheckpointError, match="AWQ stores 4-bit weights, the config says bits=8"):
+        load_everything(d)
+
+
+def test_g_idx_out_of_range(tmp_path: Path) -> None:
+    d = copy(tmp_path, "gptqmodel-gptq-w4g128-sym-actorder")
+
+    def poison(t: dict[str, torch.Tensor]) -> None:
+        g = t[f"{DOWN}.g_idx"].clone()
+        g[5] = 99
+        t[f"{DOWN}.g_idx"] = g
+
+    edit_tensors(d, poison)
+    with pytest.raises(
+        CheckpointError, match=rf"layer {DOWN}: g_idx: group ids must lie in \[0, 1\], found \[0, 99\]"
+    ):
+        load_everything(d)
+
+
+def test_config_says_sym_while_zero_points_exist(tmp_path: Path) -> None:
+    d = copy(tmp_path, "ct-pack-w4a16-g128-asym")
+
+    def make_sym(q: dict) -> None:
+        for g in q["config_groups"].values():
+            g["weights"]["symmetric"] = True
+
+    edit_config(d, make_sym)
+    with pytest.raises(
+        CheckpointError, match=r"weight_zero_point: the config says symmetric, but zero-points are stored"
+    ):
+        load_everything(d)
+    d = copy(tmp_path / "g", "gptqmodel-gptq-w4g128-asym-v2")
+    edit_config(d, lambda q: q.update(sym=True))
+    with pytest.raises(CheckpointError, match="qzeros: the config says sym, so every zero-point is 8"):
+        load_everything(d)
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_nan_or_infinite_scales(tmp_path: Path, value: float) -> None:
+    d = copy(tmp_path, "ct-pack-w8a16-ch-sym")
+
+    def poison(t: dict[str, torch.Tensor]) -> None:
+        s = t[f"{DOWN}.weight_scale"].clone()
+        s[3] = value
+        t[f"{DOWN}.weight_scale"] = s
+
+    edit_tensors(d, poison)
+    with pytest.raises(
+        CheckpointError, match=rf"layer {DOWN}: weight_scale: 1 of 128 values are NaN or infinite"
+    ):
+        load_everything(d)
+
+
+def test_truncated_fixture(tmp_path: Path) -> None:
+    d = copy(tmp_path, "bnb-int8")
+    p = d / "model.safetensors"
+    p.write_bytes(p.read_bytes()[: p.stat().st_size // 2])
+    with pytest.raises(CheckpointError, match="but the file's data section holds only"):
+        open_checkpoint(d)
+
+
+def test_awq_gemv_is_an_unsupported_variant(tmp_path: Path) -> None:
+    d = copy(tmp_path, "autoround-awq-w4g128-asym")
+    edit_config(d, lambda q: q.update(version="gemv"))
+    with pytest.raises(CheckpointError, match="AWQ version 'gemv' is an unsupported variant"):
+        load_everything(d)
+
+
+def test_ignored_layer_with_quantized_tensors(tmp_path: Path) -> None:
+    d = copy(tmp_path, "ct-pack-w4a16-g128-sym")
+    edit_config(d, lambda q: q.update(ignore=["lm_head", f"re:{DOWN}"]))
+    with pytest.raises(CheckpointError, match=f"{DOWN} is in 'ignore' but stores quantized tensors"):
+        load_everything(d)
