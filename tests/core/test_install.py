@@ -13,6 +13,8 @@ PACKAGES = [
     "quantrt",
     "quantrt.cli",
     "quantrt.reference",
+    "quantrt.checkpoint",
+    "quantrt.formats",
     "quantrt.capability",
     "quantrt.backends",
     "quantrt.backends.triton",
@@ -26,6 +28,9 @@ PACKAGES = [
 def test_every_package_imports() -> None:
     for name in PACKAGES:
         assert importlib.import_module(name).__file__
+    from quantrt.checkpoint import open_checkpoint
+
+    assert callable(open_checkpoint)
 
 
 def test_entry_points_register_the_in_tree_backends() -> None:
