@@ -104,6 +104,8 @@ class QuantMethod:
         S = len(layer.output_sizes)
         where = f"{layer.prefix}.{name}" if layer.prefix else name
         tensor = _as_dtype(tensor, spec.dtype, where)
+        if spec.per_slice and tensor.dim() == 0:
+            tensor = tensor.reshape(1)  # a scalar stored as [] (per-tensor scales of several tools)
         if shard is None:
             if S == 1:
                 part = spec.shard(
@@ -449,3 +451,23 @@ def load_slices(layer: QuantLinear, slices: Mapping[int | str, CanonicalWeight])
     for shard, w in slices.items():
         layer.load_canonical(w, shard)
     return layer.process_weights_after_loading()
+
+
+class SlicedLinear(nn.Module):
+    """A fused layer whose slices differ in scheme: one layer (and kernel) per run of equal schemes.
+
+    DESIGN's rule for mixed fused layers (GGUF Q4_K_M stores v_proj as Q6_K beside Q4_K q/k):
+    each slice gets its own kernel and the outputs concatenate, under tensor parallelism too
+    (every part is split the same way, so a rank's output holds its part of every slice).
+    """
+
+    def __init__(self, parts: Sequence[nn.Module]) -> None:
+        super().__init__()
+        self.parts = nn.ModuleList(parts)
+
+    @property
+    def kernel_names(self) -> list[str]:
+        return [getattr(p, "kernel_name", "torch F.linear") for p in self.parts]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([p(x) for p in self.parts], dim=-1)

@@ -135,7 +135,15 @@ class Checkpoint:
                 yield prefix, QuantizedWeight(prefix, entry, self)
 
     def read(self, entry: LayerEntry) -> dict[str, torch.Tensor]:
-        return {role: self.index.read(name) for role, name in entry.tensors.items()}
+        """A layer's stored tensors by role (one expert's slice of stacked ones), plus its constants."""
+        out = {role: self._read(entry, role, name) for role, name in entry.tensors.items()}
+        out.update(entry.constants)
+        return out
+
+    def _read(self, entry: LayerEntry, role: str, name: str) -> torch.Tensor:
+        if role in entry.select:
+            return self.index.read_index(name, entry.select[role])
+        return self.index.read(name)
 
     def linear(
         self,
@@ -187,13 +195,15 @@ class Checkpoint:
         )
         for i, e in enumerate(entries):
             shard = i if fused else None
-            for role, name in e.tensors.items():
+            for role, t in self.read(e).items():
                 try:
-                    layer.load(role, self.index.read(name), shard)
+                    layer.load(role, t, shard)
                 except ShardError as err:
-                    raise ShardError(f"{self.index.where(name)}: {err}") from None
+                    where = self.index.where(e.tensors[role]) if role in e.tensors else f"{e.prefix} ({role})"
+                    raise ShardError(f"{where}: {err}") from None
             if e.bias is not None:
-                layer.load("bias", self.index.read(e.bias), shard)
+                bias = self._read(e, "bias", e.bias)
+                layer.load("bias", bias, shard)
         try:
             return layer.process_weights_after_loading(overrides)
         except CheckpointError as err:

@@ -18,7 +18,10 @@ from .base import FormatReader, LayerEntry, TensorIndex
 from .bnb import BitsandbytesReader
 from .compressed_tensors import CompressedTensorsReader
 from .dense import DenseReader
+from .fp8 import FbgemmFP8Reader, FP8Reader
 from .gptq import GPTQReader
+from .modelopt import ModelOptReader
+from .mxfp4 import GptOssMXFP4Reader
 
 READERS: dict[str, type[FormatReader]] = {
     "gptq": GPTQReader,
@@ -26,6 +29,10 @@ READERS: dict[str, type[FormatReader]] = {
     "compressed-tensors": CompressedTensorsReader,
     "auto-round": AutoRoundReader,
     "bitsandbytes": BitsandbytesReader,
+    "fp8": FP8Reader,
+    "fbgemm_fp8": FbgemmFP8Reader,
+    "modelopt": ModelOptReader,
+    "mxfp4": GptOssMXFP4Reader,
 }
 ALIASES = {
     "compressed_tensors": "compressed-tensors",
@@ -36,7 +43,7 @@ ALIASES = {
     "awq_marlin": "awq",
 }
 #: formats the next issue reads: named, so the error says "not yet" rather than "unknown"
-LATER = ("fp8", "fbgemm_fp8", "modelopt", "modelopt_fp4", "mxfp4", "quark", "torchao", "gguf")
+LATER = ("quark", "torchao")
 #: files next to config.json that some tools write their quantization config into
 SIDE_FILES = ("quantize_config.json", "quant_config.json", "quantization_config.json", "hf_quant_config.json")
 

@@ -64,6 +64,12 @@ class TensorIndex:
             raise CheckpointError(f"missing tensor {name!r}")
         return self._file[name].get(name)
 
+    def read_index(self, name: str, i: int) -> torch.Tensor:
+        """``tensor[i]`` of a stacked tensor (one MoE expert), reading only those bytes."""
+        if name not in self.info:
+            raise CheckpointError(f"missing tensor {name!r}")
+        return self._file[name].get_rows(name, i, i + 1)[0]
+
     def where(self, name: str) -> str:
         info = self.info.get(name)
         return f"{info.file.name}: {name}" if info else name
@@ -86,6 +92,10 @@ class LayerEntry:
     """One layer of a checkpoint: its scheme (None when stored dense), shape and stored tensors.
 
     ``tensors`` maps the adapter's role names (``qweight``, ``scales`` ...) to checkpoint names.
+    ``select`` picks one leading index of stacked tensors (an MoE expert) per role;
+    ``constants`` are tensors the format keeps outside its tensors (a quant-state JSON field),
+    handed to the adapter beside the stored ones. ``kind`` is ``linear``, ``embedding`` or
+    ``expert``.
     """
 
     prefix: str
@@ -98,6 +108,8 @@ class LayerEntry:
     bias: str | None = None
     dtype: torch.dtype | None = None
     notes: list[str] = field(default_factory=list)
+    select: dict[str, int] = field(default_factory=dict)
+    constants: dict[str, torch.Tensor] = field(default_factory=dict)
 
     @property
     def quantized(self) -> bool:

@@ -1,4 +1,12 @@
-"""bitsandbytes checkpoints as transformers saves them; 8-bit here (4-bit arrives with formats II).
+"""bitsandbytes checkpoints as transformers saves them: 8-bit (LLM.int8) and 4-bit (NF4/FP4).
+
+4-bit stores ``weight`` uint8 [ceil(N*K/2), 1] (the row-major weight flattened, two codes per
+byte, high nibble first), ``weight.absmax`` per block over the flattened weight,
+``weight.quant_map`` (the code book) and a quant state, ``weight.quant_state.bitsandbytes__<type>``
+(JSON bytes: quant_type, blocksize, dtype, shape, and for double quant nested_blocksize and
+nested_offset), with ``weight.nested_absmax`` / ``weight.nested_quant_map`` under double quant.
+That is already the canonical bnb4 layout, so conversion is a reshape; the nested offset, kept in
+the JSON, becomes a per-slice ``offset`` tensor.
 
 8-bit (LLM.int8) stores ``weight`` int8 [N, K] row-major, ``SCB`` fp32 [N] (per-row absmax) and
 ``weight_format`` (0 = row). quantrt reads it as weight-only int8 with per-row scales SCB/127
@@ -7,6 +15,11 @@
 """
 
 from __future__ import annotations
+
+import json
+import math
+from fractions import Fraction
+from typing import Any
 
 import torch
 
@@ -40,6 +53,50 @@ class Bnb8Adapter:
         q = w.contiguous().view(torch.uint8) ^ 0x80  # two's complement + 128: the unsigned 8-bit code
         scales = (scb * torch.tensor(INV_127, dtype=torch.float32)).reshape(N, 1)
         return CanonicalWeight(scheme, N, K, {"qweight": q, "scales": scales}, output_sizes)
+
+
+BNB4_ROLES = {
+    "qweight": "weight",
+    "absmax": "weight.absmax",
+    "code": "weight.quant_map",
+    "nested_absmax": "weight.nested_absmax",
+    "nested_code": "weight.nested_quant_map",
+}
+
+
+class Bnb4Adapter:
+    """bitsandbytes 4-bit tensors <-> canonical bnb4 (the same flat layout)."""
+
+    name = "bitsandbytes-4bit"
+
+    def tensor_specs(self, scheme: Scheme, N: int, K: int, num_slices: int = 1) -> dict[str, TensorSpec]:
+        from ..canonical import canonical_specs
+
+        specs = canonical_specs(scheme, N, K, num_slices)
+        q = specs["qweight"]
+        specs["qweight"] = TensorSpec(
+            "qweight",
+            (q.shape[0], 1),
+            q.dtype,
+            output_dim=0,
+            output_unit=Fraction(2, K),
+            column=q.column,
+            row=q.row,
+            refuse_reason=q.refuse_reason,
+        )
+        return specs
+
+    def to_canonical(
+        self, tensors: dict[str, torch.Tensor], scheme: Scheme, N: int, K: int, output_sizes: tuple[int, ...]
+    ) -> CanonicalWeight:
+        out = dict(tensors)
+        out["qweight"] = tensors["qweight"].reshape(-1).contiguous()
+        absmax = out["absmax"]
+        if absmax.is_floating_point():
+            check_finite(absmax, "weight.absmax")
+        if "nested_absmax" in out:
+            check_finite(out["nested_absmax"], "weight.nested_absmax")
+        return CanonicalWeight(scheme, N, K, out, output_sizes)
 
 
 class BitsandbytesReader(FormatReader):
@@ -86,3 +143,70 @@ class BitsandbytesReader(FormatReader):
                 notes=["LLM.int8 outlier decomposition not reproduced (weight-only)"],
             )
         return out
+
+    def _four_bit(self, skip: list[str]) -> dict[str, LayerEntry]:
+        storage = str(self.cfg("bnb_4bit_quant_storage", default="uint8"))
+        if storage != "uint8":
+            raise CheckpointError(
+                f"{self.source}: bnb_4bit_quant_storage {storage!r} is not supported (uint8 only)"
+            )
+        out: dict[str, LayerEntry] = {}
+        idx = self.index
+        for state in [n for n in idx.names() if ".weight.quant_state.bitsandbytes__" in n]:
+            prefix = state.split(".weight.quant_state.")[0]
+            if any(prefix == s or prefix.endswith("." + s) for s in skip):
+                raise CheckpointError(
+                    f"{self.source}: {prefix} is in llm_int8_skip_modules but stores 4-bit tensors"
+                )
+            qs = _quant_state(idx, state)
+            qtype = qs.get("quant_type")
+            if qtype not in ("nf4", "fp4"):
+                raise CheckpointError(f"{idx.where(state)}: quant_type must be nf4 or fp4, found {qtype!r}")
+            shape = qs.get("shape")
+            if not (
+                isinstance(shape, list)
+                and len(shape) == 2
+                and all(isinstance(d, int) and d > 0 for d in shape)
+            ):
+                raise CheckpointError(
+                    f"{idx.where(state)}: shape must be [out_features, in_features], found {shape!r}"
+                )
+            N, K = shape
+            bs = int(qs.get("blocksize", 64))
+            dq = "nested_offset" in qs
+            if dq and int(qs.get("nested_blocksize", 256)) != 256:
+                raise CheckpointError(
+                    f"{idx.where(state)}: nested_blocksize must be 256, found {qs['nested_blocksize']}"
+                )
+            name = f"w4a16-{'nf4' if qtype == 'nf4' else 'bnbfp4'}-g{bs}" + ("-dq" if dq else "")
+            try:
+                scheme = parse_scheme(name)
+            except Exception as e:
+                raise CheckpointError(f"{idx.where(state)}: {e}") from None
+            adapter = Bnb4Adapter()
+            specs = adapter.tensor_specs(scheme, N, K)
+            tensors = {role: f"{prefix}.{BNB4_ROLES[role]}" for role in specs if role in BNB4_ROLES}
+            for role, name_ in tensors.items():
+                expect(idx, name_, specs[role].shape, (specs[role].dtype,), f"{scheme} [{N}, {K}]")
+            constants = {}
+            if dq:
+                offset = float(qs["nested_offset"])
+                if not math.isfinite(offset):
+                    raise CheckpointError(f"{idx.where(state)}: nested_offset is {offset}")
+                constants["offset"] = torch.tensor([offset], dtype=torch.float32)
+            bias = f"{prefix}.bias" if f"{prefix}.bias" in idx else None
+            out[prefix] = LayerEntry(prefix, scheme, N, K, tensors, adapter, bias=bias, constants=constants)
+        return out
+
+
+def _quant_state(index: Any, name: str) -> dict[str, Any]:
+    raw = index.read(name)
+    if raw.dtype != torch.uint8 or raw.numel() > 1 << 20:
+        raise CheckpointError(f"{index.where(name)}: expected a small uint8 tensor of JSON bytes")
+    try:
+        qs = json.loads(bytes(raw.reshape(-1).tolist()).decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"{index.where(name)}: the quant state is not JSON: {e}") from None
+    if not isinstance(qs, dict):
+        raise CheckpointError(f"{index.where(name)}: the quant state must be a JSON object")
+    return qs

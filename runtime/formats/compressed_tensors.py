@@ -22,7 +22,7 @@ import torch
 from ..canonical import CanonicalWeight
 from ..errors import CheckpointError
 from ..reference.packing import pack_codes, unpack_int32, words_as_bytes
-from ..schemes import Scheme
+from ..schemes import Scheme, parse_scheme
 from ..specs import TensorSpec
 from .base import (
     FLOAT_DTYPES,
@@ -35,10 +35,13 @@ from .base import (
     match_rules,
     prefixes_with,
 )
+from .fp4 import MXFP4Adapter, NVFP4Adapter, fp4_shape
+from .fp8 import FP8Adapter, fp8_layer, fp8_scheme
 from .gptq import _scale_torch_dtype, word_align
 
 INT_FORMATS = ("pack-quantized", "int-quantized", "naive-quantized")
-LATER_FORMATS = ("float-quantized", "nvfp4-pack-quantized", "mxfp4-pack-quantized", "mxfp8-quantized")
+FLOAT_FORMATS = ("float-quantized", "nvfp4-pack-quantized", "mxfp4-pack-quantized")
+LATER_FORMATS = ("mxfp8-quantized", "mxfp6-pack-quantized", "sparse-24-bitmask", "marlin-24")
 
 
 def _scale_spec(scheme: Scheme, N: int, K: int, dtype: torch.dtype, name: str, S: int) -> TensorSpec:
@@ -245,15 +248,15 @@ class CompressedTensorsReader(FormatReader):
                 raise CheckpointError(f"{self.source}: {prefix} is in 'ignore' but stores quantized tensors")
             gname, group = self._group_for(prefix, groups)
             fmt = group.get("format") or global_fmt
+            if fmt in FLOAT_FORMATS:
+                out[prefix] = self._float_layer(prefix, fmt, group, f"{self.source} config group {gname!r}")
+                continue
             if fmt in LATER_FORMATS:
-                raise CheckpointError(
-                    f"{self.source}: format {fmt!r} ({prefix}) arrives with the FP8/FP4 "
-                    "checkpoint formats; not supported yet"
-                )
+                raise CheckpointError(f"{self.source}: format {fmt!r} ({prefix}) is not supported yet")
             if fmt not in INT_FORMATS:
                 raise CheckpointError(
                     f"{self.source}: unknown compressed-tensors format {fmt!r} for {prefix}; "
-                    f"known: {', '.join(INT_FORMATS + LATER_FORMATS)}"
+                    f"known: {', '.join(INT_FORMATS + FLOAT_FORMATS)}"
                 )
             out[prefix] = self._layer(prefix, fmt, group, f"{self.source} config group {gname!r}")
         return out
@@ -308,6 +311,122 @@ class CompressedTensorsReader(FormatReader):
             )
         bias = f"{prefix}.bias" if f"{prefix}.bias" in idx else None
         return LayerEntry(prefix, scheme, N, K, roles, adapter, bias=bias)
+
+    def _float_layer(self, prefix: str, fmt: str, group: dict[str, Any], where: str) -> LayerEntry:
+        """float-quantized (fp8), nvfp4-pack-quantized and mxfp4-pack-quantized layers."""
+        idx = self.index
+        wargs = dict(group.get("weights") or {})
+        act = group.get("input_activations")
+        here = f"{where}, layer {prefix}"
+        if wargs.get("type") != "float":
+            raise CheckpointError(
+                f"{here}: format {fmt} needs float weights, the config says {wargs.get('type')!r}"
+            )
+        bits = int(wargs.get("num_bits", 8))
+        bias = f"{prefix}.bias" if f"{prefix}.bias" in idx else None
+        if fmt == "float-quantized":
+            if bits != 8:
+                raise CheckpointError(f"{here}: float-quantized weights are 8-bit, found {bits}")
+            strategy = wargs.get("strategy") or "tensor"
+            block = None
+            if strategy == "block":
+                bs = wargs.get("block_structure")
+                if isinstance(bs, str):
+                    bs = [int(v) for v in bs.lower().split("x")]
+                if not (isinstance(bs, list) and len(bs) == 2):
+                    raise CheckpointError(
+                        f"{here}: block strategy needs block_structure [rows, cols], found {bs!r}"
+                    )
+                block = (int(bs[0]), int(bs[1]))
+            mode = _fp8_act_mode(act, block, here)
+
+            def scheme_of(wd: torch.dtype, gran: str, sd: torch.dtype) -> Scheme:
+                if gran != strategy:
+                    raise CheckpointError(
+                        f"{here}: the config says strategy {strategy!r} but weight_scale's shape "
+                        f"is {gran}-wise"
+                    )
+                return fp8_scheme(wd, gran, block=block, act=mode, scale_dtype=sd, where=here)
+
+            entry = fp8_layer(idx, prefix, scheme_of, FP8Adapter(), here, block)
+            entry.bias = bias
+            return entry
+        if bits != 4:
+            raise CheckpointError(f"{here}: {fmt} weights are 4-bit, found {bits}")
+        if fmt == "nvfp4-pack-quantized":
+            gs = int(wargs.get("group_size") or 16)
+            if gs != 16 or wargs.get("strategy") != "tensor_group":
+                raise CheckpointError(
+                    f"{here}: nvfp4 weights are tensor_group with group_size 16, found "
+                    f"{wargs.get('strategy')} {gs}"
+                )
+            N, K = fp4_shape(idx, prefix, "weight_packed", "weight_scale", 16)
+            self._declared_shape(prefix, N, K, here, odd_k_error="NVFP4")
+            scheme = parse_scheme("w4a4-nvfp4" if act else "w4a16-nvfp4")
+            adapter: Any = NVFP4Adapter(
+                "weight_packed", "weight_scale", "weight_global_scale", "input_global_scale", divisor=True
+            )
+        else:
+            if act:
+                raise CheckpointError(
+                    f"{here}: MXFP4 with quantized activations is not supported (weight-only)"
+                )
+            N, K = fp4_shape(idx, prefix, "weight_packed", "weight_scale", 32)
+            self._declared_shape(prefix, N, K, here, odd_k_error="MXFP4")
+            scheme = parse_scheme("w4a16-mxfp4")
+            adapter = MXFP4Adapter("weight_packed", "weight_scale")
+        specs = adapter.tensor_specs(scheme, N, K)
+        for role, spec in specs.items():
+            shape = None if spec.per_slice else spec.shape
+            expect(idx, f"{prefix}.{role}", shape, (spec.dtype,), f"{scheme} {N}x{K}")
+            if spec.per_slice and idx.shape(f"{prefix}.{role}") not in ((1,), ()):
+                raise CheckpointError(
+                    f"{idx.where(f'{prefix}.{role}')}: expected one value, found shape "
+                    f"{list(idx.shape(f'{prefix}.{role}'))}"
+                )
+        return LayerEntry(prefix, scheme, N, K, {r: f"{prefix}.{r}" for r in specs}, adapter, bias=bias)
+
+    def _declared_shape(self, prefix: str, N: int, K: int, where: str, odd_k_error: str) -> None:
+        """compressed-tensors also stores the unpacked shape; it must agree (an odd K cannot pack)."""
+        shape_t = f"{prefix}.weight_shape"
+        if shape_t not in self.index:
+            return
+        n, k = (int(v) for v in self.index.read(shape_t).tolist())
+        if k % 2:
+            raise CheckpointError(
+                f"{self.index.where(shape_t)}: {odd_k_error} with odd K={k} cannot be packed two "
+                "codes per byte"
+            )
+        if (n, k) != (N, K):
+            raise CheckpointError(
+                f"{self.index.where(shape_t)}: declares [{n}, {k}] but weight_packed holds [{N}, {K}]"
+            )
+
+
+def _fp8_act_mode(act: dict[str, Any] | None, block: tuple[int, int] | None, where: str) -> str | None:
+    """compressed-tensors input_activations of an fp8 layer as fp8_scheme's activation mode."""
+    if not act:
+        return None
+    if act.get("type") != "float" or int(act.get("num_bits", 8)) != 8:
+        raise CheckpointError(
+            f"{where}: fp8 weights pair with fp8 activations, found {act.get('type')} "
+            f"{act.get('num_bits')}-bit"
+        )
+    strategy = act.get("strategy") or "tensor"
+    dynamic = bool(act.get("dynamic", False))
+    if strategy == "token":
+        return "token"
+    if strategy == "tensor":
+        return "dyn" if dynamic else "static"
+    if strategy == "group":
+        gs = act.get("group_size")
+        if block is None or gs != block[1] or not dynamic:
+            raise CheckpointError(
+                f"{where}: per-group fp8 activations (group {gs}) pair with dynamic quantization "
+                f"and block weights of the same K, found block {block}"
+            )
+        return "group"
+    raise CheckpointError(f"{where}: fp8 activation strategy {strategy!r} is not token, tensor or group")
 
 
 def _alternatives(dtype: torch.dtype) -> tuple[torch.dtype, ...]:
