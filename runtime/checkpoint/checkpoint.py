@@ -134,6 +134,12 @@ class Checkpoint:
             if entry.quantized:
                 yield prefix, QuantizedWeight(prefix, entry, self)
 
+    def kv_cache_scales(self) -> dict[str, Any]:
+        """Per attention layer, its KV-cache scheme and k/v scales (empty when none are stored)."""
+        from .kv_cache import find_kv_scales
+
+        return find_kv_scales(self.index, self.qconfig)
+
     def read(self, entry: LayerEntry) -> dict[str, torch.Tensor]:
         """A layer's stored tensors by role (one expert's slice of stacked ones), plus its constants."""
         out = {role: self._read(entry, role, name) for role, name in entry.tensors.items()}
@@ -258,6 +264,15 @@ class Checkpoint:
                 }
             )
         quant = [r for r in rows if r["scheme"]]
+        kv = {
+            attn: {
+                "scheme": str(v.scheme),
+                "k_scale": v.k_scale.tolist(),
+                "v_scale": v.v_scale.tolist(),
+                "tensors": list(v.names),
+            }
+            for attn, v in self.kv_cache_scales().items()
+        }
         return {
             "path": str(self.path),
             "format": self.format,
@@ -268,6 +283,7 @@ class Checkpoint:
             "unquantized_layers": len(rows) - len(quant),
             "quantized_bytes": sum(r["bytes"] for r in quant),
             "quantized_dense_16bit_bytes": sum(r["dense_16bit_bytes"] for r in quant),
+            "kv_cache": kv,
         }
 
 

@@ -14,6 +14,7 @@ a plain tensor (F32, F16, BF16, F64, I8..I64) has its torch dtype and PyTorch or
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import struct
@@ -269,7 +270,7 @@ class GGUFFile:
     def _value(self, h: _Header, vtype: int, what: str, depth: int) -> Any:
         if vtype not in VALUE_TYPES:
             raise h.fail(f"{what}: unknown value type {vtype}; known: 0-12 ({_type_list()})")
-        name, fmt, _ = VALUE_TYPES[vtype]
+        fmt = VALUE_TYPES[vtype][1]
         if fmt is not None:
             return h.unpack(fmt, what)
         if vtype == STRING:
@@ -341,7 +342,7 @@ class GGUFFile:
 
     def _check_overlaps(self) -> None:
         spans = sorted(self.tensors.values(), key=lambda t: (t.start, t.end))
-        for a, b in zip(spans, spans[1:]):
+        for a, b in itertools.pairwise(spans):
             if b.start < a.end and b.nbytes and a.nbytes:
                 raise CheckpointError(
                     f"{self.path}: tensors {a.name!r} [{a.start}, {a.end}) and {b.name!r} "

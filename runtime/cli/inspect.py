@@ -32,11 +32,15 @@ def handle(args: argparse.Namespace) -> int:
     width = max((len(r["layer"]) for r in rows), default=5)
     print(f"{'layer':<{width}}  {'scheme':<28} {'out x in':>13} {'on disk':>12} {'vs 16-bit':>9}")
     for r in rows:
-        scheme = r["scheme"] or f"dense {r['dtype']}" + (" (embedding)" if r["kind"] == "embedding" else "")
+        scheme = r["scheme"] or f"dense {r['dtype']}"
+        if r["kind"] != "linear":
+            scheme += f" ({r['kind']})"
         print(
             f"{r['layer']:<{width}}  {scheme:<28} {r['out_features']:>6}x{r['in_features']:<6} "
             f"{_mib(r['bytes']):>12} {r['ratio']:>8.3f}x"
         )
+    for attn, kv in doc["kv_cache"].items():
+        print(f"kv cache    {attn}: {kv['scheme']} k_scale {kv['k_scale']} v_scale {kv['v_scale']}")
     q, d = doc["quantized_bytes"], doc["quantized_dense_16bit_bytes"]
     print(
         f"{doc['quantized_layers']} quantized layers: {_mib(q)} on disk vs {_mib(d)} dense 16-bit"

@@ -1,0 +1,286 @@
+"""GGUF checkpoints (llama.cpp): one .gguf file, no JSON config; each tensor names its own type.
+
+Names. A llama-family file (``general.architecture`` in :data:`HF_ARCHITECTURES`) shows Hugging
+Face prefixes (``blk.0.attn_q`` -> ``model.layers.0.self_attn.q_proj``, ``token_embd`` ->
+``model.embed_tokens``, ``output`` -> ``lm_head``); any other architecture, and any tensor outside
+that map, keeps its GGUF name minus ``.weight``. 1-D tensors (norms) are not layers.
+
+Schemes. Every 2-D (or stacked 3-D expert) tensor is a layer whose scheme comes from its own
+ggml type (``gguf-q4_k`` ...), because llama.cpp's mixes put several types in one file (Q4_K_M
+stores v_proj and down_proj as Q6_K). F16/BF16/F32 tensors are dense layers of that dtype.
+
+Row order. llama.cpp's converter permutes the rows of a llama model's Q and K projections for
+its rope kernel; transformers undoes it when it reads GGUF, and so does quantrt, in
+:class:`GGUFIndex`: reading ``blk.N.attn_q``/``attn_k`` (weight or bias) through the index returns
+rows in Hugging Face order. GGUF blocks run along K, so permuting whole rows of a quantized
+tensor is exact. Doing it where the full stored tensor is read means tensor-parallel slicing,
+fused QKV loading, dense layers and dequantization all see Hugging Face rows with no
+format-specific step of their own.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..canonical import CanonicalWeight
+from ..checkpoint.gguf_file import GGUFFile
+from ..errors import CheckpointError
+from ..reference.gguf import BLOCK, finite_blocks
+from ..schemes import Scheme, parse_scheme
+from ..specs import TensorSpec
+from .base import FLOAT_DTYPES, FormatReader, LayerEntry, TensorIndex, natural_key
+
+#: architectures whose tensors take Hugging Face Llama-style prefixes
+HF_ARCHITECTURES = frozenset({"llama", "qwen2", "qwen3"})
+#: architectures whose attn_q/attn_k rows llama.cpp's converter permuted (as transformers undoes)
+ROPE_PERMUTED = frozenset({"llama"})
+
+GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output": "lm_head"}
+BLOCK_NAMES = {
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+#: GGUF's standard embedding tensor names (any architecture)
+EMBEDDING_NAMES = frozenset({"token_embd", "position_embd", "token_types"})
+
+_BLOCK_RE = re.compile(r"^blk\.(\d+)\.([A-Za-z0-9_]+)$")
+_ROPE_RE = re.compile(r"^blk\.(\d+)\.(attn_q|attn_k)\.(weight|bias)$")
+
+
+def hf_prefix(stem: str, architecture: str | None) -> str:
+    """The layer prefix of a GGUF tensor stem (its name minus ``.weight``)."""
+    if architecture not in HF_ARCHITECTURES:
+        return stem
+    if stem in GLOBAL_NAMES:
+        return GLOBAL_NAMES[stem]
+    m = _BLOCK_RE.match(stem)
+    if m and m.group(2) in BLOCK_NAMES:
+        return f"model.layers.{m.group(1)}.{BLOCK_NAMES[m.group(2)]}"
+    return stem
+
+
+def rope_row_order(rows: int, heads: int) -> torch.Tensor:
+    """Indices ``p`` with ``hf_rows = stored_rows[p]``: per head, llama.cpp stores the rows of
+    its two rope halves interleaved ([d, 2]); Hugging Face keeps them as halves ([2, d])."""
+    return torch.arange(rows).reshape(heads, rows // heads // 2, 2).transpose(1, 2).reshape(-1)
+
+
+def unpermute_rows(t: torch.Tensor, heads: int) -> torch.Tensor:
+    """Rows of a stored Q or K tensor (weight bytes, dense weight or bias) in Hugging Face order."""
+    return t.index_select(0, rope_row_order(t.shape[0], heads))
+
+
+def _head_count(meta: Mapping[str, Any], key: str, layer: int, path: Path, tensor: str) -> int | None:
+    v = meta.get(key)
+    if isinstance(v, list):
+        if layer >= len(v):
+            raise CheckpointError(f"{path}: metadata {key!r} has {len(v)} entries, {tensor} needs #{layer}")
+        v = v[layer]
+    if v is None:
+        return None
+    if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+        raise CheckpointError(f"{path}: metadata {key!r} must be a positive integer, found {v!r}")
+    return v
+
+
+def architecture(file: GGUFFile) -> str | None:
+    arch = file.metadata.get("general.architecture")
+    if arch is not None and not isinstance(arch, str):
+        raise CheckpointError(
+            f"{file.path}: metadata 'general.architecture' must be a string, found {arch!r}"
+        )
+    return arch
+
+
+def rope_heads(file: GGUFFile) -> dict[str, int]:
+    """Tensor name -> heads, for every tensor whose rows llama.cpp rope-permuted."""
+    arch = architecture(file)
+    if arch not in ROPE_PERMUTED:
+        return {}
+    out: dict[str, int] = {}
+    for name, dims in file.dims.items():
+        m = _ROPE_RE.match(name)
+        if not m:
+            continue
+        layer, which = int(m.group(1)), m.group(2)
+        q_heads = _head_count(file.metadata, f"{arch}.attention.head_count", layer, file.path, name)
+        if q_heads is None:
+            raise CheckpointError(
+                f"{file.path}: metadata '{arch}.attention.head_count' is missing; it is needed to undo "
+                f"llama.cpp's rope permutation of {name!r}"
+            )
+        kv = _head_count(file.metadata, f"{arch}.attention.head_count_kv", layer, file.path, name)
+        heads = q_heads if which == "attn_q" else (kv or q_heads)
+        rows = dims[1] if len(dims) == 2 else dims[0] if len(dims) == 1 else -1
+        if rows < 0 or rows % (2 * heads):
+            raise CheckpointError(
+                f"{file.path}: tensor {name!r} {list(dims)}: expected a row count that is a multiple of "
+                f"2 x {heads} heads (to undo llama.cpp's rope permutation), found {rows if rows >= 0 else dims}"
+            )
+        out[name] = heads
+    return out
+
+
+class GGUFIndex(TensorIndex):
+    """The tensors of one GGUF file; q/k rows of rope-permuted architectures read in HF order."""
+
+    def __init__(self, file: GGUFFile) -> None:
+        super().__init__([file])
+        self.file = file
+        self.metadata = file.metadata
+        self.row_heads = rope_heads(file)
+
+    def read(self, name: str) -> torch.Tensor:
+        """The tensor as a layer uses it: Hugging Face row order (the whole tensor, before any
+        tensor-parallel slicing, so every rank's slice is a slice of the un-permuted rows)."""
+        t = super().read(name)
+        heads = self.row_heads.get(name)
+        return unpermute_rows(t, heads) if heads else t
+
+    def read_stored(self, name: str) -> torch.Tensor:
+        """The tensor exactly as the file stores it."""
+        return super().read(name)
+
+
+class GGUFAdapter:
+    """llama.cpp blocks <-> canonical ``gguf``: the same bytes, [N, K/B*T], checked."""
+
+    name = "gguf"
+
+    def tensor_specs(self, scheme: Scheme, N: int, K: int, num_slices: int = 1) -> dict[str, TensorSpec]:
+        B, T = BLOCK[_gguf_type(scheme)]
+        return {
+            "qweight": TensorSpec(
+                "qweight",
+                (N, K // B * T),
+                torch.uint8,
+                output_dim=0,
+                input_dim=1,
+                input_unit=Fraction(B, T),
+                input_align=B,
+            )
+        }
+
+    def to_canonical(
+        self, tensors: dict[str, torch.Tensor], scheme: Scheme, N: int, K: int, output_sizes: tuple[int, ...]
+    ) -> CanonicalWeight:
+        t = _gguf_type(scheme)
+        B, T = BLOCK[t]
+        q = tensors["qweight"]
+        want = (N, K // B * T)
+        if q.dtype != torch.uint8 or tuple(q.shape) != want or K % B:
+            raise CheckpointError(
+                f"qweight: {t} for N={N}, K={K} must be uint8 {list(want)} ({K // B} blocks of {T} bytes "
+                f"per row), found {str(q.dtype).replace('torch.', '')} {list(q.shape)}"
+            )
+        ok = finite_blocks(q, t)
+        if not bool(ok.all()):
+            bad = int((~ok).sum())
+            first = int((~ok).flatten().nonzero()[0])
+            nb = K // B
+            raise CheckpointError(
+                f"qweight: {bad} {t} block(s) have a NaN or infinite f16 scale, first at row "
+                f"{first // nb}, block {first % nb}"
+            )
+        return CanonicalWeight(scheme, N, K, {"qweight": q.contiguous()}, output_sizes)
+
+
+def _gguf_type(scheme: Scheme) -> str:
+    if scheme.weight != "gguf" or scheme.gguf_type not in BLOCK:
+        raise CheckpointError(f"the gguf adapter needs a gguf-<type> scheme, found {scheme}")
+    return scheme.gguf_type
+
+
+ADAPTER = GGUFAdapter()
+
+
+class GGUFReader(FormatReader):
+    """Layers of a GGUF file: HF prefixes for llama-family files, each tensor's own scheme.
+
+    ``qconfig`` is the file's metadata; ``index`` must be a :class:`GGUFIndex` (it holds the ggml
+    types and dims, and reads q/k rows in Hugging Face order).
+    """
+
+    name = "gguf"
+
+    def __init__(self, qconfig: Mapping[str, Any], index: TensorIndex, source: str) -> None:
+        if not isinstance(index, GGUFIndex):
+            raise CheckpointError(
+                f"{source}: the gguf reader needs a GGUFIndex over one .gguf file (see "
+                f"quantrt.formats.gguf.open_gguf), found {type(index).__name__}"
+            )
+        super().__init__(qconfig, index, source)
+        self.file = index.file
+        self.architecture = architecture(index.file)
+
+    def quantized_layers(self) -> dict[str, LayerEntry]:
+        return {p: e for p, e in self.layers().items() if e.quantized}
+
+    def layers(self) -> dict[str, LayerEntry]:
+        """Every 2-D (or 3-D expert) float or block-quantized ``*.weight`` tensor, by prefix."""
+        f = self.file
+        heads: dict[str, int] = self.index.row_heads  # type: ignore[attr-defined]
+        out: dict[str, LayerEntry] = {}
+        for name, dims in f.dims.items():
+            if not name.endswith(".weight") or len(dims) < 2:
+                continue
+            stem = name[: -len(".weight")]
+            tname, info = f.ggml_types[name], f.tensors[name]
+            quantized = tname.lower() in BLOCK
+            if not quantized and info.dtype not in FLOAT_DTYPES:
+                continue
+            prefix = hf_prefix(stem, self.architecture)
+            if prefix in out:
+                raise CheckpointError(
+                    f"{f.path}: tensors {out[prefix].tensors} and {name!r} both map to {prefix}"
+                )
+            K, N = dims[0], math.prod(dims[1:])
+            kind = "embedding" if stem in EMBEDDING_NAMES else "linear" if len(dims) == 2 else "experts"
+            notes = []
+            if kind == "experts":
+                notes.append(f"{math.prod(dims[2:])} experts of {dims[1]} rows each, stacked into N={N}")
+            if name in heads:
+                notes.append(
+                    f"rows un-permuted from llama.cpp's rope order ({heads[name]} heads), as transformers does"
+                )
+            bias = self._bias(stem, N)
+            if quantized:
+                scheme = parse_scheme(f"gguf-{tname.lower()}")
+                out[prefix] = LayerEntry(
+                    prefix, scheme, N, K, {"qweight": name}, ADAPTER, kind, bias, None, notes
+                )
+            else:
+                out[prefix] = LayerEntry(
+                    prefix, None, N, K, {"weight": name}, None, kind, bias, info.dtype, notes
+                )
+        return dict(sorted(out.items(), key=lambda kv: natural_key(kv[0])))
+
+    def _bias(self, stem: str, N: int) -> str | None:
+        name = f"{stem}.bias"
+        if name not in self.file.tensors:
+            return None
+        info = self.file.tensors[name]
+        if info.dtype not in FLOAT_DTYPES or tuple(info.shape) != (N,):
+            raise CheckpointError(
+                f"{self.file.path}: tensor {name!r}: expected a float bias of shape [{N}], found "
+                f"{self.file.ggml_types[name]} {list(info.shape)}"
+            )
+        return name
+
+
+def open_gguf(path: str | Path) -> tuple[GGUFIndex, GGUFReader]:
+    """The index and reader of one .gguf file (headers only; nothing else is read)."""
+    index = GGUFIndex(GGUFFile(path))
+    return index, GGUFReader(index.metadata, index, str(path))
