@@ -103,6 +103,16 @@ class Checkpoint:
         self.reader = reader_for(self.qconfig, self.index, self.qconfig_source)
         self._layers: dict[str, LayerEntry] | None = None
 
+    @classmethod
+    def from_parts(cls, path: Path, index: Any, reader: Any) -> Checkpoint:
+        """A checkpoint from a ready index and reader (a GGUF file carries its config inside)."""
+        ck = cls.__new__(cls)
+        ck.path, ck.directory, ck.config = path, path.parent, None
+        ck.index, ck.reader = index, reader
+        ck.qconfig, ck.qconfig_source = reader.qconfig, reader.source
+        ck._layers = None
+        return ck
+
     @property
     def format(self) -> str:
         return self.reader.name
@@ -224,8 +234,8 @@ class Checkpoint:
         rank: int,
         world: int,
     ) -> nn.Module:
-        ws = [self.index.read(e.tensors["weight"]) for e in entries]
-        bs = [self.index.read(e.bias) if e.bias else None for e in entries]
+        ws = [self._read(e, "weight", e.tensors["weight"]) for e in entries]
+        bs = [self._read(e, "bias", e.bias) if e.bias else None for e in entries]
         w = torch.cat(ws, dim=0)
         b = torch.cat(bs) if all(x is not None for x in bs) else None
         if world > 1:
@@ -295,7 +305,10 @@ def open_checkpoint(path: str | Path) -> Checkpoint:
         raise CheckpointError(f"{p}: no such file or directory")
     if p.is_file():
         if p.suffix == ".gguf":
-            raise CheckpointError(f"{p}: GGUF files arrive with the FP8/FP4/block formats; not supported yet")
+            from ..formats.gguf import open_gguf
+
+            index, reader = open_gguf(p)
+            return Checkpoint.from_parts(p, index, reader)
         if p.suffix in PICKLE_SUFFIXES:
             raise CheckpointError(_pickle_message(p))
         if p.suffix != ".safetensors":

@@ -114,6 +114,7 @@ VALUE_TYPES: dict[int, tuple[str, str | None, int]] = {
     12: ("f64", "d", 8),
 }
 STRING, ARRAY = 8, 9
+_U64 = struct.Struct("<Q")
 
 #: smallest encodings, to bound counts before looping: key (len only) + type + 1-byte value;
 #: name (len only) + n_dims + one dim + type + offset
@@ -157,6 +158,30 @@ class _Header:
                 f"left at offset {self.pos} (corrupt header)"
             )
         return n
+
+    def strings(self, n: int, what: str) -> list[str]:
+        """``n`` strings (an array value): one tight loop, messages built only on error, because
+        tokenizer arrays hold hundreds of thousands of them."""
+        out: list[str] = []
+        read, pos, size = self.f.read, self.pos, self.size
+        for j in range(n):
+            head = read(8) if pos + 8 <= size else b""
+            if len(head) != 8:
+                self.pos = pos
+                raise self.fail(f"{what}[{j}] length: needs 8 bytes at offset {pos} (truncated file?)")
+            m = _U64.unpack(head)[0]
+            pos += 8
+            raw = read(m) if m <= size - pos else b""
+            if len(raw) != m:
+                self.pos = pos
+                raise self.fail(
+                    f"{what}[{j}]: string length {m} cannot fit in the {size - pos} bytes left at "
+                    f"offset {pos} (corrupt header)"
+                )
+            pos += m
+            out.append(raw.decode("utf-8", errors="surrogateescape"))
+        self.pos = pos
+        return out
 
     def string(self, what: str, strict: bool = True) -> str:
         n = self.unpack("Q", f"{what} length")
@@ -284,6 +309,8 @@ class GGUFFile:
         n = h.count(h.unpack("Q", f"{what} array length"), esize, f"{what}: the array length ({ename})")
         if efmt is not None:
             return list(struct.unpack(f"<{n}{efmt}", h.take(n * esize, what)))
+        if etype == STRING:
+            return h.strings(n, what)
         return [self._value(h, etype, f"{what}[{j}]", depth + 1) for j in range(n)]
 
     def _alignment(self) -> int:

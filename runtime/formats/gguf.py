@@ -5,9 +5,11 @@ Face prefixes (``blk.0.attn_q`` -> ``model.layers.0.self_attn.q_proj``, ``token_
 ``model.embed_tokens``, ``output`` -> ``lm_head``); any other architecture, and any tensor outside
 that map, keeps its GGUF name minus ``.weight``. 1-D tensors (norms) are not layers.
 
-Schemes. Every 2-D (or stacked 3-D expert) tensor is a layer whose scheme comes from its own
-ggml type (``gguf-q4_k`` ...), because llama.cpp's mixes put several types in one file (Q4_K_M
-stores v_proj and down_proj as Q6_K). F16/BF16/F32 tensors are dense layers of that dtype.
+Schemes. Every 2-D tensor is a layer whose scheme comes from its own ggml type (``gguf-q4_k``
+...), because llama.cpp's mixes put several types in one file (Q4_K_M stores v_proj and
+down_proj as Q6_K). F16/BF16/F32 tensors are dense layers of that dtype. A 3-D tensor stacks MoE
+experts (``blk.N.ffn_up_exps``): each expert is listed as ``<stem>.<e>`` (kind ``expert``) and
+reads only its own rows.
 
 Row order. llama.cpp's converter permutes the rows of a llama model's Q and K projections for
 its rope kernel; transformers undoes it when it reads GGUF, and so does quantrt, in
@@ -20,7 +22,6 @@ format-specific step of their own.
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Mapping
 from fractions import Fraction
@@ -30,7 +31,7 @@ from typing import Any
 import torch
 
 from ..canonical import CanonicalWeight
-from ..checkpoint.gguf_file import GGUFFile
+from ..checkpoint.gguf_file import PLAIN_TYPES, GGUFFile
 from ..errors import CheckpointError
 from ..reference.gguf import BLOCK, finite_blocks
 from ..schemes import Scheme, parse_scheme
@@ -149,6 +150,19 @@ class GGUFIndex(TensorIndex):
         heads = self.row_heads.get(name)
         return unpermute_rows(t, heads) if heads else t
 
+    def read_index(self, name: str, i: int) -> torch.Tensor:
+        """Expert ``i`` of a stacked tensor, reading only its bytes: for a block-quantized one,
+        rows [i*N, (i+1)*N) of its (experts*N, bytes per row) storage."""
+        info = self.info.get(name)
+        dims = self.file.dims.get(name, ())
+        if info is None or len(dims) < 3 or self.file.ggml_types[name] in PLAIN_TYPES:
+            return super().read_index(name, i)
+        E = dims[-1]
+        if not 0 <= i < E:
+            raise CheckpointError(f"{self.where(name)}: expert index {i} is outside [0, {E})")
+        per = info.shape[0] // E
+        return self.file.get_rows(name, i * per, (i + 1) * per)
+
     def read_stored(self, name: str) -> torch.Tensor:
         """The tensor exactly as the file stores it."""
         return super().read(name)
@@ -223,58 +237,68 @@ class GGUFReader(FormatReader):
             )
         super().__init__(qconfig, index, source)
         self.file = index.file
+        self.row_heads = index.row_heads
         self.architecture = architecture(index.file)
 
     def quantized_layers(self) -> dict[str, LayerEntry]:
         return {p: e for p, e in self.layers().items() if e.quantized}
 
     def layers(self) -> dict[str, LayerEntry]:
-        """Every 2-D (or 3-D expert) float or block-quantized ``*.weight`` tensor, by prefix."""
+        """Every 2-D float or block-quantized ``*.weight`` tensor by prefix, and each expert of a
+        3-D stacked one (``<stem>.<e>``, kind ``expert``, reading only that expert's rows)."""
         f = self.file
-        heads: dict[str, int] = self.index.row_heads  # type: ignore[attr-defined]
         out: dict[str, LayerEntry] = {}
         for name, dims in f.dims.items():
-            if not name.endswith(".weight") or len(dims) < 2:
+            if not name.endswith(".weight") or len(dims) not in (2, 3):
+                continue
+            tname, info = f.ggml_types[name], f.tensors[name]
+            if tname.lower() not in BLOCK and info.dtype not in FLOAT_DTYPES:
                 continue
             stem = name[: -len(".weight")]
-            tname, info = f.ggml_types[name], f.tensors[name]
-            quantized = tname.lower() in BLOCK
-            if not quantized and info.dtype not in FLOAT_DTYPES:
-                continue
-            prefix = hf_prefix(stem, self.architecture)
-            if prefix in out:
-                raise CheckpointError(
-                    f"{f.path}: tensors {out[prefix].tensors} and {name!r} both map to {prefix}"
-                )
-            K, N = dims[0], math.prod(dims[1:])
-            kind = "embedding" if stem in EMBEDDING_NAMES else "linear" if len(dims) == 2 else "experts"
-            notes = []
-            if kind == "experts":
-                notes.append(f"{math.prod(dims[2:])} experts of {dims[1]} rows each, stacked into N={N}")
-            if name in heads:
-                notes.append(
-                    f"rows un-permuted from llama.cpp's rope order ({heads[name]} heads), as transformers does"
-                )
-            bias = self._bias(stem, N)
-            if quantized:
-                scheme = parse_scheme(f"gguf-{tname.lower()}")
-                out[prefix] = LayerEntry(
-                    prefix, scheme, N, K, {"qweight": name}, ADAPTER, kind, bias, None, notes
-                )
+            if len(dims) == 2:
+                self._add(out, hf_prefix(stem, self.architecture), stem, name, None)
             else:
-                out[prefix] = LayerEntry(
-                    prefix, None, N, K, {"weight": name}, None, kind, bias, info.dtype, notes
-                )
+                for e in range(dims[2]):
+                    self._add(out, f"{stem}.{e}", stem, name, e)
         return dict(sorted(out.items(), key=lambda kv: natural_key(kv[0])))
 
-    def _bias(self, stem: str, N: int) -> str | None:
+    def _add(self, out: dict[str, LayerEntry], prefix: str, stem: str, name: str, expert: int | None) -> None:
+        f = self.file
+        if prefix in out:
+            raise CheckpointError(
+                f"{f.path}: tensors {out[prefix].tensors} and {name!r} both map to {prefix}"
+            )
+        K, N = f.dims[name][0], f.dims[name][1]
+        tname = f.ggml_types[name]
+        kind = "expert" if expert is not None else "embedding" if stem in EMBEDDING_NAMES else "linear"
+        heads = self.row_heads
+        notes = []
+        if name in heads:
+            notes.append(
+                f"rows un-permuted from llama.cpp's rope order ({heads[name]} heads), as transformers does"
+            )
+        bias = self._bias(stem, N, f.dims[name][2:])
+        select = {} if expert is None else {"bias": expert} if bias else {}
+        if tname.lower() in BLOCK:
+            role, scheme, adapter, dtype = "qweight", parse_scheme(f"gguf-{tname.lower()}"), ADAPTER, None
+        else:
+            role, scheme, adapter, dtype = "weight", None, None, f.tensors[name].dtype
+        if expert is not None:
+            select[role] = expert
+        out[prefix] = LayerEntry(
+            prefix, scheme, N, K, {role: name}, adapter, kind, bias, dtype, notes, select=select
+        )
+
+    def _bias(self, stem: str, N: int, experts: tuple[int, ...]) -> str | None:
+        """``<stem>.bias``: [N], or [E, N] (PyTorch order) beside stacked experts."""
         name = f"{stem}.bias"
         if name not in self.file.tensors:
             return None
         info = self.file.tensors[name]
-        if info.dtype not in FLOAT_DTYPES or tuple(info.shape) != (N,):
+        want = (*experts, N)
+        if info.dtype not in FLOAT_DTYPES or tuple(info.shape) != want:
             raise CheckpointError(
-                f"{self.file.path}: tensor {name!r}: expected a float bias of shape [{N}], found "
+                f"{self.file.path}: tensor {name!r}: expected a float bias of shape {list(want)}, found "
                 f"{self.file.ggml_types[name]} {list(info.shape)}"
             )
         return name
