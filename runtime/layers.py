@@ -104,8 +104,8 @@ class QuantMethod:
         S = len(layer.output_sizes)
         where = f"{layer.prefix}.{name}" if layer.prefix else name
         tensor = _as_dtype(tensor, spec.dtype, where)
-        if spec.per_slice and tensor.dim() == 0:
-            tensor = tensor.reshape(1)  # a scalar stored as [] (per-tensor scales of several tools)
+        if spec.per_slice and shard is None and tensor.numel() == spec.shape[0] and tensor.dim() != 1:
+            tensor = tensor.reshape(spec.shape)  # per-tensor scales stored as [] or [1, 1] by some tools
         if shard is None:
             if S == 1:
                 part = spec.shard(

@@ -183,11 +183,38 @@ class Checkpoint:
         entries = [self.layer(p) for p in prefixes]
         act = act_dtype or self.default_act_dtype
         first = entries[0]
-        if any(e.quantized != first.quantized or e.K != first.K or e.scheme != first.scheme for e in entries):
-            found = ", ".join(f"{e.prefix}: {e.scheme or 'dense'} K={e.K}" for e in entries)
+        experts = [e.prefix for e in entries if e.kind == "expert"]
+        if experts:
             raise CheckpointError(
-                f"{self.path}: the shards of a fused layer must share scheme and K; found {found}"
+                f"{self.path}: {experts[0]} is an MoE expert weight: running experts arrives with MoE "
+                "support (grouped kernels); weights() lists it and dequantize() works on it"
             )
+        if any(e.K != first.K for e in entries):
+            found = ", ".join(f"{e.prefix}: K={e.K}" for e in entries)
+            raise CheckpointError(f"{self.path}: the shards of a fused layer must share K; found {found}")
+        if any(e.scheme != first.scheme for e in entries):
+            # slices of different schemes (GGUF Q4_K_M's v_proj in Q6_K): one kernel per run of equal schemes
+            from ..layers import SlicedLinear
+
+            runs: list[list[str]] = []
+            for e in entries:
+                if runs and self.layer(runs[-1][0]).scheme == e.scheme:
+                    runs[-1].append(e.prefix)
+                else:
+                    runs.append([e.prefix])
+            parts = [
+                self.linear(
+                    r if len(r) > 1 else r[0],
+                    device=device,
+                    act_dtype=act,
+                    parallel=parallel,
+                    tp_rank=tp_rank,
+                    tp_size=tp_size,
+                    overrides=overrides,
+                )
+                for r in runs
+            ]
+            return SlicedLinear(parts)
         if not first.quantized:
             return self._dense(entries, device, act, parallel, tp_rank, tp_size)
         has_bias = [e.bias is not None for e in entries]
@@ -349,7 +376,8 @@ def _find_files(directory: Path) -> tuple[list[Path], dict[str, str] | None]:
         if listed - have:
             raise CheckpointError(f"{index}: lists tensors no file holds, e.g. {sorted(listed - have)[:3]}")
         return files, weight_map
-    files = sorted(directory.glob("*.safetensors"))
+    single = directory / "model.safetensors"  # transformers' name; other files may be adapters or extras
+    files = [single] if single.exists() else sorted(directory.glob("*.safetensors"))
     if not files:
         pickles = [f for f in directory.iterdir() if f.suffix in PICKLE_SUFFIXES]
         if pickles:

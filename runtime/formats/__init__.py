@@ -22,6 +22,8 @@ from .fp8 import FbgemmFP8Reader, FP8Reader
 from .gptq import GPTQReader
 from .modelopt import ModelOptReader
 from .mxfp4 import GptOssMXFP4Reader
+from .quark import QuarkReader
+from .torchao import TorchAOReader
 
 READERS: dict[str, type[FormatReader]] = {
     "gptq": GPTQReader,
@@ -33,6 +35,8 @@ READERS: dict[str, type[FormatReader]] = {
     "fbgemm_fp8": FbgemmFP8Reader,
     "modelopt": ModelOptReader,
     "mxfp4": GptOssMXFP4Reader,
+    "quark": QuarkReader,
+    "torchao": TorchAOReader,
 }
 ALIASES = {
     "compressed_tensors": "compressed-tensors",
@@ -41,9 +45,10 @@ ALIASES = {
     "autoround": "auto-round",
     "gptq_marlin": "gptq",
     "awq_marlin": "awq",
+    "modelopt_fp4": "modelopt",
 }
 #: formats the next issue reads: named, so the error says "not yet" rather than "unknown"
-LATER = ("quark", "torchao")
+LATER: tuple[str, ...] = ()
 #: files next to config.json that some tools write their quantization config into
 SIDE_FILES = ("quantize_config.json", "quant_config.json", "quantization_config.json", "hf_quant_config.json")
 
@@ -98,9 +103,7 @@ def reader_for(qconfig: dict[str, Any] | None, index: TensorIndex, source: str) 
     method = str(method).lower()
     method = ALIASES.get(method, method)
     if method in LATER:
-        raise CheckpointError(
-            f"{source}: quant_method {method!r} arrives with the FP8/FP4/block formats; not supported yet"
-        )
+        raise CheckpointError(f"{source}: quant_method {method!r} is not supported yet")
     if method not in READERS:
         raise CheckpointError(
             f"{source}: unknown quant_method {method!r}; known: "

@@ -41,67 +41,71 @@ def unpack_awq(words: torch.Tensor) -> torch.Tensor:
 
 
 class AWQAdapter:
-    """AWQ GEMM tensors of one layer <-> canonical int tensors."""
+    """Int4 packed along N (AWQ's GEMM layout, also Quark's int4/uint4) <-> canonical int tensors.
 
-    name = "awq"
+    ``interleave``: AWQ's nibble order (Quark ``pack_method: reorder``) or natural LSB-first
+    (``order``); ``signed``: nibbles are two's complement (Quark int4), so the canonical code is
+    ``nibble ^ 8`` and the zero-point ``zp + 8``. Role names follow the format's tensor names.
+    """
+
+    def __init__(
+        self,
+        weight: str = "qweight",
+        scales: str = "scales",
+        zeros: str = "qzeros",
+        interleave: bool = True,
+        signed: bool = False,
+    ) -> None:
+        self.weight, self.scales, self.zeros = weight, scales, zeros
+        self.interleave, self.signed = interleave, signed
+        self.name = "awq" if weight == "qweight" else "int4 packed along N"
+
+    def _unpack(self, words: torch.Tensor) -> torch.Tensor:
+        codes = unpack_awq(words) if self.interleave else unpack_natural(words)
+        return codes ^ 8 if self.signed else codes
 
     def tensor_specs(self, scheme: Scheme, N: int, K: int, num_slices: int = 1) -> dict[str, TensorSpec]:
         G = scheme.group_size if scheme.granularity == "group" else K
         rows = "replicate" if scheme.granularity == "channel" else "split"
-        specs = {
-            "qweight": TensorSpec(
-                "qweight",
-                (K, N // 8),
-                torch.int32,
-                input_dim=0,
-                output_dim=1,
-                output_unit=Fraction(8),
-                output_align=8,
+        packed = {"output_unit": Fraction(8), "output_align": 8}
+        groups = {"input_unit": Fraction(G), "input_align": G, "row": rows}
+        return {
+            self.weight: TensorSpec(
+                self.weight, (K, N // 8), torch.int32, input_dim=0, output_dim=1, **packed
             ),
-            "scales": TensorSpec(
-                "scales",
-                (K // G, N),
-                _scale_torch_dtype(scheme),
-                input_dim=0,
-                output_dim=1,
-                input_unit=Fraction(G),
-                input_align=G,
-                row=rows,
+            self.scales: TensorSpec(
+                self.scales, (K // G, N), _scale_torch_dtype(scheme), input_dim=0, output_dim=1, **groups
+            ),
+            self.zeros: TensorSpec(
+                self.zeros, (K // G, N // 8), torch.int32, input_dim=0, output_dim=1, **packed, **groups
             ),
         }
-        specs["qzeros"] = TensorSpec(
-            "qzeros",
-            (K // G, N // 8),
-            torch.int32,
-            input_dim=0,
-            output_dim=1,
-            input_unit=Fraction(G),
-            input_align=G,
-            output_unit=Fraction(8),
-            output_align=8,
-            row=rows,
-        )
-        return specs
 
     def to_canonical(
         self, tensors: dict[str, torch.Tensor], scheme: Scheme, N: int, K: int, output_sizes: tuple[int, ...]
     ) -> CanonicalWeight:
-        qweight, scales = tensors["qweight"], tensors["scales"]
-        check_finite(scales, "scales")
+        qweight, scales = tensors[self.weight], tensors[self.scales]
+        check_finite(scales, self.scales)
         q = by_rows(
-            N // 8, lambda s, e: pack_codes(unpack_awq(qweight[:, s:e]).T, 4), rows=max(1, CHUNK_ROWS // 8)
+            N // 8, lambda s, e: pack_codes(self._unpack(qweight[:, s:e]).T, 4), rows=max(1, CHUNK_ROWS // 8)
         )
-        z = unpack_awq(tensors["qzeros"]).T.to(torch.int16).contiguous()
+        z = self._unpack(tensors[self.zeros]).T.to(torch.int16).contiguous()
         out = {"qweight": q, "scales": scales.float().T.contiguous()}
         if scheme.symmetric:
             if not bool((z == 8).all()):
                 raise CheckpointError(
-                    "qzeros: the config says zero_point false (symmetric, zero 8) but the "
-                    f"stored zero-points are {sorted({int(v) for v in z.unique()[:5]})}..."
+                    f"{self.zeros}: the config says symmetric (zero 8) but the stored zero-points "
+                    f"decode to {sorted({int(v) for v in z.unique()[:5]})}..."
                 )
         else:
             out["zeros"] = z
         return CanonicalWeight(scheme, N, K, out, output_sizes)
+
+
+def unpack_natural(words: torch.Tensor) -> torch.Tensor:
+    """int32 [R, C] packing 8 nibbles LSB-first along the last dim -> uint8 [R, 8*C]."""
+    parts = [((words >> (4 * j)) & 0xF).to(torch.uint8) for j in range(8)]
+    return torch.stack(parts, dim=-1).reshape(words.shape[0], -1)
 
 
 def awq_layer(index: TensorIndex, prefix: str, group_size: int, zero_point: bool, where: str) -> LayerEntry:

@@ -24,7 +24,14 @@ from ..schemes import Scheme
 from ..specs import TensorSpec
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-SCALE_DTYPE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
+SCALE_DTYPE_NAMES = {
+    torch.float16: "fp16",
+    torch.bfloat16: "bf16",
+    torch.float32: "fp32",
+    torch.float8_e8m0fnu: "fp32",
+}  # e8m0 (power-of-two) scales are exact in fp32
+#: what scales may be stored as (e8m0: DeepGEMM's power-of-two block scales)
+SCALE_DTYPES = (*FLOAT_DTYPES, torch.float8_e8m0fnu)
 #: rows converted at a time, so a layer's conversion never holds much more than the layer
 CHUNK_ROWS = 256
 

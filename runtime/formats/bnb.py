@@ -105,14 +105,12 @@ class BitsandbytesReader(FormatReader):
     name = "bitsandbytes"
 
     def quantized_layers(self) -> dict[str, LayerEntry]:
-        if self.cfg("load_in_4bit", default=False) and not self.cfg("load_in_8bit", default=False):
-            raise CheckpointError(
-                f"{self.source}: bitsandbytes 4-bit (NF4/FP4) checkpoints arrive with the "
-                "FP4/block formats; not supported yet"
-            )
-        if not self.cfg("load_in_8bit", default=False):
+        four = bool(self.cfg("load_in_4bit", default=False))
+        if not four and not self.cfg("load_in_8bit", default=False):
             raise CheckpointError(f"{self.source}: a bitsandbytes config sets load_in_8bit or load_in_4bit")
         skip = list(self.cfg("llm_int8_skip_modules", default=None) or [])
+        if four:
+            return self._four_bit(skip)
         out: dict[str, LayerEntry] = {}
         for prefix in prefixes_with(self.index, "SCB"):
             if any(match_rules(prefix, [s]) or prefix.endswith("." + s) or prefix == s for s in skip):

@@ -248,6 +248,13 @@ class CompressedTensorsReader(FormatReader):
                 raise CheckpointError(f"{self.source}: {prefix} is in 'ignore' but stores quantized tensors")
             gname, group = self._group_for(prefix, groups)
             fmt = group.get("format") or global_fmt
+            if (
+                fmt in ("naive-quantized", "int-quantized")
+                and (group.get("weights") or {}).get("type") == "float"
+            ):
+                fmt = (
+                    "float-quantized"  # unpacked fp8 weights: the library writes them as naive-quantized too
+                )
             if fmt in FLOAT_FORMATS:
                 out[prefix] = self._float_layer(prefix, fmt, group, f"{self.source} config group {gname!r}")
                 continue

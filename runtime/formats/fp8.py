@@ -23,6 +23,7 @@ from ..specs import TensorSpec
 from .base import (
     FLOAT_DTYPES,
     SCALE_DTYPE_NAMES,
+    SCALE_DTYPES,
     FormatReader,
     LayerEntry,
     TensorIndex,
@@ -96,6 +97,11 @@ class FP8Adapter:
         if scheme.act is not None and not scheme.act_dynamic:
             inp = tensors[self.input_scale].float()
             check_finite(inp, self.input_scale)
+            if bool((inp <= 0).any()):
+                raise CheckpointError(
+                    f"{self.input_scale}: a static activation scale must be positive, found "
+                    f"{inp.reshape(-1).tolist()} (an uncalibrated scale?)"
+                )
             out["input_scale"] = inp.max().reshape(1)
         return CanonicalWeight(scheme, N, K, out, output_sizes)
 
@@ -169,7 +175,7 @@ def fp8_layer(
             f"{index.where(sname)}: expected a per-tensor scale ([] or [1]) or per-channel scales "
             f"([{N}, 1] or [{N}]), found {list(sshape)}"
         )
-    expect(index, sname, None, FLOAT_DTYPES)
+    expect(index, sname, None, SCALE_DTYPES)
     scheme = scheme_of(index.dtype(w), gran, index.dtype(sname))
     if scheme.act is not None and not scheme.act_dynamic:
         iname = f"{prefix}.{adapter.input_scale}"
@@ -240,7 +246,11 @@ class FP8Reader(FormatReader):
                 def scheme_of(wd: torch.dtype, gran: str, sd: torch.dtype, mode: str = mode) -> Scheme:
                     return fp8_scheme(wd, gran, act=mode, scale_dtype=sd, where=self.source)
 
-                out[prefix] = fp8_layer(self.index, prefix, scheme_of, FP8Adapter(), self.source)
+                # AutoFP8 names its scales weight_scale / input_scale; transformers' FineGrainedFP8
+                # weight_scale_inv / activation_scale (both multipliers)
+                scale = "weight_scale" if f"{prefix}.weight_scale" in self.index else "weight_scale_inv"
+                inp = "input_scale" if f"{prefix}.input_scale" in self.index else "activation_scale"
+                out[prefix] = fp8_layer(self.index, prefix, scheme_of, FP8Adapter(scale, inp), self.source)
         return out
 
 

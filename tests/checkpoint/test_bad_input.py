@@ -169,3 +169,36 @@ def test_ignored_layer_with_quantized_tensors(tmp_path: Path) -> None:
     edit_config(d, lambda q: q.update(ignore=["lm_head", f"re:{DOWN}"]))
     with pytest.raises(CheckpointError, match=f"{DOWN} is in 'ignore' but stores quantized tensors"):
         load_everything(d)
+
+
+def test_fp8_scale_of_the_wrong_rank(tmp_path: Path) -> None:
+    d = copy(tmp_path, "ct-fp8-w-channel-a-dyntoken")
+    edit_tensors(d, lambda t: t.update({f"{DOWN}.weight_scale": t[f"{DOWN}.weight_scale"].repeat(1, 2)}))
+    with pytest.raises(
+        CheckpointError, match=rf"{DOWN}.weight_scale: expected a per-tensor scale .* found \[128, 2\]"
+    ):
+        load_everything(d)
+    d = copy(tmp_path / "t", "ct-fp8-w-channel-a-dyntoken")
+    edit_tensors(d, lambda t: t.update({f"{DOWN}.weight_scale": t[f"{DOWN}.weight_scale"][:1, 0]}))
+    with pytest.raises(
+        CheckpointError, match="the config says strategy 'channel' but weight_scale's shape is tensor-wise"
+    ):
+        load_everything(d)
+
+
+def test_block_scales_that_do_not_cover_the_weight(tmp_path: Path) -> None:
+    d = copy(tmp_path, "ct-fp8-w-block96x64-a16")
+    edit_tensors(d, lambda t: t.update({f"{DOWN}.weight_scale": t[f"{DOWN}.weight_scale"][:, :2].contiguous()}))
+    with pytest.raises(
+        CheckpointError,
+        match=r"block scales \[2, 2\] do not cover the weight \[128, 256\] in 96x64 "
+        r"blocks \(expected \[2, 4\]\)",
+    ):
+        load_everything(d)
+
+
+def test_nvfp4_with_odd_k(tmp_path: Path) -> None:
+    d = copy(tmp_path, "ct-nvfp4-w4a16")
+    edit_tensors(d, lambda t: t.update({f"{DOWN}.weight_shape": torch.tensor([128, 255])}))
+    with pytest.raises(CheckpointError, match=f"{DOWN}.weight_shape: NVFP4 with odd K=255"):
+        load_everything(d)

@@ -477,15 +477,15 @@ def test_stacked_experts_are_listed_one_by_one(tmp_path: Path) -> None:
     ck = open_gguf_checkpoint(path)
     assert list(ck.layers) == [f"blk.0.ffn_up_exps.{e}" for e in range(3)]
     expected = gguf_dequantize(q, GT.Q8_0).reshape(3, 4, 64)
-    x = torch.randn(2, 64, generator=g)
     for e in range(3):
         entry = ck.layers[f"blk.0.ffn_up_exps.{e}"]
         assert (entry.kind, entry.N, entry.K, str(entry.scheme)) == ("expert", 4, 64, "gguf-q8_0")
         assert entry.select == {"qweight": e, "bias": e} and entry.bias == "blk.0.ffn_up_exps.bias"
         qw = dict(ck.weights())[entry.prefix]
         assert_bits_equal(qw.dequantize(), expected[e], f"expert {e}")
-        y = ck.linear(entry.prefix, act_dtype=torch.float32)(x)
-        assert rel(y, x @ torch.from_numpy(expected[e]).T + b[e]) < 1e-6, e
+        # running an expert waits for MoE support: linear() says so
+        with pytest.raises(CheckpointError, match="is an MoE expert weight"):
+            ck.linear(entry.prefix, act_dtype=torch.float32)
     with pytest.raises(
         CheckpointError, match=r"blk.0.ffn_up_exps.weight: expert index 3 is outside \[0, 3\)"
     ):

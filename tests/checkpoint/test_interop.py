@@ -16,7 +16,15 @@ from quantrt.checkpoint import open_checkpoint
 from quantrt.errors import ShardError
 
 ROOT = Path(__file__).resolve().parents[1] / "fixtures" / "interop"
-VARIANTS = sorted(p.name for p in ROOT.iterdir() if (p / "meta.json").exists())
+
+
+def _integer_family(p: Path) -> bool:
+    """The integer-format variants (their meta names bits per layer); test_interop_fp.py has the rest."""
+    layers = json.loads((p / "meta.json").read_text())["layers"]
+    return "bits" in next(iter(layers.values()))
+
+
+VARIANTS = sorted(p.name for p in ROOT.iterdir() if (p / "meta.json").exists() and _integer_family(p))
 FORMATS = {
     "autoround-gptq": "gptq",
     "autoround-awq": "awq",
