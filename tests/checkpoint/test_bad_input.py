@@ -188,7 +188,9 @@ def test_fp8_scale_of_the_wrong_rank(tmp_path: Path) -> None:
 
 def test_block_scales_that_do_not_cover_the_weight(tmp_path: Path) -> None:
     d = copy(tmp_path, "ct-fp8-w-block96x64-a16")
-    edit_tensors(d, lambda t: t.update({f"{DOWN}.weight_scale": t[f"{DOWN}.weight_scale"][:, :2].contiguous()}))
+    edit_tensors(
+        d, lambda t: t.update({f"{DOWN}.weight_scale": t[f"{DOWN}.weight_scale"][:, :2].contiguous()})
+    )
     with pytest.raises(
         CheckpointError,
         match=r"block scales \[2, 2\] do not cover the weight \[128, 256\] in 96x64 "
