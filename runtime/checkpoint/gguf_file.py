@@ -25,7 +25,7 @@ import torch
 
 from ..errors import CheckpointError
 from ..schemes import GGUF_TYPES
-from .safetensors_file import TensorInfo
+from .safetensors_file import TensorFile, TensorInfo
 
 MAGIC = b"GGUF"
 VERSIONS = (2, 3)
@@ -197,7 +197,7 @@ class _Header:
             raise self.fail(f"{what}: not valid UTF-8: {e}") from None
 
 
-class GGUFFile:
+class GGUFFile(TensorFile):
     """One validated GGUF file; tensors are read on demand from their byte ranges."""
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
@@ -211,38 +211,6 @@ class GGUFFile:
         self.ggml_types: dict[str, str] = {}
         self.dims: dict[str, tuple[int, ...]] = {}
         self._parse()
-
-    # -- reading tensors -------------------------------------------------------------------------
-    def get(self, name: str) -> torch.Tensor:
-        """The whole tensor, read from its byte range."""
-        info = self._info(name)
-        return self._read(info, info.start, info.nbytes).view(info.dtype).reshape(info.shape)
-
-    def get_rows(self, name: str, start: int, stop: int) -> torch.Tensor:
-        """Rows [start, stop) of a tensor's first dim, reading only those bytes."""
-        info = self._info(name)
-        if not info.shape or not 0 <= start <= stop <= info.shape[0]:
-            raise CheckpointError(f"{self.path}: rows [{start}, {stop}) of {name!r} {list(info.shape)}")
-        row = info.nbytes // info.shape[0] if info.shape[0] else 0
-        data = self._read(info, info.start + start * row, (stop - start) * row)
-        return data.view(info.dtype).reshape(stop - start, *info.shape[1:])
-
-    def _info(self, name: str) -> TensorInfo:
-        if name not in self.tensors:
-            raise CheckpointError(f"{self.path}: no tensor {name!r}")
-        return self.tensors[name]
-
-    def _read(self, info: TensorInfo, offset: int, nbytes: int) -> torch.Tensor:
-        buf = torch.empty(nbytes, dtype=torch.uint8)
-        with self.path.open("rb") as f:
-            f.seek(self.data_start + offset)
-            got = f.readinto(memoryview(buf.numpy()))
-        if got != nbytes:
-            raise CheckpointError(
-                f"{self.path}: tensor {info.name!r}: read {got} of {nbytes} bytes (file changed "
-                "or truncated while open?)"
-            )
-        return buf
 
     # -- parsing the header ----------------------------------------------------------------------
     def _parse(self) -> None:

@@ -62,12 +62,15 @@ class TensorInfo:
         return self.end - self.start
 
 
-class SafetensorsFile:
-    """One validated safetensors file; tensors are read on demand from their byte ranges."""
+class TensorFile:
+    """A validated file of tensors (safetensors, GGUF) read one byte range at a time.
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
-        self.path = Path(path)
-        self.tensors, self.metadata, self.data_start = read_header(self.path)
+    Subclasses parse their header into ``tensors`` (byte ranges relative to ``data_start``).
+    """
+
+    path: Path
+    tensors: dict[str, TensorInfo]
+    data_start: int
 
     def get(self, name: str) -> torch.Tensor:
         """The whole tensor, read from its byte range."""
@@ -99,6 +102,14 @@ class SafetensorsFile:
                 "or truncated while open?)"
             )
         return buf
+
+
+class SafetensorsFile(TensorFile):
+    """One validated safetensors file; tensors are read on demand from their byte ranges."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        self.tensors, self.metadata, self.data_start = read_header(self.path)
 
 
 def read_header(path: Path) -> tuple[dict[str, TensorInfo], dict[str, str], int]:
