@@ -12,4 +12,4 @@ source "$VENV/bin/activate"
 # torch first, pinned to a CPU-capable release the requirement admits: a bare `torch` could pull a
 # several-GB CUDA build. On the project's CI machines 2.13.0 is a CPU build on local disk.
 python -m pip install -q "torch==${QUANTRT_TORCH:-2.13.0}"
-python -m pip install -q -e "$ROOT[dev]"
+python -m pip install -q -e "$ROOT[dev,triton]"

@@ -338,3 +338,10 @@ def act_order_perm(weight: CanonicalWeight, group: int) -> torch.Tensor | None:
             "a uniform-group kernel cannot run it"
         )
     return perm
+
+
+def pack_int_codes(codes: torch.Tensor, bits: int) -> torch.Tensor:
+    """Unsigned integer codes [N, K] in the canonical packed layout (a kernel that permutes K repacks)."""
+    from .reference.packing import pack_codes
+
+    return pack_codes(codes, bits)

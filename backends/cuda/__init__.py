@@ -1,7 +1,7 @@
 """NVIDIA backend: which kernels run on NVIDIA GPUs, in what order, tuned how.
 
-Today: torch's own ops (tinygemm int4, cuBLASLt fp8 and int8). Triton kernels from
-``backends/triton`` arrive with the NVIDIA kernel issues and will rank ahead of these.
+Triton W4A16 (``backends/triton/w4a16.py``, tiles from ``tunings/``) ranks ahead of torch's own
+ops (tinygemm int4, cuBLASLt fp8 and int8).
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from typing import Any
 def register(registry: Any) -> None:
     """Entry point of the ``quantrt.backends`` group."""
     from .torch_ops import CudaIntMM, CudaScaledMMFp8, CudaTinygemm
+    from .triton_w4a16 import CudaTritonW4A16, CudaTritonW8A16
 
-    for kernel in (CudaScaledMMFp8, CudaIntMM, CudaTinygemm):
+    for kernel in (CudaTritonW4A16, CudaTritonW8A16, CudaScaledMMFp8, CudaIntMM, CudaTinygemm):
         registry.register(kernel)

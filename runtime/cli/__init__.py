@@ -21,9 +21,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "-v", "--verbose", action="count", default=0, help="log dispatch decisions (-vv: debug)"
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    from . import explain, inspect, probe, run
+    from . import bench, explain, inspect, probe, run
 
-    for mod in (probe, inspect, explain, run):
+    for mod in (probe, inspect, explain, run, bench):
         p = sub.add_parser(mod.NAME, help=mod.HELP, description=mod.__doc__)
         p.add_argument("--json", action="store_true", help="print machine-readable JSON on stdout")
         mod.add_arguments(p)

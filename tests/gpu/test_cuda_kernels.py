@@ -8,6 +8,7 @@ import torch
 
 from quantrt import reference
 from quantrt.capability import probe
+from quantrt.env import Overrides
 from quantrt.layers import QuantLinear
 
 TOL = {torch.bfloat16: 1.2e-2, torch.float16: 2e-3}
@@ -18,22 +19,30 @@ def rel(y: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 def build(
-    scheme: str, K: int, N: int, dtype: torch.dtype, seed: int
+    scheme: str, K: int, N: int, dtype: torch.dtype, seed: int, kernel: str | None = None
 ) -> tuple[QuantLinear, object, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     w = torch.randn(N, K, generator=g) * 0.03
     w[:, torch.randint(0, K, (3,), generator=g)] *= 6
     canon = reference.quantize(w, scheme, calib=torch.randn(64, K, generator=g))
     bias = torch.randn(N, generator=g)
-    layer = QuantLinear.from_canonical(canon, bias=bias.to(dtype), device="cuda", act_dtype=dtype)
+    ov = Overrides(kernel=kernel) if kernel else None
+    layer = QuantLinear.from_canonical(
+        canon, bias=bias.to(dtype), device="cuda", act_dtype=dtype, overrides=ov
+    )
     return layer, canon, bias
 
 
 CASES = [
+    ("w4a16-int-g128-asym", "cuda.triton_w4a16", torch.bfloat16),
+    ("w4a16-int-g128-sym", "cuda.triton_w4a16", torch.float16),
+    ("w4a16-int-g32-sym", "cuda.triton_w4a16", torch.bfloat16),
+    ("w4a16-int-g128-asym-actorder", "cuda.triton_w4a16", torch.bfloat16),
+    ("w4a16-int-ch-asym", "cuda.triton_w4a16", torch.bfloat16),
+    ("w8a16-int-ch-sym", "cuda.triton_w8a16", torch.bfloat16),
+    ("w8a16-int-g128-asym", "cuda.triton_w8a16", torch.float16),
     ("w4a16-int-g128-asym", "cuda.torch_tinygemm", torch.bfloat16),
-    ("w4a16-int-g128-sym", "cuda.torch_tinygemm", torch.bfloat16),
-    ("w4a16-int-g32-sym", "cuda.torch_tinygemm", torch.bfloat16),
-    ("w4a16-int-g128-asym-actorder", "cuda.torch_tinygemm", torch.bfloat16),
+    ("w4a16-int-g128-sym-actorder", "cuda.torch_tinygemm", torch.bfloat16),
     ("w8a8-fp8-ch", "cuda.torch_scaled_mm", torch.bfloat16),
     ("w8a8-fp8-tensor", "cuda.torch_scaled_mm", torch.bfloat16),
     ("w8a8-fp8-tensor-static", "cuda.torch_scaled_mm", torch.float16),
@@ -47,7 +56,9 @@ CASES = [
 @pytest.mark.parametrize("scheme,kernel,dtype", CASES, ids=lambda v: str(v))
 def test_kernel_matches_reference(scheme: str, kernel: str, dtype: torch.dtype) -> None:
     for K, N in ((4096, 4096), (640, 176)):
-        layer, canon, bias = build(scheme, K, N, dtype, seed=K + N)
+        layer, canon, bias = build(
+            scheme, K, N, dtype, seed=K + N, kernel=kernel if kernel == "cuda.torch_tinygemm" else None
+        )
         assert layer.kernel_name == kernel, layer.selection.explain()
         for M in (1, 16, 17, 300):
             g = torch.Generator().manual_seed(M)
@@ -64,7 +75,9 @@ def test_kernel_matches_reference(scheme: str, kernel: str, dtype: torch.dtype) 
         assert layer(torch.empty(0, K, device="cuda", dtype=dtype)).shape == (0, N)
 
 
-@pytest.mark.parametrize("scheme", ["w4a16-int-g128-asym", "w8a8-fp8-ch", "w8a8-int-ch-sym"])
+@pytest.mark.parametrize(
+    "scheme", ["w4a16-int-g128-asym", "w8a16-int-ch-sym", "w8a8-fp8-ch", "w8a8-int-ch-sym"]
+)
 def test_cuda_graph_replay_equals_eager(scheme: str) -> None:
     layer, _, _ = build(scheme, 4096, 4096, torch.bfloat16, seed=1)
     x = torch.randn(16, 4096, device="cuda", dtype=torch.bfloat16)

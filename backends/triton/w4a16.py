@@ -1,0 +1,148 @@
+"""Int4 and int8 weight-only matmul (W4A16, W8A16) in Triton, portable across GPU vendors.
+
+The weight stays in quantrt's canonical layout, so ``prepare`` repacks nothing: codes uint8
+[N, K/2] with the even k in the low nibble, scales [N, K/G] and zero-points [N, K/G] in the
+activation dtype. A K-tile of BK codes lies inside one group (BK divides G), so each tile needs
+one scale and one zero per output column. Even and odd input channels are multiplied
+separately (two dots over BK/2), which avoids interleaving nibbles in registers. Act-order is
+served by gathering activation columns through a permutation inside the kernel.
+
+One kernel serves every batch size; the vendor folder picks the tile and the split of K per
+M (small M: split K over programs and reduce with fp32 atomics; large M: one program per tile).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+
+@dataclass(frozen=True)
+class TileConfig:
+    """One launch configuration; ``split_k`` > 1 reduces partial sums with fp32 atomics."""
+
+    block_m: int
+    block_n: int
+    block_k: int
+    split_k: int = 1
+    num_warps: int = 4
+    num_stages: int = 2
+
+
+@triton.jit
+def _w4a16_kernel(
+    X, W, S, Z, P, B, Y,
+    M, N, K,
+    stride_xm, stride_xk, stride_wn, stride_sn, stride_zn, stride_ym,
+    G: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, SPLIT_K: tl.constexpr,
+    HAS_Z: tl.constexpr, HAS_P: tl.constexpr, HAS_B: tl.constexpr, ATOMIC: tl.constexpr, IEEE: tl.constexpr,
+    BITS: tl.constexpr,
+):  # fmt: skip
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    pid_k = tl.program_id(2)
+    offs_m = pid_m * BM + tl.arange(0, BM)
+    offs_n = pid_n * BN + tl.arange(0, BN)
+    half = tl.arange(0, BK // 2)
+    full = tl.arange(0, BK)
+    mask_m = offs_m < M
+    mask_n = offs_n < N
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    k_tiles = K // BK
+    for t in range(pid_k, k_tiles, SPLIT_K):
+        g = (t * BK) // G
+        s = tl.load(S + offs_n * stride_sn + g, mask=mask_n, other=0.0).to(tl.float32)
+        if HAS_Z:
+            z = tl.load(Z + offs_n * stride_zn + g, mask=mask_n, other=0).to(tl.float32)
+        else:
+            z = tl.full((BN,), 2.0 ** (BITS - 1), tl.float32)
+        if BITS == 4:
+            kb = t * (BK // 2) + half
+            w = tl.load(W + offs_n[None, :] * stride_wn + kb[:, None], mask=mask_n[None, :], other=0)
+            lo = (w & 0xF).to(tl.float32)
+            hi = (w >> 4).to(tl.float32)
+            w_lo = ((lo - z[None, :]) * s[None, :]).to(X.dtype.element_ty)
+            w_hi = ((hi - z[None, :]) * s[None, :]).to(X.dtype.element_ty)
+            k_even = 2 * kb
+            k_odd = k_even + 1
+            if HAS_P:
+                k_even = tl.load(P + k_even)
+                k_odd = tl.load(P + k_odd)
+            x_even = tl.load(
+                X + offs_m[:, None] * stride_xm + k_even[None, :] * stride_xk, mask=mask_m[:, None], other=0.0
+            )
+            x_odd = tl.load(
+                X + offs_m[:, None] * stride_xm + k_odd[None, :] * stride_xk, mask=mask_m[:, None], other=0.0
+            )
+            if IEEE:
+                acc += tl.dot(x_even, w_lo, input_precision="ieee")
+                acc += tl.dot(x_odd, w_hi, input_precision="ieee")
+            else:
+                acc += tl.dot(x_even, w_lo)
+                acc += tl.dot(x_odd, w_hi)
+        else:
+            kk = t * BK + full
+            w = tl.load(W + offs_n[None, :] * stride_wn + kk[:, None], mask=mask_n[None, :], other=0)
+            wq = ((w.to(tl.float32) - z[None, :]) * s[None, :]).to(X.dtype.element_ty)
+            if HAS_P:
+                kk = tl.load(P + kk)
+            xk = tl.load(
+                X + offs_m[:, None] * stride_xm + kk[None, :] * stride_xk, mask=mask_m[:, None], other=0.0
+            )
+            if IEEE:
+                acc += tl.dot(xk, wq, input_precision="ieee")
+            else:
+                acc += tl.dot(xk, wq)
+    if HAS_B:
+        if pid_k == 0:
+            acc += tl.load(B + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
+    y_ptrs = Y + offs_m[:, None] * stride_ym + offs_n[None, :]
+    mask = mask_m[:, None] & mask_n[None, :]
+    if ATOMIC:
+        tl.atomic_add(y_ptrs, acc, mask=mask)
+    else:
+        tl.store(y_ptrs, acc.to(Y.dtype.element_ty), mask=mask)
+
+
+def w4a16_matmul(
+    x: torch.Tensor,
+    qweight: torch.Tensor,
+    scales: torch.Tensor,
+    zeros: torch.Tensor | None,
+    perm: torch.Tensor | None,
+    group: int,
+    bias: torch.Tensor | None,
+    config: TileConfig,
+    out: torch.Tensor | None = None,
+    bits: int = 4,
+) -> torch.Tensor:
+    """``y = x @ W.T (+ bias)`` for x [M, K] and canonical codes: int4 [N, K/2] or int8 [N, K]."""
+    M, K = x.shape
+    N = qweight.shape[0]
+    if K % config.block_k or group % config.block_k:
+        raise ValueError(f"block_k={config.block_k} must divide K={K} and the group size {group}")
+    atomic = config.split_k > 1
+    if atomic:
+        y = torch.zeros(M, N, device=x.device, dtype=torch.float32)
+    else:
+        y = out if out is not None else torch.empty(M, N, device=x.device, dtype=x.dtype)
+    grid = (triton.cdiv(M, config.block_m), triton.cdiv(N, config.block_n), config.split_k)
+    _w4a16_kernel[grid](
+        x, qweight, scales, zeros if zeros is not None else scales, perm if perm is not None else qweight,
+        bias if bias is not None else scales, y,
+        M, N, K,
+        x.stride(0), x.stride(1), qweight.stride(0), scales.stride(0), zeros.stride(0) if zeros is not None else 0,
+        y.stride(0),
+        G=group, BM=config.block_m, BN=config.block_n, BK=config.block_k, SPLIT_K=config.split_k,
+        HAS_Z=zeros is not None, HAS_P=perm is not None, HAS_B=bias is not None, ATOMIC=atomic,
+        IEEE=x.dtype == torch.float32, BITS=bits,
+        num_warps=config.num_warps, num_stages=config.num_stages,
+    )  # fmt: skip
+    if atomic:
+        if out is not None:
+            return out.copy_(y)
+        return y.to(x.dtype)
+    return y

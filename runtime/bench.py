@@ -1,0 +1,220 @@
+"""The benchmark harness: ``QuantLinear.__call__`` with the dispatcher's choice, beside the
+baselines a user has today, in one process and one run.
+
+GPU: cuBLAS bf16 (``F.linear``) and torch's tinygemm (``_weight_int4pack_mm``); medians with the
+L2 flushed (``triton.testing.do_bench``), eager and CUDA-graph replay; the copy bandwidth of this
+GPU as the ceiling for weight streaming; host cost per call; load figures (prepare time, peak
+memory). Every row records kernel, strategy, git SHA, device and versions.
+"""
+
+from __future__ import annotations
+
+import datetime
+import platform
+import subprocess
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+SHAPES = ((4096, 4096), (4096, 28672), (14336, 4096), (8192, 57344), (28672, 8192))
+MS = (1, 16, 64, 256, 4096)
+QUICK_SHAPES = ((4096, 4096), (8192, 57344), (28672, 8192))
+QUICK_MS = (1, 16, 256, 4096)
+
+
+def git_sha() -> str:
+    try:
+        root = Path(__file__).resolve().parents[1]
+        return subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True, check=True
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def versions() -> dict[str, str]:
+    out = {"python": platform.python_version(), "torch": torch.__version__, "cuda": str(torch.version.cuda)}
+    try:
+        import triton
+
+        out["triton"] = triton.__version__
+    except ImportError:
+        out["triton"] = "missing"
+    return out
+
+
+def median_us(fn: Callable[[], Any], graph: bool = False) -> float:
+    """Median time of ``fn`` in microseconds, L2 flushed between runs (triton's do_bench)."""
+    import triton.testing as tt
+
+    if graph:
+        return float(tt.do_bench_cudagraph(fn, rep=60, return_mode="median")) * 1e3
+    return float(tt.do_bench(fn, warmup=15, rep=60, return_mode="median")) * 1e3
+
+
+def copy_bandwidth_tbps(nbytes: int = 2 << 30) -> float:
+    """Device-to-device copy, bytes read plus written per second: the streaming ceiling."""
+    src = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    t = median_us(lambda: dst.copy_(src)) * 1e-6
+    return 2 * nbytes / t / 1e12
+
+
+def host_us(fn: Callable[[], Any], calls: int = 2000) -> float:
+    """Host time per call: back-to-back calls on a tiny problem, one synchronisation at the end."""
+    for _ in range(50):
+        fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) / calls * 1e6
+
+
+def tinygemm_baseline(canon: Any) -> Callable[[torch.Tensor], torch.Tensor] | None:
+    """torch's own int4 op on the same weights, through the registered kernel that wraps it."""
+    from .kernels import registry
+    from .specs import LayerSpec
+
+    kernel = registry().get("cuda.torch_tinygemm")
+    if kernel is None:
+        return None
+    spec = LayerSpec(canon.scheme, canon.K, canon.N, act_dtype=torch.bfloat16)
+    k = kernel()
+    state = k.prepare(canon, spec)
+    return lambda x: k.apply(state, x)
+
+
+def measure(layer: Any, dense: torch.Tensor, tiny: Any, x: torch.Tensor) -> dict[str, float]:
+    """quantrt, cuBLAS bf16 and tinygemm on one input, eager and under CUDA-graph replay."""
+    import torch.nn.functional as F
+
+    out = {
+        "quantrt_us": median_us(lambda: layer(x)),
+        "quantrt_graph_us": median_us(lambda: layer(x), graph=True),
+        "cublas_bf16_us": median_us(lambda: F.linear(x, dense)),
+        "cublas_bf16_graph_us": median_us(lambda: F.linear(x, dense), graph=True),
+    }
+    if tiny is not None:
+        out["tinygemm_us"] = median_us(lambda: tiny(x))
+        out["tinygemm_graph_us"] = median_us(lambda: tiny(x), graph=True)
+    return out
+
+
+def run_gpu(
+    schemes: Sequence[str],
+    shapes: Sequence[tuple[int, int]],
+    ms: Sequence[int],
+    progress: Callable[[str], None] = print,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """Benchmark every scheme x shape x M on the current CUDA device."""
+    import torch.nn.functional as F
+
+    from .layers import QuantLinear
+    from .reference import quantize
+
+    dev = torch.device("cuda")
+    props = torch.cuda.get_device_properties(dev)
+    doc: dict[str, Any] = {
+        "date": datetime.date.today().isoformat(),
+        "device": props.name,
+        "capability": "sm_{}{}".format(*torch.cuda.get_device_capability(dev)),
+        "git_sha": git_sha(),
+        "versions": versions(),
+        "copy_TBps": round(copy_bandwidth_tbps(), 3),
+        "rows": [],
+        "load": [],
+        "host": {},
+    }
+    g = torch.Generator(device=dev).manual_seed(seed)
+    for scheme in schemes:
+        for K, N in shapes:
+            progress(f"{scheme} {K}x{N}: quantizing")
+            w = torch.randn(N, K, generator=g, device=dev) * 0.02
+            canon = quantize(w, scheme)
+            dense = w.to(torch.bfloat16)
+            del w
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            base = torch.cuda.memory_allocated()
+            t0 = time.perf_counter()
+            layer = QuantLinear.from_canonical(canon, device=dev, act_dtype=torch.bfloat16)
+            torch.cuda.synchronize()
+            prep = time.perf_counter() - t0
+            peak = torch.cuda.max_memory_allocated() - base
+            stored = canon.nbytes
+            doc["load"].append(
+                {
+                    "scheme": scheme,
+                    "K": K,
+                    "N": N,
+                    "kernel": layer.kernel_name,
+                    "prepare_s": round(prep, 4),
+                    "peak_MB": round(peak / 2**20, 1),
+                    "stored_MB": round(stored / 2**20, 1),
+                }
+            )
+            tiny = tinygemm_baseline(canon) if canon.scheme.bits == 4 else None
+            for m in ms:
+                x = torch.randn(m, K, generator=g, device=dev).to(torch.bfloat16)
+                row: dict[str, Any] = {
+                    "scheme": scheme,
+                    "K": K,
+                    "N": N,
+                    "M": m,
+                    "kernel": layer.kernel_name,
+                    "strategy": layer._kernel.strategy(layer._state, m),
+                }
+                row.update(measure(layer, dense, tiny, x))
+                row["vs_cublas"] = round(row["cublas_bf16_us"] / row["quantrt_us"], 3)
+                row["vs_cublas_graph"] = round(row["cublas_bf16_graph_us"] / row["quantrt_graph_us"], 3)
+                if tiny is not None:
+                    row["vs_tinygemm"] = round(row["tinygemm_us"] / row["quantrt_us"], 3)
+                row["weight_TBps"] = round(stored / (row["quantrt_us"] * 1e-6) / 1e12, 3)
+                doc["rows"].append(row)
+                progress(
+                    f"  M={m}: {row['quantrt_us']:.1f} us, {row['vs_cublas']}x cuBLAS ({row['strategy']})"
+                )
+            del layer, dense, canon, tiny
+            torch.cuda.empty_cache()
+    # host cost of one call at M=1 on the smallest shape, against F.linear
+    K, N = shapes[0]
+    canon = quantize(torch.randn(N, K, device=dev) * 0.02, schemes[0])
+    layer = QuantLinear.from_canonical(canon, device=dev, act_dtype=torch.bfloat16)
+    dense = torch.randn(N, K, device=dev, dtype=torch.bfloat16)
+    x = torch.randn(1, K, device=dev, dtype=torch.bfloat16)
+    doc["host"] = {
+        "scheme": schemes[0],
+        "K": K,
+        "N": N,
+        "quantrt_us": round(host_us(lambda: layer(x)), 2),
+        "F_linear_us": round(host_us(lambda: F.linear(x, dense)), 2),
+    }
+    doc["host"]["ratio"] = round(doc["host"]["quantrt_us"] / doc["host"]["F_linear_us"], 3)
+    return doc
+
+
+def markdown(doc: dict[str, Any]) -> str:
+    """The table docs/performance.md keeps for one benchmark file."""
+    lines = [
+        f"{doc['date']}, {doc['device']} ({doc['capability']}), git {doc['git_sha']}, torch "
+        f"{doc['versions']['torch']}, triton {doc['versions'].get('triton')}; copy ceiling "
+        f"{doc['copy_TBps']} TB/s; host cost per call at M=1: quantrt {doc['host'].get('quantrt_us')} us vs "
+        f"F.linear {doc['host'].get('F_linear_us')} us",
+        "",
+        "| scheme | K x N | M | kernel / strategy | quantrt us | vs cuBLAS bf16 | graph: vs cuBLAS | vs tinygemm "
+        "| weights TB/s |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in doc["rows"]:
+        lines.append(
+            f"| {r['scheme']} | {r['K']}x{r['N']} | {r['M']} | {r['kernel']} {r['strategy']} | "
+            f"{r['quantrt_us']:.1f} | {r['vs_cublas']} | {r['vs_cublas_graph']} | "
+            f"{r.get('vs_tinygemm', '-')} | {r['weight_TBps']} |"
+        )
+    return "\n".join(lines)
