@@ -157,9 +157,27 @@ class CudaTritonWNA16(Kernel):
         out: torch.Tensor | None = None,
     ) -> torch.Tensor:
         c = self._config(state, x.shape[0])
-        y = state.matmul(
-            x, state.qweight, state.scales, state.zeros, state.perm, state.group, bias, c, out, state.bits
-        )
+        if torch.compiler.is_compiling():  # traced: the registered op with its fake implementation
+            y = torch.ops.quantrt.wna16_mm(
+                x,
+                state.qweight,
+                state.scales,
+                state.zeros,
+                state.perm,
+                bias,
+                state.group,
+                state.bits,
+                c.block_m,
+                c.block_n,
+                c.block_k,
+                c.split_k,
+                c.num_warps,
+                c.num_stages,
+            )
+        else:  # eager and CUDA-graph capture: the launcher directly (the op layer costs host time)
+            y = state.matmul(
+                x, state.qweight, state.scales, state.zeros, state.perm, state.group, bias, c, out, state.bits
+            )
         return y if y.dtype == state.out_dtype else y.to(state.out_dtype)
 
 

@@ -119,3 +119,30 @@ def test_supports_and_plans() -> None:
     assert not v.ok
     v = CudaTritonW4A16.supports(layer_spec("w4a16-int-g48-sym", 4800, 64), h100)
     assert (v.predicate, dict(v.values)) == ("group size a multiple of 32", {"G": 48})
+
+
+def test_registered_op_and_fake() -> None:
+    from quantrt.backends.triton import w4a16  # registers quantrt::wna16_mm
+
+    g = torch.Generator().manual_seed(4)
+    canon = reference.quantize(torch.randn(32, 64, generator=g), "w4a16-int-g32-asym").to(DEV)
+    x = torch.randn(3, 64, generator=g).half().to(DEV)
+    args = (
+        x,
+        canon["qweight"],
+        canon["scales"].half(),
+        canon["zeros"].half(),
+        None,
+        None,
+        32,
+        4,
+        16,
+        32,
+        32,
+        1,
+        4,
+        2,
+    )
+    y = torch.ops.quantrt.wna16_mm(*args)
+    assert rel(y, reference.linear(x.float().cpu(), canon.to("cpu"), out_dtype=torch.float32)) < 2e-3
+    torch.library.opcheck(w4a16.wna16_mm, args, test_utils=("test_schema", "test_faketensor"))
