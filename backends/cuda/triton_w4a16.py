@@ -115,6 +115,8 @@ class CudaTritonWNA16(Kernel):
             key = str(bound) if bound in (1, 16, 64, 256) else "large"
             c = dict(table[key])
             c["block_k"] = min(c.get("block_k", bk), bk)
+            if c["block_m"] < 16 and (self.bits != 4 or bound > 1):
+                c["block_m"] = 16  # the GEMV kernel (block_m 1) serves int4 at M=1; tiles need 16 rows
             split = c.pop("split_k_target", None)
             if split is not None:  # enough programs to fill the GPU: split K until N/BN * split >= target
                 n_tiles = -(-weight.N // c["block_n"])

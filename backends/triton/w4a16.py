@@ -107,6 +107,50 @@ def _w4a16_kernel(
         tl.store(y_ptrs, acc.to(Y.dtype.element_ty), mask=mask)
 
 
+@triton.jit
+def _w4_gemv_kernel(
+    X, W, S, Z, P, B, Y,
+    N, K,
+    stride_xk, stride_wn, stride_sn, stride_zn,
+    G: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, SPLIT_K: tl.constexpr,
+    HAS_Z: tl.constexpr, HAS_P: tl.constexpr, HAS_B: tl.constexpr, ATOMIC: tl.constexpr,
+):  # fmt: skip
+    """M == 1: each program streams whole rows of BN outputs (contiguous along K), no tensor cores."""
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    offs_n = pid_n * BN + tl.arange(0, BN)
+    mask_n = offs_n < N
+    half = tl.arange(0, BK // 2)
+    acc = tl.zeros((BN,), dtype=tl.float32)
+    for t in range(pid_k, K // BK, SPLIT_K):
+        kb = t * (BK // 2) + half
+        w = tl.load(W + offs_n[:, None] * stride_wn + kb[None, :], mask=mask_n[:, None], other=0)
+        g = (t * BK) // G
+        s = tl.load(S + offs_n * stride_sn + g, mask=mask_n, other=0.0).to(tl.float32)
+        if HAS_Z:
+            z = tl.load(Z + offs_n * stride_zn + g, mask=mask_n, other=0).to(tl.float32)
+        else:
+            z = tl.full((BN,), 8.0, tl.float32)
+        k_even = 2 * kb
+        k_odd = k_even + 1
+        if HAS_P:
+            k_even = tl.load(P + k_even)
+            k_odd = tl.load(P + k_odd)
+        x_even = tl.load(X + k_even * stride_xk).to(tl.float32)
+        x_odd = tl.load(X + k_odd * stride_xk).to(tl.float32)
+        lo = (w & 0xF).to(tl.float32)
+        hi = (w >> 4).to(tl.float32)
+        dot = tl.sum(lo * x_even[None, :] + hi * x_odd[None, :], axis=1)
+        acc += s * (dot - z * tl.sum(x_even + x_odd, axis=0))
+    if HAS_B:
+        if pid_k == 0:
+            acc += tl.load(B + offs_n, mask=mask_n, other=0.0).to(tl.float32)
+    if ATOMIC:
+        tl.atomic_add(Y + offs_n, acc, mask=mask_n)
+    else:
+        tl.store(Y + offs_n, acc.to(Y.dtype.element_ty), mask=mask_n)
+
+
 def w4a16_matmul(
     x: torch.Tensor,
     qweight: torch.Tensor,
@@ -129,6 +173,39 @@ def w4a16_matmul(
         y = torch.zeros(M, N, device=x.device, dtype=torch.float32)
     else:
         y = out if out is not None else torch.empty(M, N, device=x.device, dtype=x.dtype)
+    if M == 1 and bits == 4 and config.block_m == 1:
+        _w4_gemv_kernel[(triton.cdiv(N, config.block_n), config.split_k)](
+            x, qweight, scales, zeros if zeros is not None else scales, perm if perm is not None else qweight,
+            bias if bias is not None else scales, y, N, K,
+            x.stride(1), qweight.stride(0), scales.stride(0), zeros.stride(0) if zeros is not None else 0,
+            G=group, BN=config.block_n, BK=config.block_k, SPLIT_K=config.split_k, HAS_Z=zeros is not None,
+            HAS_P=perm is not None, HAS_B=bias is not None, ATOMIC=atomic,
+            num_warps=config.num_warps, num_stages=config.num_stages,
+        )  # fmt: skip
+    else:
+        _launch_tiles(x, qweight, scales, zeros, perm, bias, y, group, config, atomic, bits)
+    if atomic:
+        if out is not None:
+            return out.copy_(y)
+        return y.to(x.dtype)
+    return y
+
+
+def _launch_tiles(
+    x: torch.Tensor,
+    qweight: torch.Tensor,
+    scales: torch.Tensor,
+    zeros: torch.Tensor | None,
+    perm: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    y: torch.Tensor,
+    group: int,
+    config: TileConfig,
+    atomic: bool,
+    bits: int,
+) -> None:
+    M, K = x.shape
+    N = qweight.shape[0]
     grid = (triton.cdiv(M, config.block_m), triton.cdiv(N, config.block_n), config.split_k)
     _w4a16_kernel[grid](
         x, qweight, scales, zeros if zeros is not None else scales, perm if perm is not None else qweight,
@@ -141,11 +218,6 @@ def w4a16_matmul(
         IEEE=x.dtype == torch.float32, BITS=bits,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )  # fmt: skip
-    if atomic:
-        if out is not None:
-            return out.copy_(y)
-        return y.to(x.dtype)
-    return y
 
 
 @torch.library.custom_op("quantrt::wna16_mm", mutates_args=())
