@@ -65,6 +65,27 @@ def finish(
     return y if y.dtype == out_dtype else y.to(out_dtype)
 
 
+class TorchOpKernel(Kernel):
+    """A kernel around one torch op: supported when the vendor's hardware rule, the scheme and the
+    op's availability on this device all hold. Vendor folders override ``device_verdict`` only."""
+
+    op: ClassVar[str] = ""
+
+    @classmethod
+    def supports(cls, spec: LayerSpec, caps: Any) -> Verdict:
+        return cls.device_verdict(spec, caps) and cls.scheme_verdict(spec) and torch_op_verdict(caps, cls.op)
+
+    @classmethod
+    def device_verdict(cls, spec: LayerSpec, caps: Any) -> Verdict:
+        """The vendor's hardware requirement (matrix units, architecture)."""
+        return Verdict.yes()
+
+    @classmethod
+    def scheme_verdict(cls, spec: LayerSpec) -> Verdict:
+        """Which schemes and shapes the op takes."""
+        return Verdict.yes()
+
+
 @dataclass
 class ScaledMMState:
     wt: torch.Tensor  # [K, N] column-major view of the fp8 weight, as _scaled_mm wants it
@@ -74,7 +95,7 @@ class ScaledMMState:
     out_dtype: torch.dtype
 
 
-class TorchScaledMMFp8(Kernel):
+class TorchScaledMMFp8(TorchOpKernel):
     """W8A8 fp8 through ``torch._scaled_mm`` (cuBLASLt / hipBLASLt): activations quantized per
     token (dynamic) or per tensor (static/dynamic) in torch ops, weights per tensor or channel.
 
@@ -84,19 +105,7 @@ class TorchScaledMMFp8(Kernel):
     """
 
     fp8_dtype: ClassVar[torch.dtype] = torch.float8_e4m3fn
-
-    @classmethod
-    def supports(cls, spec: LayerSpec, caps: Any) -> Verdict:
-        return (
-            cls.device_verdict(spec, caps)
-            and cls.scheme_verdict(spec)
-            and torch_op_verdict(caps, "_scaled_mm")
-        )
-
-    @classmethod
-    def device_verdict(cls, spec: LayerSpec, caps: Any) -> Verdict:
-        """The vendor's hardware requirement (its fp8 matrix units); vendor folders override it."""
-        return Verdict.yes()
+    op = "_scaled_mm"
 
     @classmethod
     def scheme_verdict(cls, spec: LayerSpec) -> Verdict:
@@ -182,7 +191,7 @@ class IntMMState:
     out_dtype: torch.dtype
 
 
-class TorchIntMMW8A8(Kernel):
+class TorchIntMMW8A8(TorchOpKernel):
     """W8A8 int8 through ``torch._int_mm`` with the scales applied in a torch epilogue.
 
     ``min_m``: the op's smallest batch on this device (cuBLASLt wants M > 16); smaller
@@ -190,18 +199,8 @@ class TorchIntMMW8A8(Kernel):
     """
 
     min_m: ClassVar[int] = 1
+    op = "_int_mm"
     act_dtypes: ClassVar[tuple[torch.dtype, ...]] = (torch.bfloat16, torch.float16, torch.float32)
-
-    @classmethod
-    def supports(cls, spec: LayerSpec, caps: Any) -> Verdict:
-        return (
-            cls.device_verdict(spec, caps) and cls.scheme_verdict(spec) and torch_op_verdict(caps, "_int_mm")
-        )
-
-    @classmethod
-    def device_verdict(cls, spec: LayerSpec, caps: Any) -> Verdict:
-        """The vendor's hardware requirement; vendor folders override it."""
-        return Verdict.yes()
 
     @classmethod
     def scheme_verdict(cls, spec: LayerSpec) -> Verdict:
