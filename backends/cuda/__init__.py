@@ -1,7 +1,9 @@
 """NVIDIA backend: which kernels run on NVIDIA GPUs, in what order, tuned how.
 
-Triton W4A16 (``backends/triton/w4a16.py``, tiles from ``tunings/``) ranks ahead of torch's own
-ops (tinygemm int4, cuBLASLt fp8 and int8).
+The tensor-core W4A16/W8A16 kernel in CUDA C++ (``mma_wna16.py``, ``kernels/``, compiled through
+CuPy) ranks first where CuPy is importable; the portable Triton W4A16/W8A16 (``backends/triton``)
+next; then torch's own ops (tinygemm int4, cuBLASLt fp8 and int8). Launch shapes come from
+``tunings/``.
 """
 
 from __future__ import annotations
@@ -11,8 +13,18 @@ from typing import Any
 
 def register(registry: Any) -> None:
     """Entry point of the ``quantrt.backends`` group."""
+    from .mma_wna16 import CudaMmaW4A16, CudaMmaW8A16
     from .torch_ops import CudaIntMM, CudaScaledMMFp8, CudaTinygemm
     from .triton_w4a16 import CudaTritonW4A16, CudaTritonW8A16
 
-    for kernel in (CudaTritonW4A16, CudaTritonW8A16, CudaScaledMMFp8, CudaIntMM, CudaTinygemm):
+    kernels = (
+        CudaMmaW4A16,
+        CudaMmaW8A16,
+        CudaTritonW4A16,
+        CudaTritonW8A16,
+        CudaScaledMMFp8,
+        CudaIntMM,
+        CudaTinygemm,
+    )
+    for kernel in kernels:
         registry.register(kernel)

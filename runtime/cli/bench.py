@@ -16,7 +16,7 @@ HELP = "time quantrt's kernels beside cuBLAS bf16 and torch's int4 op (GPU)"
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="cuda", help="cuda (the CPU benchmark arrives with the CPU backend)")
-    p.add_argument("--quick", action="store_true", help="three shapes and four batch sizes: a few minutes")
+    p.add_argument("--quick", action="store_true", help="three shapes and five batch sizes: a few minutes")
     p.add_argument(
         "--schemes", default="w4a16-int-g128-asym,w8a16-int-ch-sym", help="comma-separated schemes"
     )

@@ -27,11 +27,12 @@ def cands(sel) -> dict[str, tuple[str, str, dict]]:
     return {c.name: (c.status, c.verdict.predicate, dict(c.verdict.values)) for c in sel.candidates}
 
 
-def test_h100_plan_for_w4_picks_triton_and_keeps_rejections() -> None:
+def test_h100_plan_for_w4_picks_the_mma_kernel_and_keeps_rejections() -> None:
     caps = load_preset("h100")
     sel = select(layer_spec("w4a16-int-g128-asym", 4096, 4096), "cuda:0", caps, ov())
-    assert sel.kernel.name == "cuda.triton_w4a16" and not sel.fallback and sel.label == "native"
+    assert sel.kernel.name == "cuda.mma_w4a16" and not sel.fallback and sel.label == "native"
     c = cands(sel)
+    assert c["cuda.triton_w4a16"][0] == "also supports"
     assert c["cuda.torch_tinygemm"][0] == "also supports"
     assert c["cuda.torch_scaled_mm"] == (REJECTED, "scheme.weight == 'fp8_e4m3'", {"weight": "int"})
     assert c["cuda.torch_int_mm"][0] == REJECTED
@@ -44,7 +45,7 @@ def test_fp16_activations_reject_tinygemm_with_the_reason() -> None:
         layer_spec("w4a16-int-g128-asym", 4096, 4096, act_dtype=torch.float16),
         "cuda:0",
         load_preset("h100"),
-        ov(QUANTRT_FALLBACK="allow", QUANTRT_DISABLE_KERNELS="cuda.triton_w4a16"),
+        ov(QUANTRT_FALLBACK="allow", QUANTRT_DISABLE_KERNELS="cuda.triton_w4a16,cuda.mma_w4a16"),
     )
     assert sel.kernel.name == "reference" and sel.fallback
     assert cands(sel)["cuda.torch_tinygemm"] == (REJECTED, "bf16 activations", {"act_dtype": torch.float16})
@@ -101,7 +102,10 @@ def test_disable_kernels() -> None:
         layer_spec("w4a16-int-g128-asym", 4096, 4096),
         "cuda:0",
         caps,
-        ov(QUANTRT_DISABLE_KERNELS="cuda.torch_tinygemm,cuda.triton_w4a16", QUANTRT_FALLBACK="allow"),
+        ov(
+            QUANTRT_DISABLE_KERNELS="cuda.torch_tinygemm,cuda.triton_w4a16,cuda.mma_w4a16",
+            QUANTRT_FALLBACK="allow",
+        ),
     )
     assert sel.kernel.name == "reference"
     status, predicate, _ = cands(sel)["cuda.torch_tinygemm"]

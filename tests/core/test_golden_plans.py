@@ -39,7 +39,8 @@ def test_golden_facts_that_must_hold() -> None:
     assert plans["l40s"]["w8a8-fp8-ch"] == "cuda.torch_scaled_mm"  # sm_89 does
     assert plans["mi300x"]["w8a8-fp8-tensor"] == "rocm.torch_scaled_mm_fnuz"  # gfx942: e4m3fnuz
     assert plans["mi355x"]["w8a8-fp8-tensor"] == "rocm.torch_scaled_mm"  # gfx950: OCP e4m3
-    assert plans["h100"]["w4a16-int-g128-asym"] == "cuda.triton_w4a16"
-    assert plans["a100"]["w8a16-int-ch-sym"] == "cuda.triton_w8a16"
+    assert plans["h100"]["w4a16-int-g128-asym"] == "cuda.mma_w4a16"  # mma.sync from sm_80
+    assert plans["a100"]["w8a16-int-ch-sym"] == "cuda.mma_w8a16"
+    assert plans["h100"]["w4a16-int-g128-asym-actorder"] == "cuda.mma_w4a16"
     assert plans["zen4"]["w4a16-int-g128-asym"] == "cpu.torch_int4pack"
     assert all(k == NO_NATIVE for k in plans["pvc"].values())  # no XPU kernel yet, said explicitly

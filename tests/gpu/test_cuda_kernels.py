@@ -34,6 +34,20 @@ def build(
 
 
 CASES = [
+    ("w4a16-int-g128-asym", "cuda.mma_w4a16", torch.bfloat16),
+    ("w4a16-int-g128-asym", "cuda.mma_w4a16", torch.float16),
+    ("w4a16-int-g128-sym", "cuda.mma_w4a16", torch.bfloat16),
+    ("w4a16-int-g128-sym", "cuda.mma_w4a16", torch.float16),
+    ("w4a16-int-g32-sym", "cuda.mma_w4a16", torch.bfloat16),
+    ("w4a16-int-g64-asym", "cuda.mma_w4a16", torch.float16),
+    ("w4a16-int-g128-asym-actorder", "cuda.mma_w4a16", torch.bfloat16),
+    ("w4a16-int-ch-asym", "cuda.mma_w4a16", torch.bfloat16),
+    ("w4a16-int-ch-sym", "cuda.mma_w4a16", torch.float16),
+    ("w8a16-int-ch-sym", "cuda.mma_w8a16", torch.bfloat16),
+    ("w8a16-int-ch-sym", "cuda.mma_w8a16", torch.float16),
+    ("w8a16-int-g128-asym", "cuda.mma_w8a16", torch.bfloat16),
+    ("w8a16-int-g128-asym", "cuda.mma_w8a16", torch.float16),
+    ("w8a16-int-g32-sym", "cuda.mma_w8a16", torch.bfloat16),
     ("w4a16-int-g128-asym", "cuda.triton_w4a16", torch.bfloat16),
     ("w4a16-int-g128-sym", "cuda.triton_w4a16", torch.float16),
     ("w4a16-int-g32-sym", "cuda.triton_w4a16", torch.bfloat16),
@@ -55,12 +69,14 @@ CASES = [
 
 @pytest.mark.parametrize("scheme,kernel,dtype", CASES, ids=lambda v: str(v))
 def test_kernel_matches_reference(scheme: str, kernel: str, dtype: torch.dtype) -> None:
-    for K, N in ((4096, 4096), (640, 176)):
-        layer, canon, bias = build(
-            scheme, K, N, dtype, seed=K + N, kernel=kernel if kernel == "cuda.torch_tinygemm" else None
-        )
+    shapes = [(4096, 4096), (640, 176)]
+    if "mma" in kernel:  # K past the last full chunk, N odd (channel scales allow any K)
+        shapes.append((200, 77) if "-ch-" in scheme else (4224 if "g128" in scheme else 4160, 77))
+    for K, N in shapes:
+        layer, canon, bias = build(scheme, K, N, dtype, seed=K + N, kernel=kernel)
         assert layer.kernel_name == kernel, layer.selection.explain()
-        for M in (1, 16, 17, 300):
+        ms = (1, 5, 16, 17, 33, 64, 65, 300) if "mma" in kernel else (1, 16, 17, 300)
+        for M in ms:
             g = torch.Generator().manual_seed(M)
             x = torch.randn(M, K, generator=g).to("cuda", dtype)
             y = layer(x)
@@ -76,11 +92,20 @@ def test_kernel_matches_reference(scheme: str, kernel: str, dtype: torch.dtype) 
 
 
 @pytest.mark.parametrize(
-    "scheme", ["w4a16-int-g128-asym", "w8a16-int-ch-sym", "w8a8-fp8-ch", "w8a8-int-ch-sym"]
+    "scheme,kernel,m",
+    [
+        ("w4a16-int-g128-asym", None, 1),
+        ("w4a16-int-g128-asym", None, 16),
+        ("w4a16-int-g128-asym", None, 300),
+        ("w8a16-int-ch-sym", None, 16),
+        ("w4a16-int-g128-asym", "cuda.triton_w4a16", 16),
+        ("w8a8-fp8-ch", None, 16),
+        ("w8a8-int-ch-sym", None, 16),
+    ],
 )
-def test_cuda_graph_replay_equals_eager(scheme: str) -> None:
-    layer, _, _ = build(scheme, 4096, 4096, torch.bfloat16, seed=1)
-    x = torch.randn(16, 4096, device="cuda", dtype=torch.bfloat16)
+def test_cuda_graph_replay_equals_eager(scheme: str, kernel: str | None, m: int) -> None:
+    layer, _, _ = build(scheme, 4096, 4096, torch.bfloat16, seed=1, kernel=kernel)
+    x = torch.randn(m, 4096, device="cuda", dtype=torch.bfloat16)
     eager = layer(x)
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
@@ -95,6 +120,45 @@ def test_cuda_graph_replay_equals_eager(scheme: str) -> None:
     torch.cuda.synchronize()
     assert rel(y, layer(x)) < 1e-3  # split-K reduces with fp32 atomics: summation order may differ
     assert eager.shape == y.shape
+
+
+@pytest.mark.parametrize("scheme", ["w4a16-int-g128-asym", "w8a16-int-g128-sym"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_mma_kernel_on_extreme_codes_and_scales(scheme: str, dtype: torch.dtype) -> None:
+    """Codes 0 and 2^b-1 everywhere, zeros at both ends, scales spanning 1e-4..8."""
+    K, N = 1024, 136
+    g = torch.Generator().manual_seed(7)
+    canon = reference.quantize(torch.randn(N, K, generator=g), scheme)
+    bits = canon.scheme.bits
+    codes = torch.zeros(N, K, dtype=torch.uint8)
+    codes[::2] = (1 << bits) - 1
+    codes[:, ::3] = 0
+    from quantrt.reference.packing import pack_codes
+
+    canon.tensors["qweight"] = pack_codes(codes, bits)
+    sc = canon["scales"]
+    canon.tensors["scales"] = torch.where(torch.rand(sc.shape, generator=g) < 0.5, 1e-4, 8.0).to(sc.dtype)
+    if "zeros" in canon.tensors:
+        z = canon["zeros"]
+        canon.tensors["zeros"] = torch.where(torch.rand(z.shape, generator=g) < 0.5, 0, 1 << bits).to(z.dtype)
+    layer = QuantLinear.from_canonical(canon, device="cuda", act_dtype=dtype)
+    assert layer.kernel_name.startswith("cuda.mma_"), layer.selection.explain()
+    for m in (1, 16, 100):
+        x = (torch.randn(m, K, generator=g) * 0.1).to("cuda", dtype)
+        ref = reference.linear(x.cpu(), canon, None, out_dtype=torch.float32)
+        assert rel(layer(x).cpu(), ref) < TOL[dtype], (m, rel(layer(x).cpu(), ref))
+
+
+def test_mma_kernel_writes_into_out_and_compiles() -> None:
+    layer, canon, bias = build("w4a16-int-g128-sym", 512, 264, torch.bfloat16, seed=3)
+    assert layer.kernel_name == "cuda.mma_w4a16"
+    x = torch.randn(4, 512, device="cuda", dtype=torch.bfloat16)
+    ref = reference.linear(x.cpu(), canon, bias, out_dtype=torch.float32)
+    out = torch.empty(4, 264, device="cuda", dtype=torch.bfloat16)
+    y = layer(x, out=out)
+    assert y.data_ptr() == out.data_ptr() and rel(out.cpu(), ref) < TOL[torch.bfloat16]
+    compiled = torch.compile(lambda t: layer(t), fullgraph=True)
+    assert rel(compiled(x).cpu(), ref) < TOL[torch.bfloat16]
 
 
 def test_probe_reports_this_gpu() -> None:
