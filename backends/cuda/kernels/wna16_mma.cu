@@ -376,7 +376,8 @@ __global__ void wna16_mma(const T* __restrict__ x, const uint4* __restrict__ w, 
 }
 
 // Large M: write chunks [c_begin, c_begin + c_count) of the dequantized weight, [N, ldo] in T,
-// for a dense GEMM after (one warp per 8 columns x one chunk, the same lane layout as above).
+// for a dense GEMM after. One warp per 8 columns x one chunk, the same lane layout as above; the
+// tile is transposed through shared memory so every lane stores whole 16-byte pieces of a row.
 template <typename T, int BITS, int GPC>
 __global__ void wna16_dequant(const uint4* __restrict__ w, const void* __restrict__ sz, T* __restrict__ out,
                               long long N, long long K, long long Npad, long long chunks, long long c_begin,
@@ -387,14 +388,15 @@ __global__ void wna16_dequant(const uint4* __restrict__ w, const void* __restric
   constexpr int KC = BITS == 4 ? 128 : 64;
   constexpr int TILES = KC / 16;
   constexpr int TPG = GPC > 1 ? TILES / GPC : TILES;
-  const long long item = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  __shared__ __align__(16) T tile[8][8][KC];  // [warp][row][k]
+  const int wid = threadIdx.x >> 5;
+  const long long item = (long long)blockIdx.x * (blockDim.x >> 5) + wid;
   const long long ntile = item / c_count, c = c_begin + item % c_count;
   if (ntile * 8 >= N) return;
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const uint4 v = ldg_stream(w + tile_offset(ntile, c, chunks) + lane);
   const long long n = ntile * 8 + g;
-  if (n >= N) return;
-  T* row = out + n * ldo - c_begin * KC;
+  T* trow = tile[wid][g];
 #pragma unroll
   for (int kt = 0; kt < TILES; kt++) {
     const int wi = BITS == 4 ? kt >> 1 : kt;
@@ -403,8 +405,22 @@ __global__ void wna16_dequant(const uint4* __restrict__ w, const void* __restric
     const Group<T, BITS> gp = R::expand(__ldg(reinterpret_cast<const RawT*>(sz) + gi * Npad + n));
     u32 b0, b1;
     Deq<T, BITS>::run(word, BITS == 4 ? (kt & 1) : 0, gp, b0, b1);
-    const long long k = c * KC + kt * 16 + 2 * t;
-    if (k < K) *reinterpret_cast<u32*>(row + k) = b0;
-    if (k + 8 < K) *reinterpret_cast<u32*>(row + k + 8) = b1;
+    *reinterpret_cast<u32*>(trow + kt * 16 + 2 * t) = b0;
+    *reinterpret_cast<u32*>(trow + kt * 16 + 2 * t + 8) = b1;
+  }
+  __syncwarp();
+  // lane -> row lane / 4, a quarter of the chunk: KC/4 elements as 16-byte pieces
+  constexpr int PER = KC / 4, VEC = 16 / sizeof(T);
+  const int row = lane >> 2, q = lane & 3;
+  const long long nr = ntile * 8 + row;
+  if (nr >= N) return;
+  const long long k0 = c * KC + q * PER;
+  T* dst = out + nr * ldo + (k0 - c_begin * KC);
+  const T* src = tile[wid][row] + q * PER;
+  if (k0 + PER <= K) {
+#pragma unroll
+    for (int e = 0; e < PER; e += VEC) *reinterpret_cast<uint4*>(dst + e) = *reinterpret_cast<const uint4*>(src + e);
+  } else {
+    for (int e = 0; e < PER && k0 + e < K; e++) dst[e] = src[e];
   }
 }
