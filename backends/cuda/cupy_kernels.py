@@ -4,11 +4,15 @@ Sources live in ``kernels/*.cu`` as templates; each instantiation is compiled on
 and device (CuPy also caches the binary on disk), at ``prepare`` time, never inside a call.
 Launches go to torch's current stream, so they order with torch's work and are captured by
 ``torch.cuda.graph``. The launch path is kept short on purpose (see DESIGN.md, hot path): raw
-ints for pointers and sizes, the stream wrapper cached per raw stream handle.
+ints for pointers and sizes written into a reused argument block, the driver's launch called
+directly (``Launch``).
 """
 
 from __future__ import annotations
 
+import ctypes
+import threading
+from collections.abc import Sequence
 from functools import cache
 from importlib import resources
 from typing import Any
@@ -21,62 +25,83 @@ def source(name: str) -> str:
     return (resources.files("quantrt.backends.cuda") / "kernels" / name).read_text()
 
 
-@cache
-def _module(name: str, expressions: tuple[str, ...], device: int) -> Any:
+_functions: dict[tuple[str, str, int], Any] = {}
+
+
+def compile_all(name: str, expressions: Sequence[str], device: int) -> None:
+    """Compile the instantiations ``expressions`` of ``kernels/<name>`` not yet compiled, in one
+    NVRTC run (parsing the source and the fp16/bf16 headers dominates a run, so a layer's kernels
+    are built together). Dynamic shared memory is raised to the device's opt-in limit here."""
     import cupy
 
+    todo = tuple(dict.fromkeys(e for e in expressions if (name, e, device) not in _functions))
+    if not todo:
+        return
+    optin = getattr(torch.cuda.get_device_properties(device), "shared_memory_per_block_optin", 0)
     with cupy.cuda.Device(device):
-        mod = cupy.RawModule(code=source(name), options=("--std=c++17",), name_expressions=expressions)
+        mod = cupy.RawModule(code=source(name), options=("--std=c++17",), name_expressions=todo)
         mod.compile()
-    return mod
+        for e in todo:
+            fn = mod.get_function(e)
+            if optin > 48 * 1024:
+                fn.max_dynamic_shared_size_bytes = optin - fn.shared_size_bytes
+            _functions[(name, e, device)] = fn
 
 
-@cache
 def function(name: str, expression: str, device: int) -> Any:
-    """The compiled kernel ``expression`` (a template instantiation) of ``kernels/<name>``.
-
-    Dynamic shared memory is raised to the device's opt-in limit once here.
-    """
-    import cupy
-
-    mod = _module(name, (expression,), device)
-    with cupy.cuda.Device(device):
-        fn = mod.get_function(expression)
-        optin = getattr(torch.cuda.get_device_properties(device), "shared_memory_per_block_optin", 0)
-        if optin > 48 * 1024:
-            fn.max_dynamic_shared_size_bytes = optin - fn.shared_size_bytes
+    """The compiled kernel ``expression`` (a template instantiation) of ``kernels/<name>``."""
+    fn = _functions.get((name, expression, device))
+    if fn is None:
+        compile_all(name, (expression,), device)
+        fn = _functions[(name, expression, device)]
     return fn
 
 
-def launcher(fn: Any) -> Any:
-    """The object to call per launch: RawKernel launches on CuPy's current stream, its compiled
-    Function takes ``stream=`` (torch's stream, without a context switch per call)."""
-    return getattr(fn, "kernel", fn)
+class Launch:
+    """One compiled kernel, launched through the driver with a reused argument block.
+
+    Every argument of our kernels is 8 bytes (a pointer or a ``long long``), so the arguments of
+    a call are written into a ctypes block of int64 slots whose addresses were laid out once;
+    CuPy's generic launch would build a converter object per argument per call, which is most of
+    a small layer's host time. One block per thread keeps concurrent callers apart; the driver
+    copies the arguments at launch, so the block is free again when ``__call__`` returns.
+    """
+
+    __slots__ = ("_launch", "_local", "nargs", "ptr")
+
+    def __init__(self, fn: Any, nargs: int) -> None:
+        from cupy.cuda import driver
+
+        self.ptr = int(getattr(fn, "kernel", fn).ptr)
+        self.nargs = nargs
+        self._local = threading.local()
+        self._launch = driver.launchKernel
+
+    def _block(self) -> tuple[Any, int]:
+        block = getattr(self._local, "block", None)
+        if block is None:
+            vals = (ctypes.c_int64 * self.nargs)()
+            base = ctypes.addressof(vals)
+            ptrs = (ctypes.c_void_p * self.nargs)(*[base + 8 * i for i in range(self.nargs)])
+            block = self._local.block = (vals, ptrs, ctypes.addressof(ptrs))
+        return block[0], block[2]
+
+    def __call__(
+        self,
+        grid: tuple[int, int, int],
+        threads: tuple[int, int, int],
+        args: tuple[int, ...],
+        smem: int,
+        stream: int,
+    ) -> None:
+        vals, addr = self._block()
+        vals[:] = args
+        self._launch(self.ptr, *grid, *threads, smem, stream, addr, 0)
 
 
-_streams: dict[int, Any] = {}
-
-
-def _raw_stream(device: int) -> int:
+def stream(device: int) -> int:
+    """torch's current stream on ``device`` as a raw handle (what the driver's launch takes)."""
     getter = getattr(torch._C, "_cuda_getCurrentRawStream", None)
     if getter is not None:
         return int(getter(device))
     return int(torch.cuda.current_stream(device).cuda_stream)
-
-
-class _Stream:
-    """What a CuPy Function launch reads from its ``stream`` argument: the raw handle."""
-
-    __slots__ = ("ptr",)
-
-    def __init__(self, ptr: int) -> None:
-        self.ptr = ptr
-
-
-def stream(device: int) -> Any:
-    """torch's current stream on ``device``, as CuPy's launch wants it (cached per raw handle)."""
-    handle = _raw_stream(device)
-    s = _streams.get(handle)
-    if s is None:
-        s = _streams[handle] = _Stream(handle)
-    return s

@@ -1,12 +1,14 @@
 """W4A16 and W8A16 on NVIDIA tensor cores: CUDA C++ (``kernels/wna16_mma.cu``) through CuPy.
 
-Small M (decode) is bound by streaming the weights, so the weights are repacked once into the
-lane order of mma.sync's B fragments (``wna16_layout.py``) and a block's warps split K, reducing
-through shared memory: one launch per call, no workspace, no atomics. Large M is bound by
-arithmetic, where cuBLAS is hard to beat: a CUDA pass writes the dequantized weight slice by
-slice into a bounded scratch buffer and cuBLAS multiplies it (the way exllama serves prefill).
-Tile shapes per M bucket and the M where the dense path takes over come from
-``tunings/wna16_mma_<arch>.json``; ``prepare`` compiles the instantiations it needs.
+Small M (decode) is bound by streaming the weights and by the instructions spent per weight
+byte, so the weights are repacked once (``wna16_layout.py``) so that each lane's 16-byte load
+holds its mma fragments' codes for a run of consecutive inputs, x arrives as 16-byte vectors
+through the same asynchronous-copy ring, and for M <= 8 the operands swap so one mma serves 16
+columns. A block's warps split K and reduce through shared memory: one launch per call, no
+workspace, no atomics. Large M is bound by arithmetic, where cuBLAS is hard to beat: a CUDA pass
+writes the dequantized weight slice by slice into a bounded scratch buffer and cuBLAS multiplies
+it (the way exllama serves prefill). Launch shapes per M bucket and the M where the dense path
+takes over come from ``tunings/wna16_mma_<arch>.json``; ``prepare`` compiles what it needs.
 """
 
 from __future__ import annotations
@@ -22,9 +24,13 @@ from quantrt.canonical import CanonicalWeight, act_order_perm
 from quantrt.kernels import Kernel, Verdict, check
 from quantrt.specs import LayerSpec
 
+from .cupy_kernels import Launch, compile_all, function, stream
 from .wna16_layout import KC, TG, group_params, repack_codes
+from .wna16_rules import wna16_conditions
 
 SOURCE = "wna16_mma.cu"
+MMA_ARGS = 13  # wna16_mma: x, w, sz, bias, y, M, K, ldx, ldy, N, Npad, chunks, shift
+DENSE_ARGS = 11  # wna16_dequant: w, sz, out, N, K, Npad, chunks, c_begin, c_count, ldo, shift
 SMEM_LIMIT = 48 * 1024
 CT = {torch.float16: "__half", torch.bfloat16: "__nv_bfloat16"}
 
@@ -41,13 +47,24 @@ def tuning(arch: str) -> dict[str, Any]:
 
 
 def groups_per_chunk(bits: int, group: int | None) -> int:
-    """1 when a group spans whole chunks, else chunks hold KC/group groups; 0 if neither fits."""
+    """1 when a group spans a power of two of whole chunks, else chunks hold KC/group groups;
+    0 if neither fits."""
     kc = KC[bits]
-    if group is None or group % kc == 0:
+    if group is None:
         return 1
+    if group % kc == 0:
+        per = group // kc
+        return 1 if per & (per - 1) == 0 else 0
     if kc % group == 0 and group % 16 == 0:
         return kc // group
     return 0
+
+
+def chunk_shift(bits: int, group: int | None) -> int:
+    """log2(chunks per group) for groups of whole chunks (31 per channel: every chunk is group 0)."""
+    if group is None:
+        return 31
+    return max(0, (group // KC[bits]).bit_length() - 1)
 
 
 @dataclass(frozen=True)
@@ -55,30 +72,36 @@ class Tile:
     """One launch shape of the small-M kernel."""
 
     max_m: int
-    mt: int  # m16 tiles per block
+    mt: int  # m16 tiles per block (1 when swapped)
     nt: int  # n8 tiles per block
     wk: int  # warps per block, splitting K
     stages: int  # depth of each warp's asynchronous-copy ring
+    swap: bool  # W as the mma's A operand, up to 8 rows of x as B
+    fold: bool  # zero point and scale applied per group on the sums
+    xr: int  # rows of x per block
     fn: Any  # the compiled kernel
     smem: int  # dynamic shared memory per block
 
 
-def tile_smem(mt: int, nt: int, wk: int, stages: int, gpc: int, sz_bytes: int) -> int:
-    """Bytes of the copy rings (codes + group parameters), or of the reduction if that is larger."""
-    ring = stages * (nt * 512 + -(-nt * gpc * 32 * sz_bytes // 16) * 16)
-    return wk * max(ring, 16 * mt * 8 * nt * 4)
+def tile_smem(
+    mt: int, nt: int, wk: int, stages: int, gpc: int, sz_bytes: int, xr: int, swap: bool, bits: int
+) -> int:
+    """Bytes of the copy rings (codes, x slice, group parameters), or of the reduction if larger."""
+    stage = nt * 512 + xr * KC[bits] * 2 + -(-gpc * nt * 8 * sz_bytes // 16) * 16
+    rows = xr if swap else 16 * mt
+    return wk * max(stages * stage, rows * 8 * nt * 4)
 
 
 @dataclass
 class MmaState:
-    w: torch.Tensor  # uint8 [Npad/8, chunks, 32, 16]
+    w: torch.Tensor  # uint8 [Npad/8/TG, chunks, TG, 32, 16]
     sz: torch.Tensor
     perm: torch.Tensor | None
     N: int
     K: int
     n_pad: int
     chunks: int
-    group: int
+    shift: int  # log2(chunks per group), when a group spans whole chunks
     tiles: tuple[Tile, ...]
     dense_fn: Any
     slice_chunks: int  # chunks dequantized per cuBLAS call on the dense path
@@ -102,45 +125,15 @@ class CudaMmaWNA16(Kernel):
         s = spec.scheme
         group = s.group_size if s.granularity == "group" else None
         return check(
-            ((caps.sm or 0) >= 80, "sm >= 80 (mma.sync bf16)", {"sm": caps.sm}),
-            (
-                "cupy" in caps.libraries,
-                "cupy importable (NVRTC compiles the kernel)",
-                {"libraries": caps.libraries},
-            ),
-            (
-                s.weight == "int" and s.bits == cls.bits,
-                f"{cls.bits}-bit integer weights",
-                {"weight": s.weight, "bits": s.bits},
-            ),
-            (s.weight_only, "weight-only scheme", {"act": s.act}),
-            (
-                s.granularity in ("group", "channel"),
-                "group or channel scales",
-                {"granularity": s.granularity},
-            ),
+            *wna16_conditions(spec, caps, cls.bits, "cupy", "NVRTC compiles the kernel"),
             (
                 groups_per_chunk(cls.bits, group) > 0,
-                f"group size a multiple of {KC[cls.bits]} or 16..{KC[cls.bits]} dividing it",
+                f"group size {KC[cls.bits]} times a power of two, or 16..{KC[cls.bits]} dividing it",
                 {"group_size": group},
-            ),
-            (spec.K_part % 2 == 0, "K even (inputs are read in pairs)", {"K": spec.K_part}),
-            (spec.op == "linear", "op == 'linear'", {"op": spec.op}),
-            (
-                spec.act_dtype in CT,
-                "activations bf16 or fp16",
-                {"act_dtype": spec.act_dtype},
-            ),
-            (
-                not s.act_order or spec.k_full,
-                "act-order with the full K on this rank",
-                {"K_part": spec.K_part, "K": spec.K},
             ),
         )
 
     def prepare(self, weight: CanonicalWeight, spec: LayerSpec) -> MmaState:
-        from .cupy_kernels import function, launcher
-
         s = weight.scheme
         bits = self.bits
         group = s.group_size if s.granularity == "group" else None
@@ -154,23 +147,25 @@ class CudaMmaWNA16(Kernel):
         chunks = packed.shape[1]
         n_pad = packed.shape[0] * TG * 8
         gpc = groups_per_chunk(bits, group)
-        table = tuning(
-            f"sm_{torch.cuda.get_device_capability(dev)[0]}{torch.cuda.get_device_capability(dev)[1]}"
-        )
+        cap = torch.cuda.get_device_capability(dev)
+        table = tuning(f"sm_{cap[0]}{cap[1]}")
         sms = torch.cuda.get_device_properties(dev).multi_processor_count
         limit = smem_limit(dev)
-        tiles = tuple(
-            make_tile(act, bits, gpc, dev, int(row["max_m"]), int(row["mt"]), int(row["nt"]),
-                      pick_warps(n_pad, chunks, sms, row, limit, gpc, sz_bytes(act, bits)),
-                      int(row.get("stages", 4)))
-            for row in table["small_m"]
-        )  # fmt: skip
-        dense_fn = launcher(function(SOURCE, dense_expr(act, bits, gpc), dev))
+        szb = sz_bytes(act, bits)
+        shapes = [(Shape.of(row, bits, act, gpc), row) for row in table["small_m"]]
+        compile_all(
+            SOURCE, [tile_expr(act, bits, gpc, sh) for sh, _ in shapes] + [dense_expr(act, bits, gpc)], dev
+        )
+        tiles = []
+        for shape, row in shapes:
+            wk = pick_warps(shape, row, n_pad, chunks, sms, limit, gpc, szb, bits)
+            tiles.append(make_tile(shape, act, bits, gpc, dev, wk))
+        dense_fn = Launch(function(SOURCE, dense_expr(act, bits, gpc), dev), DENSE_ARGS)
         budget = int(table.get("dense_workspace_mb", 256)) << 20
         slice_chunks = max(1, min(chunks, budget // (2 * N * KC[bits])))
         return MmaState(
-            packed, gp.sz, None if perm is None else perm.to(q.device), N, K, n_pad, chunks, gp.group, tiles,
-            dense_fn, slice_chunks, act, spec.output_dtype, dev, bits, gpc,
+            packed, gp.sz, None if perm is None else perm.to(q.device), N, K, n_pad, chunks,
+            chunk_shift(bits, group), tuple(tiles), dense_fn, slice_chunks, act, spec.output_dtype, dev, bits, gpc,
         )  # fmt: skip
 
     def workspace_bytes(self, spec: LayerSpec, max_m: int) -> int:
@@ -181,7 +176,8 @@ class CudaMmaWNA16(Kernel):
         if tile is None:
             k = state.slice_chunks * KC[state.bits]
             return f"dequant+cuBLAS (K slices of {min(k, state.K)})"
-        return f"mma MT{tile.mt} NT{tile.nt} WK{tile.wk}"
+        kind = f"swapped XR{tile.xr}" if tile.swap else f"MT{tile.mt}"
+        return f"mma {kind} NT{tile.nt} WK{tile.wk}{' folded' if tile.fold else ''}"
 
     @staticmethod
     def _tile(state: MmaState, m: int) -> Tile | None:
@@ -213,24 +209,67 @@ def smem_limit(dev: int) -> int:
     return int(getattr(props, "shared_memory_per_block_optin", SMEM_LIMIT))
 
 
-def make_tile(
-    act: torch.dtype, bits: int, gpc: int, dev: int, max_m: int, mt: int, nt: int, wk: int, stages: int
-) -> Tile:
-    from .cupy_kernels import function, launcher
+@dataclass(frozen=True)
+class Shape:
+    """A launch shape as the tuning table gives it, resolved for one layer's scheme."""
 
-    fn = function(SOURCE, tile_expr(act, bits, mt, nt, gpc, stages, max_m), dev)
+    max_m: int
+    mt: int
+    nt: int
+    stages: int
+    swap: bool
+    fold: bool
+    xr: int
+
+    @classmethod
+    def of(cls, row: dict[str, Any], bits: int, act: torch.dtype, gpc: int) -> Shape:
+        max_m, mt, nt = int(row["max_m"]), int(row["mt"]), int(row["nt"])
+        swap = max_m <= 8 and nt % 2 == 0 and bool(row.get("swap", True))
+        if swap:
+            mt, xr = 1, 1 << (max_m - 1).bit_length()
+        else:
+            xr = 16 * mt
+        fold = gpc == 1 and bool(row.get("fold", True))
+        return cls(max_m, mt, nt, int(row.get("stages", 3)), swap, fold, xr)
+
+    def smem(self, wk: int, gpc: int, szb: int, bits: int) -> int:
+        return tile_smem(self.mt, self.nt, wk, self.stages, gpc, szb, self.xr, self.swap, bits)
+
+
+def make_tile(shape: Shape, act: torch.dtype, bits: int, gpc: int, dev: int, wk: int) -> Tile:
+    fn = function(SOURCE, tile_expr(act, bits, gpc, shape), dev)
     wk = max(1, min(wk, fn.max_threads_per_block // 32))  # registers bound the block size
-    smem = tile_smem(mt, nt, wk, stages, gpc, sz_bytes(act, bits))
-    return Tile(max_m, mt, nt, wk, stages, launcher(fn), smem)
+    smem = shape.smem(wk, gpc, sz_bytes(act, bits), bits)
+    return Tile(
+        shape.max_m,
+        shape.mt,
+        shape.nt,
+        wk,
+        shape.stages,
+        shape.swap,
+        shape.fold,
+        shape.xr,
+        Launch(fn, MMA_ARGS),
+        smem,
+    )
 
 
-def pick_warps(n_pad: int, chunks: int, sms: int, row: dict[str, Any], limit: int, gpc: int, szb: int) -> int:
+def pick_warps(
+    shape: Shape,
+    row: dict[str, Any],
+    n_pad: int,
+    chunks: int,
+    sms: int,
+    limit: int,
+    gpc: int,
+    szb: int,
+    bits: int,
+) -> int:
     """Warps per block: the tuned count if given, else enough warps on the GPU to keep loads in
     flight; at most one per chunk and what shared memory allows."""
-    mt, nt, stages = int(row["mt"]), int(row["nt"]), int(row.get("stages", 4))
-    blocks = max(1, n_pad // (8 * nt))
+    blocks = max(1, n_pad // (8 * shape.nt))
     want = int(row["wk"]) if "wk" in row else -(-int(row.get("warps_per_sm", 16)) * sms // blocks)
-    per_warp = tile_smem(mt, nt, 1, stages, gpc, szb)
+    per_warp = shape.smem(1, gpc, szb, bits)
     cap = min(int(row.get("max_wk", 16)), limit // per_warp, 32, chunks)
     return max(1, min(want, cap))
 
@@ -239,17 +278,18 @@ def run(
     state: MmaState, x: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor | None
 ) -> torch.Tensor:
     """``y = x @ W.T (+ bias)``: the launch path, kept free of anything that is not needed per call."""
-    from .cupy_kernels import stream
-
     M = x.shape[0]
     if state.perm is not None:
         x = x.index_select(1, state.perm)
     if x.dtype != state.act:
         x = x.to(state.act)
-    if x.stride(1) != 1 or x.stride(0) % 2 or x.data_ptr() % 4:
-        x = x.contiguous()
+    if x.stride(1) != 1 or x.stride(0) % 8 or x.data_ptr() % 16:
+        x = _aligned(x)  # x travels in 16-byte pieces
     if bias is not None and bias.dtype != state.act:
         bias = bias.to(state.act)
+    if out is not None and (out.dtype != state.act or out.stride(1) != 1):
+        out.copy_(run(state, x, bias, None))  # our output dtype first, then the caller's buffer
+        return out
     tile = None
     for t in state.tiles:
         if M <= t.max_m:
@@ -257,13 +297,10 @@ def run(
             break
     if tile is None:
         return _dense(state, x, bias, out)
-    if out is None or out.dtype != state.act or out.stride(1) != 1:
-        y = torch.empty(M, state.N, dtype=state.act, device=x.device)
-    else:
-        y = out
+    y = torch.empty(M, state.N, dtype=state.act, device=x.device) if out is None else out
     if M:
         tile.fn(
-            (state.n_pad // (8 * tile.nt), -(-M // (16 * tile.mt)), 1),
+            (-(-M // (tile.xr if tile.swap else 16 * tile.mt)), state.n_pad // (8 * tile.nt), 1),
             (32 * tile.wk, 1, 1),
             (
                 x.data_ptr(),
@@ -278,23 +315,26 @@ def run(
                 state.N,
                 state.n_pad,
                 state.chunks,
-                state.group,
+                state.shift,
             ),
-            shared_mem=tile.smem,
-            stream=stream(state.device),
+            tile.smem,
+            stream(state.device),
         )
-    if out is not None and y is not out:
-        out.copy_(y)
-        return out
     return y
+
+
+def _aligned(x: torch.Tensor) -> torch.Tensor:
+    """x with rows starting on 16-byte boundaries (a row stride that is a multiple of 8)."""
+    K = x.shape[1]
+    buf = torch.empty(x.shape[0], -(-K // 8) * 8, dtype=x.dtype, device=x.device)
+    buf[:, :K] = x
+    return buf
 
 
 def _dense(
     state: MmaState, x: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor | None
 ) -> torch.Tensor:
     """Large M: dequantize K slices into scratch and let cuBLAS multiply each."""
-    from .cupy_kernels import stream
-
     kc = KC[state.bits]
     width = state.slice_chunks * kc
     scratch = torch.empty(state.N, width, dtype=state.act, device=x.device)
@@ -317,9 +357,10 @@ def _dense(
                 c0,
                 cnt,
                 width,
-                state.group,
+                state.shift,
             ),
-            stream=stream(state.device),
+            0,
+            stream(state.device),
         )
         w = scratch[:, : k1 - k0]
         xs = x[:, k0:k1]
@@ -335,41 +376,39 @@ def _dense(
     return y
 
 
+SHAPE_FIELDS = 8  # per tile in meta: max_m, mt, nt, stages, swap, fold, xr, wk
+
+
 def meta(state: MmaState) -> list[int]:
     """The state's integers, for the traced op (its tensors travel as op inputs)."""
-    flat = [
-        state.N,
-        state.K,
-        state.bits,
-        state.group,
-        state.chunks,
-        state.n_pad,
-        state.slice_chunks,
-        state.device,
-    ]
-    flat.append(state.gpc)
+    flat = [state.N, state.K, state.bits, state.shift, state.chunks, state.n_pad, state.slice_chunks]
+    flat += [state.device, state.gpc]
     for t in state.tiles:
-        flat += [t.max_m, t.mt, t.nt, t.wk, t.stages]
+        flat += [t.max_m, t.mt, t.nt, t.stages, int(t.swap), int(t.fold), t.xr, t.wk]
     return flat
 
 
 def from_meta(
     w: torch.Tensor, sz: torch.Tensor, perm: torch.Tensor | None, m: list[int], act: torch.dtype
 ) -> MmaState:
-    from .cupy_kernels import function, launcher
-
-    N, K, bits, group, chunks, n_pad, slice_chunks, dev, gpc = m[:9]
-    rows = [m[i : i + 5] for i in range(9, len(m), 5)]
-    tiles = tuple(make_tile(act, bits, gpc, dev, mm, mt, nt, wk, st) for mm, mt, nt, wk, st in rows)
-    dense = launcher(function(SOURCE, dense_expr(act, bits, gpc), dev))
+    N, K, bits, shift, chunks, n_pad, slice_chunks, dev, gpc = m[:9]
+    tiles = []
+    for i in range(9, len(m), SHAPE_FIELDS):
+        max_m, mt, nt, stages, swap, fold, xr, wk = m[i : i + SHAPE_FIELDS]
+        shape = Shape(max_m, mt, nt, stages, bool(swap), bool(fold), xr)
+        tiles.append(make_tile(shape, act, bits, gpc, dev, wk))
+    dense = Launch(function(SOURCE, dense_expr(act, bits, gpc), dev), DENSE_ARGS)
     return MmaState(
-        w, sz, perm, N, K, n_pad, chunks, group, tiles, dense, slice_chunks, act, act, dev, bits, gpc
+        w, sz, perm, N, K, n_pad, chunks, shift, tuple(tiles), dense, slice_chunks, act, act, dev, bits, gpc
     )
 
 
-def tile_expr(act: torch.dtype, bits: int, mt: int, nt: int, gpc: int, stages: int, max_m: int) -> str:
-    rows8 = "true" if max_m <= 8 else "false"
-    return f"wna16_mma<{CT[act]}, {bits}, {mt}, {nt}, {gpc}, {stages}, {rows8}>"
+def tile_expr(act: torch.dtype, bits: int, gpc: int, shape: Shape) -> str:
+    b = {True: "true", False: "false"}
+    return (
+        f"wna16_mma<{CT[act]}, {bits}, {shape.mt}, {shape.nt}, {gpc}, {shape.stages}, {shape.xr}, "
+        f"{b[shape.swap]}, {b[shape.fold]}>"
+    )
 
 
 def dense_expr(act: torch.dtype, bits: int, gpc: int) -> str:
@@ -389,16 +428,8 @@ def wna16_mma_op(
     return run(from_meta(w, sz, perm, meta, x.dtype), x, bias, None)
 
 
-@wna16_mma_op.register_fake
-def _wna16_mma_fake(
-    x: torch.Tensor,
-    w: torch.Tensor,
-    sz: torch.Tensor,
-    perm: torch.Tensor | None,
-    bias: torch.Tensor | None,
-    meta: list[int],
-) -> torch.Tensor:
-    return x.new_empty(x.shape[0], meta[0])
+# The fake only needs the output shape, [M, N]; N is meta[0] (the last argument).
+wna16_mma_op.register_fake(lambda x, *args: x.new_empty(x.shape[0], args[-1][0]))
 
 
 class CudaMmaW4A16(CudaMmaWNA16):

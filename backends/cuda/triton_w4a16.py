@@ -18,6 +18,8 @@ from quantrt.canonical import CanonicalWeight, act_order_perm, int_codes, pack_i
 from quantrt.kernels import Kernel, Verdict, check
 from quantrt.specs import LayerSpec
 
+from .wna16_rules import wna16_conditions
+
 #: M buckets: a batch of m rows uses the first bucket whose bound is >= m
 BUCKETS = (1, 16, 64, 256, 1 << 62)
 
@@ -64,31 +66,8 @@ class CudaTritonWNA16(Kernel):
         s = spec.scheme
         G = s.group_size if s.granularity == "group" else spec.K_part
         return check(
-            ((caps.sm or 0) >= 80, "sm >= 80", {"sm": caps.sm}),
-            ("triton" in caps.libraries, "triton importable", {"libraries": caps.libraries}),
-            (
-                s.weight == "int" and s.bits == cls.bits,
-                f"{cls.bits}-bit integer weights",
-                {"weight": s.weight, "bits": s.bits},
-            ),
-            (s.weight_only, "weight-only scheme", {"act": s.act}),
-            (
-                s.granularity in ("group", "channel"),
-                "group or channel scales",
-                {"granularity": s.granularity},
-            ),
+            *wna16_conditions(spec, caps, cls.bits, "triton", "it builds the kernel"),
             (_block_k(G) > 0, "group size a multiple of 32", {"G": G}),
-            (spec.op == "linear", "op == 'linear'", {"op": spec.op}),
-            (
-                spec.act_dtype in (torch.bfloat16, torch.float16),
-                "activations bf16 or fp16",
-                {"act_dtype": spec.act_dtype},
-            ),
-            (
-                not s.act_order or spec.k_full,
-                "act-order with the full K on this rank",
-                {"K_part": spec.K_part, "K": spec.K},
-            ),
         )
 
     def prepare(self, weight: CanonicalWeight, spec: LayerSpec) -> W4A16State:

@@ -1,20 +1,23 @@
 """The weight layout the tensor-core W4A16/W8A16 kernel (``kernels/wna16_mma.cu``) reads.
 
-mma.sync m16n8k16 gives each lane (g = lane // 4, t = lane % 4) of a warp a fixed piece of the
-16x8 B tile: column g, inputs 2t, 2t+1 (register b0) and 2t+8, 2t+9 (b1). The repack puts, for
-every 8 output columns and every chunk of KC inputs (128 at 4 bits, 64 at 8), exactly the codes a
-lane needs into its own 16 bytes, lanes in order: one coalesced 512-byte load per warp feeds 8
-(4-bit) or 4 (8-bit) k16 tiles, with no shuffles and no shared memory.
+mma.sync m16n8k16 gives each lane (g = lane // 4, t = lane % 4) of a warp a fixed piece of a
+k16 tile: column (or row) g, and the four inputs the fragment calls 2t, 2t+1 (first register)
+and 2t+8, 2t+9 (second). Which real inputs those are is free, as long as x and W agree. The
+kernel takes inputs t*KC/4 + 4*tile + (0, 1 | 2, 3) for lane t in tile `tile` of a chunk of KC
+inputs (128 at 4 bits, 64 at 8), so across a chunk lane (g, t) multiplies KC/4 consecutive
+inputs of column g: its codes are one 16-byte load and its x one or two 16-byte loads.
 
-Inside a lane's 16 bytes, 32-bit word j holds:
-  4-bit: k16 tiles 2j and 2j+1, nibble slot u (bits 4u..4u+3) = tile 2j + (u%4)//2, input
-         2t + u//4 + 8*(u%2): slots u and u+4 are one fp16/bf16 pair after ``(w >> 4s) & 0x000F000F``;
-  8-bit: k16 tile j, bytes (2t, 2t+1, 2t+8, 2t+9).
-Columns are padded to a multiple of 64 and inputs to a multiple of KC with code 0; padded scales
-are 0, so padding contributes nothing (the kernel also never reads x past K).
+The repack stores, for every 8 output columns and every chunk, lane l's 16 bytes at lane l:
+  4-bit: word j holds inputs 8j..8j+7 of the lane's run; nibble slot u (bits 4u..4u+3) holds
+         input 8j + 2*(u % 4) + u // 4, so ``(w >> 8h) & 0x000F000F`` and ``(w >> 8h+4) & ...``
+         are the fp16/bf16 pairs (4h, 4h+1) and (4h+2, 4h+3) after OR-ing in a power of two;
+  8-bit: byte b holds input b of the lane's run.
+Columns are padded to a multiple of 64 and inputs to a multiple of KC with code 0; the kernel
+zero-fills x past K, so padding contributes nothing.
 
 Group parameters are stored transposed, [groups, Npad], already biased for the dequantizer:
-zb = 1024 + z (fp16), 128 + z (bf16, 4-bit) or 2^23 + z (bf16, 8-bit, kept in fp32).
+zb = 1024 + z (fp16), 128 + z (bf16, 4-bit) or 2176 + z (bf16, 8-bit: a byte read as two nibbles
+at 128 and 2048, kept in fp32).
 """
 
 from __future__ import annotations
@@ -37,20 +40,18 @@ TG = 4
 def lane_k(bits: int) -> torch.Tensor:
     """int64 [32 lanes, 16 bytes, 8 // bits codes]: the (row g, input k) of each code, as g * KC + k."""
     kc = KC[bits]
+    run = kc // 4  # consecutive inputs per lane
     idx = torch.empty(32, 16, 8 // bits, dtype=torch.int64)
     for lane in range(32):
         g, t = divmod(lane, 4)
         for byte in range(16):
-            j, i = divmod(byte, 4)  # word j, byte i of that word
             if bits == 4:
+                j, i = divmod(byte, 4)  # word j, byte i of that word
                 for nib in range(2):
                     u = 2 * i + nib  # nibble slot in the word
-                    kt = 2 * j + (u % 4) // 2
-                    k = kt * 16 + 2 * t + u // 4 + 8 * (u % 2)
-                    idx[lane, byte, nib] = g * kc + k
+                    idx[lane, byte, nib] = g * kc + t * run + 8 * j + 2 * (u % 4) + u // 4
             else:
-                k = j * 16 + 2 * t + i % 2 + 8 * (i // 2)
-                idx[lane, byte, 0] = g * kc + k
+                idx[lane, byte, 0] = g * kc + t * run + byte
     return idx
 
 
@@ -126,7 +127,7 @@ def magic(bits: int, act: torch.dtype) -> float:
     """The power of two the dequantizer ORs a code into (its exponent leaves the code in the mantissa)."""
     if act == torch.float16:
         return 1024.0
-    return 128.0 if bits == 4 else float(1 << 23)
+    return 128.0 if bits == 4 else 2176.0  # bf16 8-bit: 128 + 2048, a byte as two nibbles
 
 
 def group_params(
@@ -151,7 +152,7 @@ def group_params(
     else:
         g_len, n_groups = group, -(-(chunks * kc) // group)
     base = magic(bits, act)
-    wide = bits == 8 and act == torch.bfloat16  # bf16 cannot hold 2^23 + z: keep fp32
+    wide = bits == 8 and act == torch.bfloat16  # bf16 cannot hold 2176 + z: keep fp32
     store = torch.float32 if wide else act
     s = torch.zeros(n_groups, n_pad, dtype=torch.float32, device=scales.device)
     s[: scales.shape[1], :N] = scales.to(torch.float32).t()

@@ -48,6 +48,8 @@ CASES = [
     ("w8a16-int-g128-asym", "cuda.mma_w8a16", torch.bfloat16),
     ("w8a16-int-g128-asym", "cuda.mma_w8a16", torch.float16),
     ("w8a16-int-g32-sym", "cuda.mma_w8a16", torch.bfloat16),
+    ("w4a16-int-g16-asym", "cuda.mma_w4a16", torch.float16),
+    ("w4a16-int-g256-sym", "cuda.mma_w4a16", torch.bfloat16),
     ("w4a16-int-g128-asym", "cuda.triton_w4a16", torch.bfloat16),
     ("w4a16-int-g128-sym", "cuda.triton_w4a16", torch.float16),
     ("w4a16-int-g32-sym", "cuda.triton_w4a16", torch.bfloat16),
@@ -69,9 +71,10 @@ CASES = [
 
 @pytest.mark.parametrize("scheme,kernel,dtype", CASES, ids=lambda v: str(v))
 def test_kernel_matches_reference(scheme: str, kernel: str, dtype: torch.dtype) -> None:
-    shapes = [(4096, 4096), (640, 176)]
-    if "mma" in kernel:  # K past the last full chunk, N odd (channel scales allow any K)
-        shapes.append((200, 77) if "-ch-" in scheme else (4224 if "g128" in scheme else 4160, 77))
+    shapes = [(4096, 4096), (768 if "g256" in scheme else 640, 176)]
+    if "mma" in kernel:  # K past the last full chunk, N odd (channel scales allow any K, odd too)
+        tail = 201 if "-ch-" in scheme else 4352 if "g256" in scheme else 4224 if "g128" in scheme else 4160
+        shapes.append((tail, 77))
     for K, N in shapes:
         layer, canon, bias = build(scheme, K, N, dtype, seed=K + N, kernel=kernel)
         assert layer.kernel_name == kernel, layer.selection.explain()
@@ -152,11 +155,14 @@ def test_mma_kernel_on_extreme_codes_and_scales(scheme: str, dtype: torch.dtype)
 def test_mma_kernel_writes_into_out_and_compiles() -> None:
     layer, canon, bias = build("w4a16-int-g128-sym", 512, 264, torch.bfloat16, seed=3)
     assert layer.kernel_name == "cuda.mma_w4a16"
+    for m in (4, 300):  # the mma path and the dequant+cuBLAS path
+        xm = torch.randn(m, 512, device="cuda", dtype=torch.bfloat16)
+        out = torch.full((m, 264), float("nan"), device="cuda", dtype=torch.bfloat16)
+        y = layer(xm, out=out)
+        ref = reference.linear(xm.cpu(), canon, bias, out_dtype=torch.float32)
+        assert y.data_ptr() == out.data_ptr() and rel(out.cpu(), ref) < TOL[torch.bfloat16], m
     x = torch.randn(4, 512, device="cuda", dtype=torch.bfloat16)
     ref = reference.linear(x.cpu(), canon, bias, out_dtype=torch.float32)
-    out = torch.empty(4, 264, device="cuda", dtype=torch.bfloat16)
-    y = layer(x, out=out)
-    assert y.data_ptr() == out.data_ptr() and rel(out.cpu(), ref) < TOL[torch.bfloat16]
     compiled = torch.compile(lambda t: layer(t), fullgraph=True)
     assert rel(compiled(x).cpu(), ref) < TOL[torch.bfloat16]
 

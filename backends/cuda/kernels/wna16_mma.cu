@@ -2,18 +2,20 @@
 //
 // y[M, N] = x[M, K] @ dequant(W)[N, K]^T (+ bias), with x and y in fp16 or bf16 and fp32
 // accumulation through mma.sync m16n8k16. Decode-sized M is bound by streaming the weights,
-// so everything here serves that stream:
-//  * the weights are repacked once at load (quantrt/backends/cuda/wna16_layout.py) so that
-//    each lane's 16-byte load holds exactly the B-fragment codes it multiplies: one coalesced
-//    512-byte read per warp per (8 columns x KC inputs), no shuffles, no shared memory;
-//  * codes become fp16/bf16 pairs by bit tricks (a nibble or byte OR-ed into the mantissa of
-//    a power of two), then one subtract of (that power + zero point) and one multiply by the
-//    group scale per pair;
-//  * every warp keeps the next chunk's loads in flight while it computes the current one;
-//  * the warps of a block split K and reduce through shared memory, so one launch writes
-//    the output: no workspace, no atomics, no second pass, deterministic, graph-safe.
-// x is read straight from global memory (it is tiny and stays in L1/L2); rows past M are
-// never loaded.
+// and (measured with ncu on the H200) by the instructions spent per weight byte, so:
+//  * the weights are repacked once at load (quantrt/backends/cuda/wna16_layout.py) so that lane
+//    (g, t) of a warp holds, in 16 bytes, the codes of column g for KC/4 consecutive inputs.
+//    The mma only needs each lane's inputs to be the same for x and W, so the four lanes t of a
+//    k16 tile take inputs t*KC/4 + 4*tile + {0..3}: x then arrives as 16-byte vectors too;
+//  * codes become fp16/bf16 pairs by bit tricks (a nibble or byte OR-ed into the mantissa of a
+//    power of two); with one group per chunk, zero point and scale are applied once per group
+//    on the fp32 sums (s * (sum x(magic + q) - (magic + z) sum x), sum x from an mma against
+//    ones), otherwise per pair as (v - zb) * s;
+//  * for M <= 8 the operands swap (W is the 16-row A operand, x the 8-column B operand), so one
+//    mma covers 16 output columns and the lane that loaded a column's codes also holds its sums;
+//  * each warp streams its share of K (codes, x slice and group parameters) through a ring of
+//    asynchronous copies; the block's warps reduce through shared memory, so one launch writes
+//    the output: no workspace, no atomics, deterministic, graph-safe. 32-bit index math only.
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
 
@@ -25,12 +27,14 @@ template <typename T> struct Kind;
 template <> struct Kind<__half> {
   typedef __half2 T2;
   static __device__ __forceinline__ u32 magic4() { return 0x64006400u; }  // 1024.0 per half
+  static __device__ __forceinline__ u32 ones2() { return 0x3C003C00u; }
   static __device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
   static __device__ __forceinline__ __half from_float(float v) { return __float2half_rn(v); }
 };
 template <> struct Kind<__nv_bfloat16> {
   typedef __nv_bfloat162 T2;
   static __device__ __forceinline__ u32 magic4() { return 0x43004300u; }  // 128.0 per half
+  static __device__ __forceinline__ u32 ones2() { return 0x3F803F80u; }
   static __device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
   static __device__ __forceinline__ __nv_bfloat16 from_float(float v) { return __float2bfloat16_rn(v); }
 };
@@ -41,34 +45,19 @@ __device__ __forceinline__ u32 and_or(u32 a, u32 mask, u32 bits) {
   return r;
 }
 
-template <typename T> __device__ __forceinline__ void mma(float* c, const u32* a, u32 b0, u32 b1);
-template <> __device__ __forceinline__ void mma<__half>(float* c, const u32* a, u32 b0, u32 b1) {
-  asm(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-template <> __device__ __forceinline__ void mma<__nv_bfloat16>(float* c, const u32* a, u32 b0, u32 b1) {
-  asm(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-template <typename T> __device__ __forceinline__ void mma0(float* d, const u32* a, u32 b0, u32 b1);
-template <> __device__ __forceinline__ void mma0<__half>(float* d, const u32* a, u32 b0, u32 b1) {
+template <typename T> __device__ __forceinline__ void mma(float* c, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1);
+template <> __device__ __forceinline__ void mma<__half>(float* c, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
   asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%10,%10,%10,%10};"
-      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(0.f));
+      "{%0,%1,%2,%3};"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
-template <> __device__ __forceinline__ void mma0<__nv_bfloat16>(float* d, const u32* a, u32 b0, u32 b1) {
+template <>
+__device__ __forceinline__ void mma<__nv_bfloat16>(float* c, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
   asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%10,%10,%10,%10};"
-      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(0.f));
+      "{%0,%1,%2,%3};"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
 template <typename T2> __device__ __forceinline__ u32 as_u32(T2 v) { return *reinterpret_cast<u32*>(&v); }
@@ -82,345 +71,459 @@ __device__ __forceinline__ uint4 ldg_stream(const uint4* p) {
   return r;
 }
 
-// Scale and zero of one group for one column, as the dequantizer wants them:
-// fp16/bf16 4-bit and fp16 8-bit: pairs (magic + z, s) applied as (v - zb) * s on T2 pairs;
-// bf16 8-bit: floats (2^23 + z, s) applied in fp32.
-template <typename T, int BITS> struct Group {
-  typename Kind<T>::T2 zb, s;
+__device__ __forceinline__ u32 word(const uint4& v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
+
+// The raw pair registers (magic + q) of k16 tile kt from a lane's 16 bytes of codes: r0 holds
+// inputs 4kt, 4kt+1 of the lane's run, r1 inputs 4kt+2, 4kt+3 (low half first).
+// 4-bit: word kt/2, nibble slot p holds input 8*(kt/2) + 2*(p%4) + p/4, so (w >> 8h) & 0x000F000F
+// is one pair. 8-bit: word kt, byte i holds input 4kt + i.
+template <typename T, int BITS> struct Codes;
+template <typename T> struct Codes<T, 4> {
+  static __device__ __forceinline__ void raw(const uint4& v, int kt, u32& r0, u32& r1) {
+    const u32 s = word(v, kt >> 1) >> (8 * (kt & 1));
+    r0 = and_or(s, 0x000F000Fu, Kind<T>::magic4());
+    r1 = and_or(s >> 4, 0x000F000Fu, Kind<T>::magic4());
+  }
 };
-template <> struct Group<__nv_bfloat16, 8> {
-  float zb, s;
+template <> struct Codes<__half, 8> {
+  static __device__ __forceinline__ void raw(const uint4& v, int kt, u32& r0, u32& r1) {
+    const u32 w = word(v, kt);
+    r0 = __byte_perm(w, 0x64646464u, 0x4140);
+    r1 = __byte_perm(w, 0x64646464u, 0x4342);
+  }
 };
 
-// Dequantize the two B-fragment registers of one k16 tile from one 32-bit word of codes.
-// 4-bit: a word holds two k16 tiles; `half` picks one (nibble slots 0,4 / 1,5 or 2,6 / 3,7).
-// 8-bit: a word holds one k16 tile: bytes (k 2t, 2t+1, 2t+8, 2t+9).
-template <typename T, int BITS> struct Deq;
-template <typename T> struct Deq<T, 4> {
-  static __device__ __forceinline__ void run(u32 w, int half, const Group<T, 4>& g, u32& b0, u32& b1) {
-    typedef typename Kind<T>::T2 T2;
-    const u32 s = w >> (8 * half);
-    T2 v0 = as_t2<T2>(and_or(s, 0x000F000Fu, Kind<T>::magic4()));
-    T2 v1 = as_t2<T2>(and_or(s >> 4, 0x000F000Fu, Kind<T>::magic4()));
-    b0 = as_u32(__hmul2(__hsub2(v0, g.zb), g.s));
-    b1 = as_u32(__hmul2(__hsub2(v1, g.zb), g.s));
-  }
-};
-// Folded dequantization: the B registers carry (magic + q) exactly; zero and scale are applied
-// to the fp32 partial sums of each group instead, as s * (sum x(magic+q) - (magic+z) sum x), where
-// sum x comes from one extra mma against ones per k16 tile, shared by all columns. This removes
-// the per-pair subtract and multiply that otherwise bound the kernel by ALU issue.
-template <typename T, int BITS> struct Raw2;
-template <typename T> struct Raw2<T, 4> {
-  static __device__ __forceinline__ void run(u32 w, int half, u32& b0, u32& b1) {
-    const u32 s = w >> (8 * half);
-    b0 = and_or(s, 0x000F000Fu, Kind<T>::magic4());
-    b1 = and_or(s >> 4, 0x000F000Fu, Kind<T>::magic4());
-  }
-};
-template <> struct Raw2<__half, 8> {
-  static __device__ __forceinline__ void run(u32 w, int, u32& b0, u32& b1) {
-    b0 = __byte_perm(w, 0x64646464u, 0x4140);
-    b1 = __byte_perm(w, 0x64646464u, 0x4342);
-  }
-};
-template <typename T, int BITS> struct Folds {
-  static constexpr bool value = true;
-};
-template <> struct Folds<__nv_bfloat16, 8> {  // bf16 cannot hold 2^7 + a byte: scale the codes
+// Folded path, bf16 8-bit: 2^7 + a byte does not fit bf16's 8-bit significand, so each byte is
+// read as its two nibbles, two "virtual" inputs with the same x: x * (128 + lo) + 16x * (128 + hi)
+// = x * (2176 + q), and 16x is exact in bf16. A real k16 tile becomes two virtual ones: bytes 0
+// and 2 of each word, then bytes 1 and 3. (A nibble cannot be read in place above bit 3: bf16's
+// mantissa has 7 bits, so every nibble pair is shifted down, as for 4-bit codes.)
+template <typename T, int BITS> struct Split {
   static constexpr bool value = false;
 };
-template <> struct Raw2<__nv_bfloat16, 8> {
-  static __device__ __forceinline__ void run(u32, int, u32&, u32&) {}
+template <> struct Split<__nv_bfloat16, 8> {
+  static constexpr bool value = true;
 };
-template <typename T> __device__ __forceinline__ u32 ones2();
-template <> __device__ __forceinline__ u32 ones2<__half>() { return 0x3C003C00u; }
-template <> __device__ __forceinline__ u32 ones2<__nv_bfloat16>() { return 0x3F803F80u; }
+// virtual tiles per real k16 tile on the folded path
+template <typename T, int BITS> __host__ __device__ constexpr int virtual_tiles() { return Split<T, BITS>::value ? 2 : 1; }
 
-template <> struct Deq<__half, 8> {
-  static __device__ __forceinline__ void run(u32 w, int, const Group<__half, 8>& g, u32& b0, u32& b1) {
-    __half2 v0 = as_t2<__half2>(__byte_perm(w, 0x64646464u, 0x4140));
-    __half2 v1 = as_t2<__half2>(__byte_perm(w, 0x64646464u, 0x4342));
-    b0 = as_u32(__hmul2(__hsub2(v0, g.zb), g.s));
-    b1 = as_u32(__hmul2(__hsub2(v1, g.zb), g.s));
+// The code registers of (virtual) tile vt on the folded path.
+template <typename T, int BITS>
+__device__ __forceinline__ void folded_codes(const uint4& v, int vt, u32& r0, u32& r1) {
+  if constexpr (Split<T, BITS>::value) {
+    const u32 s = word(v, vt >> 1) >> (8 * (vt & 1));
+    r0 = and_or(s, 0x000F000Fu, 0x43004300u);
+    r1 = and_or(s >> 4, 0x000F000Fu, 0x43004300u);
+  } else {
+    Codes<T, BITS>::raw(v, vt, r0, r1);
+  }
+}
+// The x registers of virtual tile v of real tile kt, from the lane's x pairs lo = (4kt, 4kt+1)
+// and hi = (4kt+2, 4kt+3), matching folded_codes.
+template <typename T, int BITS>
+__device__ __forceinline__ void folded_x(u32 lo, u32 hi, int v, u32& r0, u32& r1) {
+  if constexpr (Split<T, BITS>::value) {
+    r0 = v ? __byte_perm(lo, hi, 0x7632) : __byte_perm(lo, hi, 0x5410);  // inputs (1, 3) or (0, 2)
+    r1 = as_u32(__hmul2(as_t2<__nv_bfloat162>(r0), as_t2<__nv_bfloat162>(0x41804180u)));  // x 16
+  } else {
+    r0 = lo;
+    r1 = hi;
+  }
+}
+
+// Group parameters as stored, [groups][Npad]: one u32 per column (low half zb = magic + z, high
+// half s) in the activation dtype, or for bf16 8-bit a float2 (zb = 2176 + z, s; see Split),
+// since bf16 cannot hold that sum.
+template <typename T, int BITS> struct Param {
+  typedef u32 type;
+};
+template <> struct Param<__nv_bfloat16, 8> {
+  typedef float2 type;
+};
+
+// Dequantized pair registers (v - zb) * s of tile kt, for the unfolded path.
+template <typename T, int BITS> struct Deq {
+  static __device__ __forceinline__ void run(const uint4& v, int kt, u32 p, u32& b0, u32& b1) {
+    typedef typename Kind<T>::T2 T2;
+    const T2 zb = as_t2<T2>(__byte_perm(p, 0, 0x1010)), s = as_t2<T2>(__byte_perm(p, 0, 0x3232));
+    u32 r0, r1;
+    Codes<T, BITS>::raw(v, kt, r0, r1);
+    b0 = as_u32(__hmul2(__hsub2(as_t2<T2>(r0), zb), s));
+    b1 = as_u32(__hmul2(__hsub2(as_t2<T2>(r1), zb), s));
   }
 };
 template <> struct Deq<__nv_bfloat16, 8> {
-  static __device__ __forceinline__ void run(u32 w, int, const Group<__nv_bfloat16, 8>& g, u32& b0,
-                                             u32& b1) {
+  static __device__ __forceinline__ void run(const uint4& v, int kt, float2 p, u32& b0, u32& b1) {
+    const u32 w = word(v, kt);
     float f[4];
 #pragma unroll
-    for (int i = 0; i < 4; i++) f[i] = (__uint_as_float(__byte_perm(w, 0x4B000000u, 0x7440 | i)) - g.zb) * g.s;
+    for (int i = 0; i < 4; i++)  // (2^23 + q) - (2^23 - 2176) = 2176 + q exactly; zb = 2176 + z
+      f[i] = (__uint_as_float(__byte_perm(w, 0x4B000000u, 0x7440 | i)) - (8388608.f - 2176.f) - p.x) * p.y;
     b0 = as_u32(__floats2bfloat162_rn(f[0], f[1]));
     b1 = as_u32(__floats2bfloat162_rn(f[2], f[3]));
   }
 };
-
-// Group parameters as stored, [groups][Npad]: u32 words (low half zb, high half s) or, for bf16
-// 8-bit, float pairs (zb, s); expanded to the dequantizer's form once per chunk.
-template <typename T, int BITS> struct Raw {
-  typedef u32 type;
-  static __device__ __forceinline__ Group<T, BITS> expand(u32 raw) {
-    typedef typename Kind<T>::T2 T2;
-    Group<T, BITS> g;
-    g.zb = as_t2<T2>(__byte_perm(raw, 0, 0x1010));
-    g.s = as_t2<T2>(__byte_perm(raw, 0, 0x3232));
-    return g;
-  }
-};
-template <> struct Raw<__nv_bfloat16, 8> {
-  typedef float2 type;
-  static __device__ __forceinline__ Group<__nv_bfloat16, 8> expand(float2 raw) {
-    Group<__nv_bfloat16, 8> g;
-    g.zb = raw.x;
-    g.s = raw.y;
-    return g;
-  }
-};
-
-// The codes of n8 tile `tile`, chunk c (in uint4, lane 0): tiles are stored TG side by side per
-// chunk (see wna16_layout.py), so a block reads TG * 512 contiguous bytes per chunk.
-constexpr int TG = 4;
-__device__ __forceinline__ long long tile_offset(long long tile, long long c, long long chunks) {
-  return (((tile / TG) * chunks + c) * TG + tile % TG) * 32;
+// A column's (zb, s) as floats, for the folded path's per-group fix-up.
+template <typename T> __device__ __forceinline__ void zb_s(u32 p, float& zb, float& s) {
+  typedef typename Kind<T>::T2 T2;
+  const T2 h = as_t2<T2>(p);
+  zb = Kind<T>::to_float(h.x);
+  s = Kind<T>::to_float(h.y);
+}
+template <typename T> __device__ __forceinline__ void zb_s(float2 p, float& zb, float& s) {
+  zb = p.x;
+  s = p.y;
 }
 
 __device__ __forceinline__ u32 smem_addr(const void* p) { return (u32)__cvta_generic_to_shared(p); }
 __device__ __forceinline__ void cp_async16(void* dst, const void* src) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_addr(dst)), "l"(src));
 }
-template <int BYTES> __device__ __forceinline__ void cp_async_small(void* dst, const void* src) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], %2;" ::"r"(smem_addr(dst)), "l"(src), "n"(BYTES));
+// 16 bytes of which the first `bytes` are read and the rest zero-filled (the tail of K).
+__device__ __forceinline__ void cp_async16_fill(void* dst, const void* src, int bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_addr(dst)), "l"(src), "r"(bytes));
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
 template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N)); }
 
+// n8 tiles stored side by side per chunk (wna16_layout.TG): tile T, chunk c, lane 0 in uint4.
+constexpr int TG = 4;
+__device__ __forceinline__ int tile_base(int tile, int chunks) { return ((tile / TG) * chunks * TG + tile % TG) * 32; }
+
+// x rows are staged as 16-byte pieces; piece L of row r sits at slot xslot(r, L), a swizzle that
+// keeps a quarter-warp's 16-byte reads (lanes t = 0..3 of rows g, g+1) on distinct banks.
+template <int BITS> __device__ __forceinline__ int xslot(int r, int L) {
+  return BITS == 4 ? (L ^ (((L >> 3) & 1) << 1) ^ (r & 1)) : (L ^ (r & 1));
+}
+
 }  // namespace qrt
 
-// One block: NT n8 tiles (8*NT output columns) x MT m16 tiles, over the full K, split among the
-// block's warps. Each warp streams its chunks through a STAGES-deep ring of asynchronous copies
-// in shared memory (each lane copies, and later reads, only its own 16 bytes: no barriers), so
-// the bytes in flight do not cost registers. KC inputs per chunk (128 at 4 bits, 64 at 8); GPC
-// groups per chunk when a group is shorter than a chunk (else 1). MROWS8: M <= 8, fragment rows
-// 8..15 are never loaded. Layouts: w [Npad/8 tiles][chunks][32 lanes] uint4; sz [groups][Npad].
-template <typename T, int BITS, int MT, int NT, int GPC, int STAGES, bool MROWS8>
+// One block: NT n8 tiles (8*NT output columns) over the full K, split among the block's warps;
+// grid (row blocks, column blocks).
+// SWAP (M <= 8): up to XR rows of x as the mma's B operand, W as A (NT even). Otherwise MT m16
+// tiles of rows (XR = 16*MT) as A, W as B. FOLD: zero point and scale applied per group on the
+// sums (needs one group per chunk). GPC: groups per chunk (1 when a group spans whole chunks,
+// chunk c then uses group c >> cpg_log2). Layouts: w [Npad/8/TG][chunks][TG][32] uint4,
+// sz [groups][Npad]; x rows 16-byte aligned (ldx a multiple of 8).
+template <typename T, int BITS, int MT, int NT, int GPC, int STAGES, int XR, bool SWAP, bool FOLD>
 __global__ void wna16_mma(const T* __restrict__ x, const uint4* __restrict__ w, const void* __restrict__ sz,
-                          const T* __restrict__ bias, T* __restrict__ y, long long M, long long K,
-                          long long ldx, long long ldy, long long N, long long Npad, long long chunks,
-                          long long group) {
+                          const T* __restrict__ bias, T* __restrict__ y, long long M_, long long K_,
+                          long long ldx_, long long ldy_, long long N_, long long Npad_, long long chunks_,
+                          long long cpg_log2_) {
   using namespace qrt;
-  typedef Raw<T, BITS> R;
-  typedef typename R::type RawT;
+  typedef typename Param<T, BITS>::type P;
   constexpr int KC = BITS == 4 ? 128 : 64;
-  constexpr int TILES = KC / 16;                      // k16 tiles per chunk
-  constexpr int TPG = GPC > 1 ? TILES / GPC : TILES;  // k16 tiles per group inside a chunk
-  constexpr int STAGE_W = NT * 32;                    // uint4 per stage
-  constexpr int STAGE_G = NT * GPC * 32;              // RawT per stage
-  const int lane = threadIdx.x & 31;
-  const int warp = threadIdx.x >> 5;
-  const int WK = blockDim.x >> 5;
+  constexpr int TILES = KC / 16;       // k16 tiles per chunk
+  constexpr int LK = KC / 4;           // inputs per lane per chunk
+  constexpr int XP = KC / 8;           // 16-byte pieces per row of a chunk of x
+  constexpr int GL = KC / GPC;         // inputs per group, when groups are shorter than a chunk
+  constexpr int NP = GPC * NT * 8;     // group parameters per chunk
+  constexpr int SW = NT * 32;          // uint4 of codes per stage
+  constexpr int SX = XR * XP;          // uint4 of x per stage
+  constexpr int SP = (NP * (int)sizeof(P) + 15) / 16;  // uint4 of parameters per stage
+  constexpr int STAGE = SW + SX + SP;
+  constexpr int ROWS = SWAP ? XR : 16 * MT;
+  static_assert(!SWAP || (MT == 1 && NT % 2 == 0 && XR <= 8), "swap: one 8-row tile, tile pairs");
+  static_assert(SWAP || XR == 16 * MT, "x rows staged = rows covered");
+  static_assert(!FOLD || GPC == 1, "folding needs one group per chunk");
+  const int M = (int)M_, K = (int)K_, ldx = (int)ldx_, ldy = (int)ldy_, N = (int)N_, Npad = (int)Npad_;
+  const int chunks = (int)chunks_, cpg_log2 = (int)cpg_log2_;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, WK = blockDim.x >> 5;
   const int g = lane >> 2, t = lane & 3;
-  const long long ntile0 = (long long)blockIdx.x * NT;  // first n8 tile of this block
-  const long long m0 = (long long)blockIdx.y * (16 * MT);
-  const int Ki = (int)K;
+  // blockIdx.x walks the row blocks of one column block: blocks that read the same weights run
+  // side by side, so all but the first read them from L2
+  const int ntile0 = blockIdx.y * NT;
+  const int m0 = blockIdx.x * ROWS;
+  const int rows = min(ROWS, M - m0);  // valid rows of this block
 
   extern __shared__ uint4 smem[];
-  uint4* wring = smem + (size_t)warp * STAGES * (STAGE_W + (STAGE_G * sizeof(RawT) + 15) / 16);
-  RawT* gring = reinterpret_cast<RawT*>(wring + STAGES * STAGE_W);
+  uint4* ring = smem + warp * STAGES * STAGE;
 
-  float acc[MT][NT][4];
+  constexpr int ACC = SWAP ? NT / 2 : MT * NT;
+  float acc[ACC][4];
 #pragma unroll
-  for (int i = 0; i < MT; i++)
+  for (int i = 0; i < ACC; i++)
 #pragma unroll
-    for (int j = 0; j < NT; j++)
-#pragma unroll
-      for (int r = 0; r < 4; r++) acc[i][j][r] = 0.f;
+    for (int r = 0; r < 4; r++) acc[i][r] = 0.f;
 
-  const long long per = (chunks + WK - 1) / WK;  // this warp's chunks: [c0, c1)
-  const long long c0 = warp * per;
-  const long long c1 = min(chunks, c0 + per);
+  const int per = (chunks + WK - 1) / WK;  // this warp's chunks: [c0, c1)
+  const int c0 = warp * per;
+  const int c1 = min(chunks, c0 + per);
 
-  const T* xr[MT][2];  // rows g and g + 8 of each m16 tile, where below M
-  bool rv[MT][2];
+  // Per-lane sources of the next chunk to copy: chunks are issued in order, so each copy only
+  // advances its pointers by one chunk. The n8 tiles of a block never straddle a TG group
+  // except whole groups (NT divides TG or TG divides NT): tile j is group j / TG, offset j % TG.
+  constexpr int NG = (NT + TG - 1) / TG;
+  const uint4* wsrc[NG];
 #pragma unroll
-  for (int i = 0; i < MT; i++)
+  for (int q = 0; q < NG; q++) wsrc[q] = w + tile_base(ntile0 + q * TG, chunks) + c0 * (TG * 32) + lane;
+  constexpr int XU = (SX + 31) / 32;  // x pieces per lane per chunk (rows past M are not copied)
+  const T* xsrc[XU];
+  int xdst[XU], xleft[XU];  // xleft: inputs of this piece's row left from the piece on
+  bool xok[XU];
 #pragma unroll
-    for (int h = 0; h < 2; h++) {
-      const long long row = m0 + 16 * i + g + 8 * h;
-      rv[i][h] = row < M && !(MROWS8 && h == 1);
-      xr[i][h] = x + (rv[i][h] ? row : 0) * ldx;
+  for (int u = 0; u < XU; u++) {
+    const int p = lane + 32 * u, r = p / XP, L = p % XP;
+    xok[u] = r < rows;
+    xsrc[u] = x + (long long)(m0 + (xok[u] ? r : 0)) * ldx + c0 * KC + L * 8;
+    xdst[u] = SW + r * XP + xslot<BITS>(r, L);
+    xleft[u] = K - c0 * KC - L * 8;
+  }
+  constexpr int PG = NT * 8 * (int)sizeof(P) / 16;  // uint4 per group's row of parameters
+  static_assert(32 % PG == 0, "lane p and p + 32 copy the same column piece");
+  constexpr int PU = (SP + 31) / 32;
+  const uint4* psrc = reinterpret_cast<const uint4*>(reinterpret_cast<const P*>(sz) + ntile0 * 8) + lane % PG;
+  const long long prow = (long long)Npad * (int)sizeof(P) / 16;  // uint4 per group row
+  int cnext = c0;
+
+  auto issue = [&](int slot) {
+    uint4* st = ring + slot * STAGE;
+#pragma unroll
+    for (int j = 0; j < NT; j++) cp_async16(st + j * 32 + lane, wsrc[j / TG] + (j % TG) * 32);
+#pragma unroll
+    for (int q = 0; q < NG; q++) wsrc[q] += TG * 32;
+#pragma unroll
+    for (int u = 0; u < XU; u++) {
+      const int bytes = max(0, min(16, xleft[u] * (int)sizeof(T)));
+      if (xok[u]) cp_async16_fill(st + xdst[u], bytes ? xsrc[u] : x, bytes);
+      xsrc[u] += KC;
+      xleft[u] -= KC;
     }
-
-  const uint4* wl = w + lane;
-  const RawT* szr = reinterpret_cast<const RawT*>(sz) + ntile0 * 8 + g;
-  auto issue = [&](long long c, int slot) {
 #pragma unroll
-    for (int j = 0; j < NT; j++) cp_async16(wring + slot * STAGE_W + j * 32 + lane, wl + tile_offset(ntile0 + j, c, chunks));
-#pragma unroll
-    for (int j = 0; j < NT; j++)
-#pragma unroll
-      for (int q = 0; q < GPC; q++) {
-        const long long gi = (c * KC + q * TPG * 16) / group;
-        cp_async_small<sizeof(RawT)>(gring + slot * STAGE_G + (j * GPC + q) * 32 + lane, szr + gi * Npad + j * 8);
-      }
+    for (int u = 0; u < PU; u++) {
+      const int p = lane + 32 * u;
+      const int gi = GPC == 1 ? (cnext >> cpg_log2) : cnext * GPC + p / PG;
+      if (p < SP) cp_async16(st + SW + SX + p, psrc + gi * prow);
+    }
+    cnext++;
   };
 
 #pragma unroll
   for (int s = 0; s < STAGES - 1; s++) {
-    if (c0 + s < c1) issue(c0 + s, s);
+    if (c0 + s < c1) issue(s);
     cp_async_commit();
   }
   int slot = 0;
-  for (long long c = c0; c < c1; c++) {
+  for (int c = c0; c < c1; c++) {
     {
-      const long long nc = c + STAGES - 1;
       int ns = slot + STAGES - 1;
       if (ns >= STAGES) ns -= STAGES;
-      if (nc < c1) issue(nc, ns);
+      if (c + STAGES - 1 < c1) issue(ns);
       cp_async_commit();
     }
-    cp_async_wait<STAGES - 1>();  // chunk c has landed (this lane's own copies)
-    uint4 buf[NT];
+    cp_async_wait<STAGES - 1>();
+    __syncwarp();  // lanes read what other lanes of this warp copied
+    const uint4* st = ring + slot * STAGE;
+    const P* prm = reinterpret_cast<const P*>(st + SW + SX);
+    uint4 wv[NT];
 #pragma unroll
-    for (int j = 0; j < NT; j++) buf[j] = wring[slot * STAGE_W + j * 32 + lane];
+    for (int j = 0; j < NT; j++) wv[j] = st[j * 32 + lane];
+
+    float tmp[ACC][4];
+    float sx[SWAP ? 1 : MT][4];
 #pragma unroll
-    for (int q = 0; q < GPC; q++) {
-      float tmp[MT][NT][4];  // folded: this group's sums of x * (magic + q)
-      float sx[MT][4];       // folded: this group's sums of x, per row
+    for (int i = 0; i < ACC; i++)
 #pragma unroll
-      for (int kq = 0; kq < TPG; kq++) {
-        const int kt = q * TPG + kq;
-        const int k = (int)c * KC + kt * 16 + 2 * t;
-        u32 a[MT][4];
+      for (int r = 0; r < 4; r++) tmp[i][r] = 0.f;
 #pragma unroll
-        for (int i = 0; i < MT; i++) {
-          a[i][0] = rv[i][0] && k < Ki ? __ldg(reinterpret_cast<const u32*>(xr[i][0] + k)) : 0u;
-          a[i][2] = rv[i][0] && k + 8 < Ki ? __ldg(reinterpret_cast<const u32*>(xr[i][0] + k + 8)) : 0u;
-          a[i][1] = rv[i][1] && k < Ki ? __ldg(reinterpret_cast<const u32*>(xr[i][1] + k)) : 0u;
-          a[i][3] = rv[i][1] && k + 8 < Ki ? __ldg(reinterpret_cast<const u32*>(xr[i][1] + k + 8)) : 0u;
-        }
-        if (Folds<T, BITS>::value) {
+    for (int i = 0; i < (SWAP ? 1 : MT); i++)
 #pragma unroll
-          for (int i = 0; i < MT; i++) {
-            if (kq == 0) mma0<T>(sx[i], a[i], ones2<T>(), ones2<T>());
-            else mma<T>(sx[i], a[i], ones2<T>(), ones2<T>());
-          }
-        }
+      for (int r = 0; r < 4; r++) sx[i][r] = 0.f;
+
 #pragma unroll
-        for (int j = 0; j < NT; j++) {
-          const int wi = BITS == 4 ? kt >> 1 : kt;
-          const u32 word = wi == 0 ? buf[j].x : wi == 1 ? buf[j].y : wi == 2 ? buf[j].z : buf[j].w;
-          u32 b0, b1;
-          if (Folds<T, BITS>::value) {
-            Raw2<T, BITS>::run(word, BITS == 4 ? (kt & 1) : 0, b0, b1);
+    for (int kp = 0; kp < TILES / 2; kp++) {  // pairs of k16 tiles: one 16-byte piece of x per row
+      constexpr int XROWS = SWAP ? 1 : 2 * MT;
+      uint4 xv[XROWS];
 #pragma unroll
-            for (int i = 0; i < MT; i++) {
-              if (kq == 0) mma0<T>(tmp[i][j], a[i], b0, b1);
-              else mma<T>(tmp[i][j], a[i], b0, b1);
+      for (int h = 0; h < XROWS; h++) {
+        const int r = SWAP ? (g < XR ? g : 0) : 16 * (h >> 1) + g + 8 * (h & 1);
+        const int L = t * (LK / 8) + kp;
+        xv[h] = st[SW + r * XP + xslot<BITS>(r, L)];
+      }
+#pragma unroll
+      for (int kh = 0; kh < 2; kh++) {
+        const int kt = 2 * kp + kh;
+        if constexpr (SWAP) {
+          const u32 xlo = kh ? xv[0].z : xv[0].x, xhi = kh ? xv[0].w : xv[0].y;
+          if constexpr (FOLD) {
+            mma<T>(sx[0], Kind<T>::ones2(), Kind<T>::ones2(), Kind<T>::ones2(), Kind<T>::ones2(), xlo, xhi);
+#pragma unroll
+            for (int v = 0; v < virtual_tiles<T, BITS>(); v++) {
+              u32 xb0, xb1;
+              folded_x<T, BITS>(xlo, xhi, v, xb0, xb1);
+              const int vt = kt * virtual_tiles<T, BITS>() + v;
+#pragma unroll
+              for (int j2 = 0; j2 < NT / 2; j2++) {
+                u32 a0, a1, a2, a3;
+                folded_codes<T, BITS>(wv[2 * j2], vt, a0, a2);
+                folded_codes<T, BITS>(wv[2 * j2 + 1], vt, a1, a3);
+                mma<T>(tmp[j2], a0, a1, a2, a3, xb0, xb1);
+              }
             }
           } else {
-            const Group<T, BITS> gp = R::expand(gring[slot * STAGE_G + (j * GPC + q) * 32 + lane]);
-            Deq<T, BITS>::run(word, BITS == 4 ? (kt & 1) : 0, gp, b0, b1);
+            const int q = GPC == 1 ? 0 : (t * LK + kt * 4) / GL;
 #pragma unroll
-            for (int i = 0; i < MT; i++) mma<T>(acc[i][j], a[i], b0, b1);
+            for (int j2 = 0; j2 < NT / 2; j2++) {
+              u32 a0, a1, a2, a3;
+              Deq<T, BITS>::run(wv[2 * j2], kt, prm[q * NT * 8 + 16 * j2 + g], a0, a2);
+              Deq<T, BITS>::run(wv[2 * j2 + 1], kt, prm[q * NT * 8 + 16 * j2 + 8 + g], a1, a3);
+              mma<T>(acc[j2], a0, a1, a2, a3, xlo, xhi);
+            }
           }
-        }
-      }
-      if (Folds<T, BITS>::value) {  // acc += s * (tmp - zb * sx), for output columns 2t and 2t+1
+        } else {
+          u32 lo[MT][2], hi[MT][2];  // rows g, g+8 of each m16 tile: inputs (4kt, +1) and (+2, +3)
 #pragma unroll
-        for (int j = 0; j < NT; j++) {
-          const u32 raw = *reinterpret_cast<const u32*>(&gring[slot * STAGE_G + (j * GPC + q) * 32 + lane]);
-          const u32 r0 = __shfl_sync(0xffffffffu, raw, 8 * t);      // the lane holding column 2t
-          const u32 r1 = __shfl_sync(0xffffffffu, raw, 8 * t + 4);  // and 2t + 1
-          typedef typename Kind<T>::T2 T2;
-          const T2 p0 = as_t2<T2>(r0), p1 = as_t2<T2>(r1);
-          const float zb0 = Kind<T>::to_float(p0.x), s0 = Kind<T>::to_float(p0.y);
-          const float zb1 = Kind<T>::to_float(p1.x), s1 = Kind<T>::to_float(p1.y);
+          for (int i = 0; i < MT; i++)
 #pragma unroll
-          for (int i = 0; i < MT; i++) {
-            acc[i][j][0] = fmaf(s0, fmaf(-zb0, sx[i][0], tmp[i][j][0]), acc[i][j][0]);
-            acc[i][j][1] = fmaf(s1, fmaf(-zb1, sx[i][1], tmp[i][j][1]), acc[i][j][1]);
-            acc[i][j][2] = fmaf(s0, fmaf(-zb0, sx[i][2], tmp[i][j][2]), acc[i][j][2]);
-            acc[i][j][3] = fmaf(s1, fmaf(-zb1, sx[i][3], tmp[i][j][3]), acc[i][j][3]);
+            for (int h = 0; h < 2; h++) {
+              lo[i][h] = kh ? xv[2 * i + h].z : xv[2 * i + h].x;
+              hi[i][h] = kh ? xv[2 * i + h].w : xv[2 * i + h].y;
+            }
+          if constexpr (FOLD) {
+#pragma unroll
+            for (int i = 0; i < MT; i++)
+              mma<T>(sx[i], lo[i][0], lo[i][1], hi[i][0], hi[i][1], Kind<T>::ones2(), Kind<T>::ones2());
+#pragma unroll
+            for (int v = 0; v < virtual_tiles<T, BITS>(); v++) {
+              u32 A[MT][4];
+#pragma unroll
+              for (int i = 0; i < MT; i++) {
+                folded_x<T, BITS>(lo[i][0], hi[i][0], v, A[i][0], A[i][2]);
+                folded_x<T, BITS>(lo[i][1], hi[i][1], v, A[i][1], A[i][3]);
+              }
+              const int vt = kt * virtual_tiles<T, BITS>() + v;
+#pragma unroll
+              for (int j = 0; j < NT; j++) {
+                u32 b0, b1;
+                folded_codes<T, BITS>(wv[j], vt, b0, b1);
+#pragma unroll
+                for (int i = 0; i < MT; i++) mma<T>(tmp[i * NT + j], A[i][0], A[i][1], A[i][2], A[i][3], b0, b1);
+              }
+            }
+          } else {
+            const int q = GPC == 1 ? 0 : (t * LK + kt * 4) / GL;
+#pragma unroll
+            for (int j = 0; j < NT; j++) {
+              u32 b0, b1;
+              Deq<T, BITS>::run(wv[j], kt, prm[q * NT * 8 + 8 * j + g], b0, b1);
+#pragma unroll
+              for (int i = 0; i < MT; i++) mma<T>(acc[i * NT + j], lo[i][0], lo[i][1], hi[i][0], hi[i][1], b0, b1);
+            }
           }
         }
       }
     }
+    if constexpr (FOLD) {  // acc += s * (tmp - zb * sum x) for this chunk's group
+      if constexpr (SWAP) {  // c0, c1: column g of tile 2j2 (rows 2t, 2t+1); c2, c3: column g of tile 2j2+1
+#pragma unroll
+        for (int j2 = 0; j2 < NT / 2; j2++) {
+          float za, sa, zb2, sb;
+          zb_s<T>(prm[16 * j2 + g], za, sa);
+          zb_s<T>(prm[16 * j2 + 8 + g], zb2, sb);
+          acc[j2][0] = fmaf(sa, fmaf(-za, sx[0][0], tmp[j2][0]), acc[j2][0]);
+          acc[j2][1] = fmaf(sa, fmaf(-za, sx[0][1], tmp[j2][1]), acc[j2][1]);
+          acc[j2][2] = fmaf(sb, fmaf(-zb2, sx[0][0], tmp[j2][2]), acc[j2][2]);
+          acc[j2][3] = fmaf(sb, fmaf(-zb2, sx[0][1], tmp[j2][3]), acc[j2][3]);
+        }
+      } else {  // c0, c2: column 2t (rows g, g+8); c1, c3: column 2t+1
+#pragma unroll
+        for (int j = 0; j < NT; j++) {
+          float z0, s0, z1, s1;
+          zb_s<T>(prm[8 * j + 2 * t], z0, s0);
+          zb_s<T>(prm[8 * j + 2 * t + 1], z1, s1);
+#pragma unroll
+          for (int i = 0; i < MT; i++) {
+            float* a = acc[i * NT + j];
+            const float* tp = tmp[i * NT + j];
+            a[0] = fmaf(s0, fmaf(-z0, sx[i][0], tp[0]), a[0]);
+            a[1] = fmaf(s1, fmaf(-z1, sx[i][1], tp[1]), a[1]);
+            a[2] = fmaf(s0, fmaf(-z0, sx[i][2], tp[2]), a[2]);
+            a[3] = fmaf(s1, fmaf(-z1, sx[i][3], tp[3]), a[3]);
+          }
+        }
+      }
+    }
+    __syncwarp();  // this slot is refilled by the next issue
     if (++slot == STAGES) slot = 0;
   }
   cp_async_wait<0>();
 
-  // reduce the WK warps' partial sums through shared memory (reusing the rings), then write y
-  constexpr int ROWS = 16 * MT, COLS = 8 * NT;
+  // reduce the warps' partial sums through shared memory (reusing the rings), then write y
+  constexpr int COLS = 8 * NT;
   float* red = reinterpret_cast<float*>(smem);  // [WK][ROWS][COLS]
   __syncthreads();
   float* mine = red + warp * ROWS * COLS;
+  if constexpr (SWAP) {
 #pragma unroll
-  for (int i = 0; i < MT; i++)
+    for (int j2 = 0; j2 < NT / 2; j2++)
 #pragma unroll
-    for (int j = 0; j < NT; j++)
+      for (int r = 0; r < 4; r++) {
+        const int m = 2 * t + (r & 1), n = 16 * j2 + g + 8 * (r >> 1);
+        if (m < ROWS) mine[m * COLS + n] = acc[j2][r];
+      }
+  } else {
 #pragma unroll
-      for (int r = 0; r < 4; r++)
-        mine[(16 * i + g + 8 * (r >> 1)) * COLS + 8 * j + 2 * t + (r & 1)] = acc[i][j][r];
+    for (int i = 0; i < MT; i++)
+#pragma unroll
+      for (int j = 0; j < NT; j++)
+#pragma unroll
+        for (int r = 0; r < 4; r++)
+          mine[(16 * i + g + 8 * (r >> 1)) * COLS + 8 * j + 2 * t + (r & 1)] = acc[i * NT + j][r];
+  }
   __syncthreads();
-  const long long rows = min((long long)ROWS, M - m0);
   for (int e = threadIdx.x; e < rows * COLS; e += blockDim.x) {
     float v = 0.f;
     for (int u = 0; u < WK; u++) v += red[u * ROWS * COLS + e];
-    const long long n = ntile0 * 8 + e % COLS;
+    const int n = ntile0 * 8 + e % COLS;
     if (n < N) {
       if (bias) v += Kind<T>::to_float(bias[n]);
-      y[(m0 + e / COLS) * ldy + n] = Kind<T>::from_float(v);
+      y[(long long)(m0 + e / COLS) * ldy + n] = Kind<T>::from_float(v);
     }
   }
 }
 
 // Large M: write chunks [c_begin, c_begin + c_count) of the dequantized weight, [N, ldo] in T,
-// for a dense GEMM after. One warp per 8 columns x one chunk, the same lane layout as above; the
-// tile is transposed through shared memory so every lane stores whole 16-byte pieces of a row.
+// for a dense GEMM after. One warp per 8 columns x one chunk (8 warps per block): lane (g, t)
+// decodes KC/4 consecutive inputs of column g; the warp then stores whole rows, lanes in order.
 template <typename T, int BITS, int GPC>
 __global__ void wna16_dequant(const uint4* __restrict__ w, const void* __restrict__ sz, T* __restrict__ out,
-                              long long N, long long K, long long Npad, long long chunks, long long c_begin,
-                              long long c_count, long long ldo, long long group) {
+                              long long N_, long long K_, long long Npad_, long long chunks_, long long c_begin_,
+                              long long c_count_, long long ldo_, long long cpg_log2_) {
   using namespace qrt;
-  typedef Raw<T, BITS> R;
-  typedef typename R::type RawT;
+  typedef typename Param<T, BITS>::type P;
   constexpr int KC = BITS == 4 ? 128 : 64;
   constexpr int TILES = KC / 16;
-  constexpr int TPG = GPC > 1 ? TILES / GPC : TILES;
-  __shared__ __align__(16) T tile[8][8][KC];  // [warp][row][k]
+  constexpr int LK = KC / 4;
+  constexpr int GL = KC / GPC;
+  const int N = (int)N_, Npad = (int)Npad_, chunks = (int)chunks_, c_begin = (int)c_begin_;
+  const int c_count = (int)c_count_, cpg_log2 = (int)cpg_log2_;
+  constexpr int RP = KC / 8;  // 16-byte pieces per row of a chunk
+  __shared__ uint4 stage[8][8 * RP];  // [warp][row * RP + piece]: 8 warps per block
   const int wid = threadIdx.x >> 5;
-  const long long item = (long long)blockIdx.x * (blockDim.x >> 5) + wid;
-  const long long ntile = item / c_count, c = c_begin + item % c_count;
-  if (ntile * 8 >= N) return;
+  const int item = blockIdx.x * (blockDim.x >> 5) + wid;
+  if (item >= (N + 7) / 8 * c_count) return;  // whole warps only
+  const int ntile = item / c_count, c = c_begin + item % c_count;
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  const uint4 v = ldg_stream(w + tile_offset(ntile, c, chunks) + lane);
-  const long long n = ntile * 8 + g;
-  T* trow = tile[wid][g];
+  const int n = ntile * 8 + g;  // rows past N (up to Npad) hold padding: decoded, never stored
+  const uint4 v = ldg_stream(w + tile_base(ntile, chunks) + c * (TG * 32) + lane);
+  const P* szc = reinterpret_cast<const P*>(sz) + n;
+  u32 o[2 * TILES];
 #pragma unroll
   for (int kt = 0; kt < TILES; kt++) {
-    const int wi = BITS == 4 ? kt >> 1 : kt;
-    const u32 word = wi == 0 ? v.x : wi == 1 ? v.y : wi == 2 ? v.z : v.w;
-    const long long gi = (c * KC + (GPC > 1 ? (kt / TPG) * TPG * 16 : 0)) / group;
-    const Group<T, BITS> gp = R::expand(__ldg(reinterpret_cast<const RawT*>(sz) + gi * Npad + n));
-    u32 b0, b1;
-    Deq<T, BITS>::run(word, BITS == 4 ? (kt & 1) : 0, gp, b0, b1);
-    *reinterpret_cast<u32*>(trow + kt * 16 + 2 * t) = b0;
-    *reinterpret_cast<u32*>(trow + kt * 16 + 2 * t + 8) = b1;
+    const int gi = GPC == 1 ? (c >> cpg_log2) : c * GPC + (t * LK + kt * 4) / GL;
+    Deq<T, BITS>::run(v, kt, __ldg(szc + (long long)gi * Npad), o[2 * kt], o[2 * kt + 1]);
   }
-  __syncwarp();
-  // lane -> row lane / 4, a quarter of the chunk: KC/4 elements as 16-byte pieces
-  constexpr int PER = KC / 4, VEC = 16 / sizeof(T);
-  const int row = lane >> 2, q = lane & 3;
-  const long long nr = ntile * 8 + row;
-  if (nr >= N) return;
-  const long long k0 = c * KC + q * PER;
-  T* dst = out + nr * ldo + (k0 - c_begin * KC);
-  const T* src = tile[wid][row] + q * PER;
-  if (k0 + PER <= K) {
+  // lane (g, t) holds pieces t*TILES/2 .. of row g; regroup through shared memory so that
+  // consecutive lanes store consecutive 16-byte pieces of a row (whole sectors)
 #pragma unroll
-    for (int e = 0; e < PER; e += VEC) *reinterpret_cast<uint4*>(dst + e) = *reinterpret_cast<const uint4*>(src + e);
-  } else {
-    for (int e = 0; e < PER && k0 + e < K; e++) dst[e] = src[e];
+  for (int e = 0; e < TILES / 2; e++)
+    stage[wid][g * RP + t * (TILES / 2) + e] = make_uint4(o[4 * e], o[4 * e + 1], o[4 * e + 2], o[4 * e + 3]);
+  __syncwarp();
+#pragma unroll
+  for (int e = 0; e < 8 * RP / 32; e++) {
+    const int q = lane + 32 * e, row = q / RP, piece = q % RP;
+    const int nr = ntile * 8 + row;
+    if (nr < N)
+      reinterpret_cast<uint4*>(out + (long long)nr * ldo_ + (c - c_begin) * KC)[piece] = stage[wid][q];
   }
 }

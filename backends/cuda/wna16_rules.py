@@ -1,0 +1,41 @@
+"""What every integer weight-only (W4A16/W8A16) kernel of this folder needs, stated once.
+
+Each kernel's ``supports`` is this list plus its own conditions (the tile or chunk its group
+size must fit, the library that builds it), so the shared requirements read the same in every
+``explain`` and cannot drift apart between kernels.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from quantrt.specs import LayerSpec
+
+ACT_DTYPES = (torch.float16, torch.bfloat16)
+
+Condition = tuple[bool, str, dict[str, Any]]
+
+
+def wna16_conditions(spec: LayerSpec, caps: Any, bits: int, library: str, built_by: str) -> list[Condition]:
+    """The shared requirements, in the order ``explain`` reports the first that fails."""
+    s = spec.scheme
+    return [
+        ((caps.sm or 0) >= 80, "sm >= 80 (mma.sync and cp.async)", {"sm": caps.sm}),
+        (library in caps.libraries, f"{library} importable ({built_by})", {"libraries": caps.libraries}),
+        (
+            s.weight == "int" and s.bits == bits,
+            f"{bits}-bit integer weights",
+            {"weight": s.weight, "bits": s.bits},
+        ),
+        (s.weight_only, "weight-only scheme", {"act": s.act}),
+        (s.granularity in ("group", "channel"), "group or channel scales", {"granularity": s.granularity}),
+        (spec.op == "linear", "op == 'linear'", {"op": spec.op}),
+        (spec.act_dtype in ACT_DTYPES, "activations bf16 or fp16", {"act_dtype": spec.act_dtype}),
+        (
+            not s.act_order or spec.k_full,
+            "act-order with the full K on this rank",
+            {"K_part": spec.K_part, "K": spec.K},
+        ),
+    ]
