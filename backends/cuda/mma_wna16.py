@@ -113,7 +113,7 @@ class MmaState:
 
 
 class CudaMmaWNA16(Kernel):
-    """Integer weight-only matmul on tensor cores; weights repacked to B-fragment lane order."""
+    """Integer weight-only matmul on tensor cores; weights repacked so each lane loads its fragments whole."""
 
     backend = "cuda"
     device_kinds = ("cuda",)
