@@ -10,25 +10,12 @@ the eager host cost per call at M=1 (CPU-side time of a burst of calls on a tiny
 from __future__ import annotations
 
 import argparse
-import time
 
 import torch
-import triton.testing as tt
 
+from quantrt.bench import host_us, median_us
 from quantrt.layers import QuantLinear
 from quantrt.reference import quantize
-
-
-def host_us(fn, calls: int = 2000) -> float:
-    for _ in range(50):
-        fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    t1 = time.perf_counter()
-    torch.cuda.synchronize()
-    return (t1 - t0) / calls * 1e6
 
 
 def main() -> None:
@@ -44,10 +31,8 @@ def main() -> None:
         dense = torch.randn(N, K, device="cuda", dtype=torch.bfloat16)
         for m in (int(v) for v in args.ms.split(",")):
             x = torch.randn(m, K, device="cuda", dtype=torch.bfloat16)
-            tq = tt.do_bench(lambda x=x, f=layer: f(x), warmup=10, rep=60, return_mode="median")
-            tc = tt.do_bench(
-                lambda x=x, w=dense: torch.nn.functional.linear(x, w), warmup=10, rep=60, return_mode="median"
-            )
+            tq = median_us(lambda x=x, f=layer: f(x)) * 1e-3
+            tc = median_us(lambda x=x, w=dense: torch.nn.functional.linear(x, w)) * 1e-3
             gb = canon.nbytes  # stored bytes: codes, scales, zeros
             print(
                 f"{args.scheme} {K}x{N} M={m}: {tq * 1e3:.1f} us, cuBLAS {tc * 1e3:.1f} us, {tc / tq:.2f}x"
