@@ -2,7 +2,8 @@
 # On a GPU machine without network access (the lent H200): install quantrt from this tree,
 # record the probe, run the GPU tests (tests/gpu and the Triton kernels at full speed), the
 # quick benchmark and the embedded default, and leave everything in $OUT.
-# Usage (device tool): bash ci/gpu.sh            (bench off: QUANTRT_GPU_BENCH=0)
+# Usage (device tool): bash ci/gpu.sh            (bench off: QUANTRT_GPU_BENCH=0; sweep the CUDA
+# W4A16 launch shapes first and use them: QUANTRT_GPU_TUNE=1)
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 OUT="${OUT:-$ROOT/out}"
@@ -14,6 +15,18 @@ status=0
 ( cd /tmp && quantrt probe --json ) > "$OUT/probe.json" 2> "$OUT/probe.err" || status=1
 python3 -m pytest -q -p no:cacheprovider tests/gpu tests/triton 2>&1 | tee "$OUT/gpu-tests.log" | tail -n 5
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+if [ "${QUANTRT_GPU_TUNE:-0}" = 1 ] && [ "$status" = 0 ]; then
+  # sweep the CUDA W4A16 kernel's launch shapes, use them for the rest of this run (commit the file
+  # from $OUT afterwards), and test the kernel again with the shapes just chosen
+  arch=$(python3 -c "import torch; print('sm_%d%d' % torch.cuda.get_device_capability())")
+  python3 ci/tune_wna16_mma.py --out "$OUT/wna16_mma_${arch}.json" \
+    --shapes 8192x57344,28672x8192,4096x28672 > "$OUT/tune.log" 2>&1 || { tail -n 5 "$OUT/tune.log"; status=1; }
+  if [ "$status" = 0 ]; then
+    cp "$OUT/wna16_mma_${arch}.json" "backends/cuda/tunings/wna16_mma_${arch}.json"
+    python3 -m pytest -q -p no:cacheprovider tests/gpu -k mma 2>&1 | tee "$OUT/gpu-tests-tuned.log" | tail -n 2
+    [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+  fi
+fi
 if [ "${QUANTRT_GPU_BENCH:-1}" = 1 ]; then
   ( cd /tmp && quantrt bench --quick --out "$OUT/bench.json" --markdown "$OUT/bench.md" ) \
     > /dev/null 2> "$OUT/bench.err" || { tail -n 20 "$OUT/bench.err"; status=1; }
