@@ -120,7 +120,7 @@ class GroupParams:
     """Scales and biased zeros as the kernel reads them."""
 
     sz: torch.Tensor  # [groups, Npad]: int32 words (zb, s halves) or fp32 pairs [groups, Npad, 2]
-    group: int  # the group length in inputs the kernel divides by
+    group: int  # the group length in inputs (padded K per channel): input k uses group k // group
 
 
 def magic(bits: int, act: torch.dtype) -> float:
