@@ -1,6 +1,7 @@
 """Sweep the tensor-core W4A16/W8A16 kernel's launch shapes on this GPU (run on the GPU machine).
 
-For each M bucket, times every (mt, nt, warps per block) on the benchmark's large shapes with
+For each M bucket, times every launch geometry (swap, mt, nt, wn), ring depth, fold and
+warps per SM on the benchmark's large shapes with
 the L2 flushed, and writes the best per bucket (geometric mean over shapes) as
 tunings/wna16_mma_<arch>.json (to --out). The committed file is what users get: nothing tunes
 while they wait.
@@ -24,12 +25,22 @@ from quantrt.layers import QuantLinear
 from quantrt.reference import quantize
 
 SHAPES = ((4096, 28672), (8192, 57344), (28672, 8192), (14336, 4096))
-BUCKETS = {1: (1,), 8: (8,), 16: (16,), 32: (32,), 64: (64,)}
-MT = {1: (1,), 8: (1,), 16: (1,), 32: (1, 2), 64: (1, 2, 4)}
-NT = {1: (2, 4, 8), 8: (2, 4, 8), 16: (2, 4, 8), 32: (2, 4, 8), 64: (2, 4, 8)}
-WK = (4, 8, 16)
+BUCKETS = (1, 8, 16, 32, 64)
+# (swap, mt, nt, wn) per bucket: swapped shapes cover the bucket's rows as n8 parts; wn warps side
+# by side share x, so blocks of 8*nt*wn columns read it once.
+GEOMETRY = {
+    1: [(True, 1, nt, wn) for nt in (4, 8) for wn in (1, 2, 4)],
+    8: [(True, 1, nt, wn) for nt in (4, 8) for wn in (1, 2, 4)],
+    16: [(True, 1, nt, wn) for nt, wns in ((4, (1, 2, 4, 8)), (8, (1, 2, 4))) for wn in wns],
+    32: [(True, 1, 4, wn) for wn in (2, 4, 8)]
+    + [(True, 1, 8, wn) for wn in (1, 2, 4)]
+    + [(False, 2, nt, wn) for nt in (2, 4) for wn in (2, 4, 8)],
+    64: [(True, 1, nt, wn) for nt in (2, 4) for wn in (2, 4, 8)]
+    + [(False, mt, nt, wn) for mt, nt in ((4, 2), (4, 4), (2, 4)) for wn in (2, 4, 8)],
+}
 STAGES = {1: (2, 3, 4), 8: (2, 3, 4), 16: (2, 3, 4), 32: (2, 3), 64: (2, 3)}
-FOLD = {1: (True,), 8: (True,), 16: (True, False), 32: (True, False), 64: (True, False)}
+FOLD = {1: (True,), 8: (True,), 16: (True,), 32: (True, False), 64: (True, False)}
+WARPS_PER_SM = (8, 16, 32)  # K groups per block follow from this, per layer shape (mk.pick_warps)
 
 
 def bench(fn) -> float:
@@ -53,55 +64,78 @@ def main() -> None:
         state = layer._state
         dense = torch.randn(N, K, device="cuda", dtype=torch.bfloat16)
         limit = mk.smem_limit(dev)
-        for bucket, ms in BUCKETS.items():
-            for m in ms:
-                x = torch.randn(m, K, device="cuda", dtype=torch.bfloat16)
-                cublas[(K, N, m)] = bench(lambda x=x, dense=dense: torch.nn.functional.linear(x, dense))
-                for mt, nt, wk, stages, fold in itertools.product(
-                    MT[bucket], NT[bucket], WK, STAGES[bucket], FOLD[bucket]
-                ):
-                    if mt * nt > 16:  # past this the accumulators spill
-                        continue
-                    row = {"max_m": bucket, "mt": mt, "nt": nt, "stages": stages, "fold": fold}
-                    shape = mk.Shape.of(row, state.bits, torch.bfloat16, state.gpc)
-                    if shape.smem(wk, state.gpc, 4, state.bits) > limit or wk > state.chunks:
-                        continue
-                    try:
-                        tile = mk.make_tile(shape, torch.bfloat16, state.bits, state.gpc, dev, wk)
-                    except Exception as exc:
-                        print(f"{row}: {exc}", flush=True)
-                        continue
-                    if tile.wk != wk:
-                        continue
-                    st = dataclasses.replace(state, tiles=(dataclasses.replace(tile, max_m=1 << 30),))
-                    t = bench(lambda st=st, x=x: mk.run(st, x, None, None))
-                    times.setdefault((bucket, mt, nt, wk, stages, fold), []).append(t)
-                    print(
-                        f"{K}x{N} M={m} mt{mt} nt{nt} wk{wk} st{stages} fold{int(fold)}: {t * 1e3:.1f} us "
-                        f"({cublas[(K, N, m)] / t:.2f}x cuBLAS)",
-                        flush=True,
-                    )
+        sms = torch.cuda.get_device_properties(dev).multi_processor_count
+        for bucket in BUCKETS:
+            x = torch.randn(bucket, K, device="cuda", dtype=torch.bfloat16)
+            cublas[(K, N, bucket)] = bench(lambda x=x, dense=dense: torch.nn.functional.linear(x, dense))
+            cands = []
+            for (swap, mt, nt, wn), stages, fold, wps in itertools.product(
+                GEOMETRY[bucket], STAGES[bucket], FOLD[bucket], WARPS_PER_SM
+            ):
+                acc_tiles = nt // 2 * -(-bucket // 8) if swap else mt * nt  # 4 fp32 each per lane
+                if fold and acc_tiles > 8:  # the fold keeps a second set for the chunk's sums
+                    continue
+                row = {"max_m": bucket, "mt": mt, "nt": nt, "wn": wn, "swap": swap}
+                row |= {"stages": stages, "fold": fold, "warps_per_sm": wps}
+                shape = mk.Shape.of(row, state.bits, torch.bfloat16, state.gpc)
+                wk = mk.pick_warps(
+                    shape, row, state.n_pad, state.chunks, sms, limit, state.gpc, 4, state.bits
+                )
+                if shape.smem(wk, state.gpc, 4, state.bits) <= limit:
+                    cands.append((row, shape, wk))
+            exprs = [mk.tile_expr(torch.bfloat16, state.bits, state.gpc, shape) for _, shape, _ in cands]
+            mk.compile_all(mk.SOURCE, exprs, dev)  # one NVRTC run per bucket
+            for (row, shape, wk), expr in zip(cands, exprs, strict=True):
+                if mk.function(mk.SOURCE, expr, dev).local_size_bytes:  # spills: never a winner
+                    continue
+                swap, mt, nt, wn, stages, fold, wps = (
+                    row[k] for k in ("swap", "mt", "nt", "wn", "stages", "fold", "warps_per_sm")
+                )
+                key = (bucket, mt, nt, wn, int(swap), stages, int(fold), wps)
+                tile = mk.make_tile(shape, torch.bfloat16, state.bits, state.gpc, dev, wk)
+                st = dataclasses.replace(state, tiles=(dataclasses.replace(tile, max_m=1 << 30),))
+                t = bench(lambda st=st, x=x: mk.run(st, x, None, None))
+                times.setdefault(key, []).append(t)
+                print(
+                    f"{K}x{N} M={bucket} {'swap' if swap else f'mt{mt}'} nt{nt} wn{wn} wk{tile.wk} st{stages} "
+                    f"fold{int(fold)} wps{wps}: {t * 1e3:.1f} us ({cublas[(K, N, bucket)] / t:.2f}x cuBLAS)",
+                    flush=True,
+                )
         del layer, dense, canon
         torch.cuda.empty_cache()
+        write(args.out, args.scheme, args.shapes, dev, arch, times, cublas, shapes.index((K, N)) + 1)
+
+
+def write(
+    out: str, scheme: str, shape_arg: str, dev: int, arch: str, times: dict, cublas: dict, done: int
+) -> None:
+    """The table from the shapes swept so far (written after each shape: a cut-off run keeps them)."""
     rows = []
     for bucket in BUCKETS:
-        cands = {k: v for k, v in times.items() if k[0] == bucket and len(v) == len(shapes)}
+        cands = {k: v for k, v in times.items() if k[0] == bucket and len(v) == done}
+        if not cands:
+            continue
         best = min(cands, key=lambda k: math.exp(sum(math.log(t) for t in cands[k]) / len(cands[k])))
-        _, mt, nt, wk, stages, fold = best
-        rows.append({"max_m": bucket, "mt": mt, "nt": nt, "wk": wk, "stages": stages, "fold": fold})
+        _, mt, nt, wn, swap, stages, fold, wps = best
+        rows.append(
+            {"max_m": bucket, "mt": mt, "nt": nt, "wn": wn, "swap": bool(swap), "stages": stages}
+            | {"fold": bool(fold), "warps_per_sm": wps}
+        )
     doc = {
-        "_note": f"swept by ci/tune_wna16_mma.py on {torch.cuda.get_device_name(dev)} ({args.scheme}, shapes "
-        f"{args.shapes}); wk: warps per block, stages: copy ring depth, fold: zero/scale per group on the sums",
+        "_note": f"swept by ci/tune_wna16_mma.py on {torch.cuda.get_device_name(dev)} ({scheme}, shapes "
+        f"{shape_arg}; best geometric mean per bucket); wn: warps side by side over N sharing x, "
+        "warps_per_sm: sets the K groups per block per layer, stages: copy ring depth, fold: zero/scale "
+        "per group on the sums",
         "small_m": rows,
         "dense_workspace_mb": 256,
         "sweep_ms": {
-            f"{k[0]}/mt{k[1]}/nt{k[2]}/wk{k[3]}/st{k[4]}/fold{int(k[5])}": [round(t, 5) for t in v]
+            "{}/mt{}/nt{}/wn{}/swap{}/st{}/fold{}/wps{}".format(*k): [round(t, 5) for t in v]
             for k, v in times.items()
         },
         "cublas_ms": {f"{k}x{n}/M{m}": round(t, 5) for (k, n, m), t in cublas.items()},
         "arch": arch,
     }
-    with open(args.out, "w") as f:
+    with open(out, "w") as f:
         json.dump(doc, f, indent=1)
     print(json.dumps(rows))
 

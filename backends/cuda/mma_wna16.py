@@ -4,8 +4,9 @@ Small M (decode) is bound by streaming the weights and by the instructions spent
 byte, so the weights are repacked once (``wna16_layout.py``) so that each lane's 16-byte load
 holds its mma fragments' codes for a run of consecutive inputs, x arrives as 16-byte vectors
 through the same asynchronous-copy ring, and for M <= 8 the operands swap so one mma serves 16
-columns. A block's warps split K and reduce through shared memory: one launch per call, no
-workspace, no atomics. Large M is bound by arithmetic, where cuBLAS is hard to beat: a CUDA pass
+columns (M up to 64 as n8 parts). A block's warp groups split K and reduce through shared memory: one launch per call, no
+workspace, no atomics; warps side by side over N share each chunk's x slice, so x is read from
+L2 once per block rather than once per warp (at M = 16..64 it otherwise outweighs the weights). Large M is bound by arithmetic, where cuBLAS is hard to beat: a CUDA pass
 writes the dequantized weight slice by slice into a bounded scratch buffer and cuBLAS multiplies
 it (the way exllama serves prefill). Launch shapes per M bucket and the M where the dense path
 takes over come from ``tunings/wna16_mma_<arch>.json``; ``prepare`` compiles what it needs.
@@ -32,6 +33,8 @@ SOURCE = "wna16_mma.cu"
 MMA_ARGS = 13  # wna16_mma: x, w, sz, bias, y, M, K, ldx, ldy, N, Npad, chunks, shift
 DENSE_ARGS = 11  # wna16_dequant: w, sz, out, N, K, Npad, chunks, c_begin, c_count, ldo, shift
 SMEM_LIMIT = 48 * 1024
+MAX_SWAP_M = 64  # x rows as the mma's B operand: up to 8 n8 parts
+MAX_WN = 16  # warps side by side over N per block
 CT = {torch.float16: "__half", torch.bfloat16: "__nv_bfloat16"}
 
 
@@ -74,22 +77,14 @@ class Tile:
     max_m: int
     mt: int  # m16 tiles per block (1 when swapped)
     nt: int  # n8 tiles per block
-    wk: int  # warps per block, splitting K
-    stages: int  # depth of each warp's asynchronous-copy ring
-    swap: bool  # W as the mma's A operand, up to 8 rows of x as B
+    wn: int  # warps side by side over N, sharing x
+    wk: int  # groups of wn warps per block, splitting K
+    stages: int  # depth of each group's asynchronous-copy ring
+    swap: bool  # W as the mma's A operand, x rows as B (n8 parts)
     fold: bool  # zero point and scale applied per group on the sums
     xr: int  # rows of x per block
     fn: Any  # the compiled kernel
     smem: int  # dynamic shared memory per block
-
-
-def tile_smem(
-    mt: int, nt: int, wk: int, stages: int, gpc: int, sz_bytes: int, xr: int, swap: bool, bits: int
-) -> int:
-    """Bytes of the copy rings (codes, x slice, group parameters), or of the reduction if larger."""
-    stage = nt * 512 + xr * KC[bits] * 2 + -(-gpc * nt * 8 * sz_bytes // 16) * 16
-    rows = xr if swap else 16 * mt
-    return wk * max(stages * stage, rows * 8 * nt * 4)
 
 
 @dataclass
@@ -177,7 +172,7 @@ class CudaMmaWNA16(Kernel):
             k = state.slice_chunks * KC[state.bits]
             return f"dequant+cuBLAS (K slices of {min(k, state.K)})"
         kind = f"swapped XR{tile.xr}" if tile.swap else f"MT{tile.mt}"
-        return f"mma {kind} NT{tile.nt} WK{tile.wk}{' folded' if tile.fold else ''}"
+        return f"mma {kind} NT{tile.nt} WN{tile.wn} WK{tile.wk}{' folded' if tile.fold else ''}"
 
     @staticmethod
     def _tile(state: MmaState, m: int) -> Tile | None:
@@ -221,29 +216,51 @@ class Shape:
     fold: bool
     xr: int
 
+    wn: int = 1
+
     @classmethod
     def of(cls, row: dict[str, Any], bits: int, act: torch.dtype, gpc: int) -> Shape:
+        """Swapped operands by default up to M=16, on request up to 64 (x rows as n8 parts)."""
         max_m, mt, nt = int(row["max_m"]), int(row["mt"]), int(row["nt"])
-        swap = max_m <= 8 and nt % 2 == 0 and bool(row.get("swap", True))
+        swap = max_m <= MAX_SWAP_M and nt % 2 == 0 and bool(row.get("swap", max_m <= 16))
         if swap:
-            mt, xr = 1, 1 << (max_m - 1).bit_length()
+            mt = 1
+            xr = 1 << (max_m - 1).bit_length() if max_m <= 8 else -(-max_m // 8) * 8
         else:
             xr = 16 * mt
         fold = gpc == 1 and bool(row.get("fold", True))
-        return cls(max_m, mt, nt, int(row.get("stages", 3)), swap, fold, xr)
+        wn = max(1, min(int(row.get("wn", 1)), MAX_WN))
+        return cls(max_m, mt, nt, int(row.get("stages", 3)), swap, fold, xr, wn)
+
+    @property
+    def rows(self) -> int:
+        """Rows of x (and y) per block."""
+        return self.xr if self.swap else 16 * self.mt
+
+    @property
+    def cols(self) -> int:
+        """Output columns per block."""
+        return 8 * self.nt * self.wn
 
     def smem(self, wk: int, gpc: int, szb: int, bits: int) -> int:
-        return tile_smem(self.mt, self.nt, wk, self.stages, gpc, szb, self.xr, self.swap, bits)
+        """Bytes of the copy rings (x slice, and per warp codes and group parameters), or of the
+        reduction if larger."""
+        warp = self.nt * 512 + -(-gpc * self.nt * 8 * szb // 16) * 16
+        stage = self.xr * KC[bits] * 2 + self.wn * warp
+        return wk * max(self.stages * stage, self.rows * self.cols * 4)
 
 
 def make_tile(shape: Shape, act: torch.dtype, bits: int, gpc: int, dev: int, wk: int) -> Tile:
     fn = function(SOURCE, tile_expr(act, bits, gpc, shape), dev)
-    wk = max(1, min(wk, fn.max_threads_per_block // 32))  # registers bound the block size
+    wk = max(
+        1, min(wk, fn.max_threads_per_block // (32 * shape.wn), max_groups(shape))
+    )  # registers bound the block
     smem = shape.smem(wk, gpc, sz_bytes(act, bits), bits)
     return Tile(
         shape.max_m,
         shape.mt,
         shape.nt,
+        shape.wn,
         wk,
         shape.stages,
         shape.swap,
@@ -265,13 +282,20 @@ def pick_warps(
     szb: int,
     bits: int,
 ) -> int:
-    """Warps per block: the tuned count if given, else enough warps on the GPU to keep loads in
-    flight; at most one per chunk and what shared memory allows."""
-    blocks = max(1, n_pad // (8 * shape.nt))
-    want = int(row["wk"]) if "wk" in row else -(-int(row.get("warps_per_sm", 16)) * sms // blocks)
-    per_warp = shape.smem(1, gpc, szb, bits)
-    cap = min(int(row.get("max_wk", 16)), limit // per_warp, 32, chunks)
+    """K groups per block: the tuned count if given, else enough warps on the GPU to keep loads
+    in flight; at most one per chunk and what shared memory and the block size allow."""
+    blocks = max(1, -(-n_pad // shape.cols))
+    want = (
+        int(row["wk"]) if "wk" in row else -(-int(row.get("warps_per_sm", 16)) * sms // (blocks * shape.wn))
+    )
+    per_group = shape.smem(1, gpc, szb, bits)
+    cap = min(int(row.get("max_wk", 16)), limit // per_group, 32 // shape.wn, max_groups(shape), chunks)
     return max(1, min(want, cap))
+
+
+def max_groups(shape: Shape) -> int:
+    """K groups a block may hold: each group of several warps syncs on its own named barrier (1..15)."""
+    return 32 if shape.wn == 1 else 15
 
 
 def run(
@@ -300,8 +324,12 @@ def run(
     y = torch.empty(M, state.N, dtype=state.act, device=x.device) if out is None else out
     if M:
         tile.fn(
-            (-(-M // (tile.xr if tile.swap else 16 * tile.mt)), state.n_pad // (8 * tile.nt), 1),
-            (32 * tile.wk, 1, 1),
+            (
+                -(-M // (tile.xr if tile.swap else 16 * tile.mt)),
+                -(-state.n_pad // (8 * tile.nt * tile.wn)),
+                1,
+            ),
+            (32 * tile.wk * tile.wn, 1, 1),
             (
                 x.data_ptr(),
                 state.w.data_ptr(),
@@ -376,7 +404,7 @@ def _dense(
     return y
 
 
-SHAPE_FIELDS = 8  # per tile in meta: max_m, mt, nt, stages, swap, fold, xr, wk
+SHAPE_FIELDS = 9  # per tile in meta: max_m, mt, nt, stages, swap, fold, xr, wn, wk
 
 
 def meta(state: MmaState) -> list[int]:
@@ -384,7 +412,7 @@ def meta(state: MmaState) -> list[int]:
     flat = [state.N, state.K, state.bits, state.shift, state.chunks, state.n_pad, state.slice_chunks]
     flat += [state.device, state.gpc]
     for t in state.tiles:
-        flat += [t.max_m, t.mt, t.nt, t.stages, int(t.swap), int(t.fold), t.xr, t.wk]
+        flat += [t.max_m, t.mt, t.nt, t.stages, int(t.swap), int(t.fold), t.xr, t.wn, t.wk]
     return flat
 
 
@@ -394,8 +422,8 @@ def from_meta(
     N, K, bits, shift, chunks, n_pad, slice_chunks, dev, gpc = m[:9]
     tiles = []
     for i in range(9, len(m), SHAPE_FIELDS):
-        max_m, mt, nt, stages, swap, fold, xr, wk = m[i : i + SHAPE_FIELDS]
-        shape = Shape(max_m, mt, nt, stages, bool(swap), bool(fold), xr)
+        max_m, mt, nt, stages, swap, fold, xr, wn, wk = m[i : i + SHAPE_FIELDS]
+        shape = Shape(max_m, mt, nt, stages, bool(swap), bool(fold), xr, wn)
         tiles.append(make_tile(shape, act, bits, gpc, dev, wk))
     dense = Launch(function(SOURCE, dense_expr(act, bits, gpc), dev), DENSE_ARGS)
     return MmaState(
@@ -406,7 +434,7 @@ def from_meta(
 def tile_expr(act: torch.dtype, bits: int, gpc: int, shape: Shape) -> str:
     b = {True: "true", False: "false"}
     return (
-        f"wna16_mma<{CT[act]}, {bits}, {shape.mt}, {shape.nt}, {gpc}, {shape.stages}, {shape.xr}, "
+        f"wna16_mma<{CT[act]}, {bits}, {shape.mt}, {shape.nt}, {shape.wn}, {gpc}, {shape.stages}, {shape.xr}, "
         f"{b[shape.swap]}, {b[shape.fold]}>"
     )
 

@@ -180,3 +180,54 @@ def test_probe_reports_this_gpu() -> None:
     if dev.arch == "sm_90":
         assert "fp8_e4m3" in dev.matrix_types and "fp4_e2m1" not in dev.matrix_types
         assert {"_scaled_mm", "_int_mm", "_weight_int4pack_mm"} <= dev.torch_ops
+
+
+LAUNCH_SHAPES = [  # explicit launch shapes of the mma kernel, beyond what the committed table picks
+    {"max_m": 8, "mt": 1, "nt": 4, "wn": 2, "swap": True, "stages": 4},
+    {"max_m": 16, "mt": 1, "nt": 8, "wn": 4, "swap": True, "stages": 3},
+    {"max_m": 40, "mt": 1, "nt": 4, "wn": 2, "swap": True, "stages": 2},  # 5 n8 parts of rows
+    {"max_m": 64, "mt": 1, "nt": 2, "wn": 8, "swap": True, "stages": 2},
+    {"max_m": 64, "mt": 1, "nt": 4, "wn": 4, "swap": True, "stages": 3, "fold": False},
+    {"max_m": 32, "mt": 2, "nt": 4, "wn": 2, "swap": False, "stages": 2},
+    {"max_m": 64, "mt": 4, "nt": 2, "wn": 8, "swap": False, "stages": 3, "fold": False},
+]
+
+
+@pytest.mark.parametrize(
+    "scheme,dtype",
+    [
+        ("w4a16-int-g128-asym", torch.bfloat16),
+        ("w4a16-int-g32-sym", torch.float16),
+        ("w8a16-int-ch-sym", torch.bfloat16),
+        ("w8a16-int-g128-asym", torch.float16),
+    ],
+    ids=str,
+)
+def test_mma_launch_shapes_match_reference(scheme: str, dtype: torch.dtype) -> None:
+    """Every launch geometry (swapped parts, m16 tiles, warps sharing x over N, K groups) against
+    the reference; N = 328 leaves the last column block partly past the padded weight."""
+    import dataclasses
+
+    from quantrt.backends.cuda import mma_wna16 as mk
+
+    K = 1400 if "-ch-" in scheme else 1408
+    layer, canon, bias = build(scheme, K, 328, dtype, seed=11)
+    assert layer.kernel_name.startswith("cuda.mma_"), layer.selection.explain()
+    state = layer._state
+    dev = torch.cuda.current_device()
+    limit = mk.smem_limit(dev)
+    szb = mk.sz_bytes(dtype, state.bits)
+    g = torch.Generator().manual_seed(5)
+    for row in LAUNCH_SHAPES:
+        shape = mk.Shape.of(row, state.bits, dtype, state.gpc)
+        for wk in (1, 3):
+            if shape.smem(wk, state.gpc, szb, state.bits) > limit:
+                continue
+            tile = mk.make_tile(shape, dtype, state.bits, state.gpc, dev, wk)
+            st = dataclasses.replace(state, tiles=(dataclasses.replace(tile, max_m=1 << 30),))
+            for m in (1, 7, shape.rows, shape.rows + 5):  # one row block, and past it
+                x = torch.randn(m, K + 3, generator=g)[:, 3:]  # not 16-byte aligned
+                y = mk.run(st, x.to("cuda", dtype), bias.to("cuda", dtype), None)
+                ref = reference.linear(x.to(dtype), canon, bias.to(dtype), out_dtype=torch.float32)
+                err = rel(y.cpu(), ref)
+                assert err < TOL[dtype], (row, wk, m, err, mk.tile_expr(dtype, state.bits, state.gpc, shape))

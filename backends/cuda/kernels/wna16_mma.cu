@@ -11,11 +11,12 @@
 //    power of two); with one group per chunk, zero point and scale are applied once per group
 //    on the fp32 sums (s * (sum x(magic + q) - (magic + z) sum x), sum x from an mma against
 //    ones), otherwise per pair as (v - zb) * s;
-//  * for M <= 8 the operands swap (W is the 16-row A operand, x the 8-column B operand), so one
+//  * for small M the operands swap (W is the 16-row A operand, x the 8-column B operand), so one
 //    mma covers 16 output columns and the lane that loaded a column's codes also holds its sums;
-//  * each warp streams its share of K (codes, x slice and group parameters) through a ring of
-//    asynchronous copies; the block's warps reduce through shared memory, so one launch writes
-//    the output: no workspace, no atomics, deterministic, graph-safe. 32-bit index math only.
+//  * each warp streams its share of K (codes and group parameters) through a ring of asynchronous
+//    copies; warps side by side over N share the ring's x slices, so x is read once per block;
+//    the block's K groups reduce through shared memory, so one launch writes the output: no
+//    workspace, no atomics, deterministic, graph-safe. 32-bit index math only.
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
 
@@ -45,19 +46,34 @@ __device__ __forceinline__ u32 and_or(u32 a, u32 mask, u32 bits) {
   return r;
 }
 
-template <typename T> __device__ __forceinline__ void mma(float* c, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1);
-template <> __device__ __forceinline__ void mma<__half>(float* c, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+// c = a b (+ c unless first): the first mma of a chunk's sums writes them, so they need no zeroing
+template <typename T> __device__ __forceinline__ void mma(float* c, bool first, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1);
+template <>
+__device__ __forceinline__ void mma<__half>(float* c, bool first, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
+  if (first)
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%10,%10,%10,%10};"
+        : "=f"(c[0]), "=f"(c[1]), "=f"(c[2]), "=f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "f"(0.f));
+  else
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 template <>
-__device__ __forceinline__ void mma<__nv_bfloat16>(float* c, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+__device__ __forceinline__ void mma<__nv_bfloat16>(float* c, bool first, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0,
+                                                   u32 b1) {
+  if (first)
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%10,%10,%10,%10};"
+        : "=f"(c[0]), "=f"(c[1]), "=f"(c[2]), "=f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "f"(0.f));
+  else
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
 template <typename T2> __device__ __forceinline__ u32 as_u32(T2 v) { return *reinterpret_cast<u32*>(&v); }
@@ -185,6 +201,13 @@ __device__ __forceinline__ void cp_async16_fill(void* dst, const void* src, int 
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
 template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N)); }
+// The WN warps of K group wk meet (named barrier 1 + wk; 0 is __syncthreads); one warp only syncs its lanes.
+template <int WN> __device__ __forceinline__ void group_sync(int wk) {
+  if constexpr (WN == 1)
+    __syncwarp();
+  else
+    asm volatile("bar.sync %0, %1;" ::"r"(1 + wk), "n"(32 * WN) : "memory");
+}
 
 // n8 tiles stored side by side per chunk (wna16_layout.TG): tile T, chunk c, lane 0 in uint4.
 constexpr int TG = 4;
@@ -198,14 +221,18 @@ template <int BITS> __device__ __forceinline__ int xslot(int r, int L) {
 
 }  // namespace qrt
 
-// One block: NT n8 tiles (8*NT output columns) over the full K, split among the block's warps;
-// grid (row blocks, column blocks).
-// SWAP (M <= 8): up to XR rows of x as the mma's B operand, W as A (NT even). Otherwise MT m16
-// tiles of rows (XR = 16*MT) as A, W as B. FOLD: zero point and scale applied per group on the
-// sums (needs one group per chunk). GPC: groups per chunk (1 when a group spans whole chunks,
-// chunk c then uses group c >> cpg_log2). Layouts: w [Npad/8/TG][chunks][TG][32] uint4,
-// sz [groups][Npad]; x rows 16-byte aligned (ldx a multiple of 8).
-template <typename T, int BITS, int MT, int NT, int GPC, int STAGES, int XR, bool SWAP, bool FOLD>
+// One block: WN warps side by side over N, each with NT n8 tiles (8*NT*WN output columns of the
+// block), times WK groups of them splitting K; grid (row blocks, column blocks). The WN warps of
+// a group share one copy of each chunk's x slice, so x is read from L2 once per 8*NT*WN columns:
+// at M = 16..64 the x traffic, not the weights, otherwise fills the L2-to-SM path.
+// SWAP: up to XR rows of x (XR <= 8, or a multiple of 8 up to 64: XR/8 n8 parts) as the mma's B
+// operand, W as A (NT even). Otherwise MT m16 tiles of rows (XR = 16*MT) as A, W as B. FOLD: zero
+// point and scale applied per group on the sums (needs one group per chunk). GPC: groups per
+// chunk (1 when a group spans whole chunks, chunk c then uses group c >> cpg_log2). Layouts:
+// w [Npad/8/TG][chunks][TG][32] uint4, sz [groups][Npad]; x rows 16-byte aligned (ldx % 8 == 0).
+// Column blocks may run past Npad (the last one, when 8*NT*WN does not divide it): those warps
+// read tile 0 instead and their columns are never stored.
+template <typename T, int BITS, int MT, int NT, int WN, int GPC, int STAGES, int XR, bool SWAP, bool FOLD>
 __global__ void wna16_mma(const T* __restrict__ x, const uint4* __restrict__ w, const void* __restrict__ sz,
                           const T* __restrict__ bias, T* __restrict__ y, long long M_, long long K_,
                           long long ldx_, long long ldy_, long long N_, long long Npad_, long long chunks_,
@@ -217,69 +244,78 @@ __global__ void wna16_mma(const T* __restrict__ x, const uint4* __restrict__ w, 
   constexpr int LK = KC / 4;           // inputs per lane per chunk
   constexpr int XP = KC / 8;           // 16-byte pieces per row of a chunk of x
   constexpr int GL = KC / GPC;         // inputs per group, when groups are shorter than a chunk
-  constexpr int NP = GPC * NT * 8;     // group parameters per chunk
-  constexpr int SW = NT * 32;          // uint4 of codes per stage
-  constexpr int SX = XR * XP;          // uint4 of x per stage
-  constexpr int SP = (NP * (int)sizeof(P) + 15) / 16;  // uint4 of parameters per stage
-  constexpr int STAGE = SW + SX + SP;
+  constexpr int NP = GPC * NT * 8;     // group parameters per warp and chunk
+  constexpr int SW = NT * 32;          // uint4 of codes per warp and stage
+  constexpr int SX = XR * XP;          // uint4 of x per stage (shared by the group's WN warps)
+  constexpr int SP = (NP * (int)sizeof(P) + 15) / 16;  // uint4 of parameters per warp and stage
+  constexpr int WST = SW + SP;
+  constexpr int STAGE = SX + WN * WST;
   constexpr int ROWS = SWAP ? XR : 16 * MT;
-  static_assert(!SWAP || (MT == 1 && NT % 2 == 0 && XR <= 8), "swap: one 8-row tile, tile pairs");
+  constexpr int PARTS = SWAP ? (XR + 7) / 8 : 1;  // n8 parts of x rows, swapped
+  static_assert(!SWAP || (MT == 1 && NT % 2 == 0 && XR <= 64 && (XR <= 8 || XR % 8 == 0)), "swap shape");
   static_assert(SWAP || XR == 16 * MT, "x rows staged = rows covered");
   static_assert(!FOLD || GPC == 1, "folding needs one group per chunk");
+  static_assert(STAGES >= 2 && WN >= 1 && WN <= 16, "ring depth, warps over N");
   const int M = (int)M_, K = (int)K_, ldx = (int)ldx_, ldy = (int)ldy_, N = (int)N_, Npad = (int)Npad_;
   const int chunks = (int)chunks_, cpg_log2 = (int)cpg_log2_;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, WK = blockDim.x >> 5;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, WK = blockDim.x / (32 * WN);
+  const int wn = warp % WN, wk = warp / WN;
+  const int gl = wn * 32 + lane;  // this thread in its K group (x is copied by the whole group)
   const int g = lane >> 2, t = lane & 3;
   // blockIdx.x walks the row blocks of one column block: blocks that read the same weights run
   // side by side, so all but the first read them from L2
-  const int ntile0 = blockIdx.y * NT;
+  const int bt0 = blockIdx.y * NT * WN;  // the block's first n8 tile
+  const int ntile0 = bt0 + wn * NT;      // this warp's
+  const int src0 = ntile0 < Npad / 8 ? ntile0 : 0;
   const int m0 = blockIdx.x * ROWS;
   const int rows = min(ROWS, M - m0);  // valid rows of this block
 
   extern __shared__ uint4 smem[];
-  uint4* ring = smem + warp * STAGES * STAGE;
+  uint4* ring = smem + wk * STAGES * STAGE;
 
-  constexpr int ACC = SWAP ? NT / 2 : MT * NT;
+  constexpr int ACC = SWAP ? NT / 2 * PARTS : MT * NT;
+  constexpr int SXN = SWAP ? PARTS : MT;
   float acc[ACC][4];
 #pragma unroll
   for (int i = 0; i < ACC; i++)
 #pragma unroll
     for (int r = 0; r < 4; r++) acc[i][r] = 0.f;
 
-  const int per = (chunks + WK - 1) / WK;  // this warp's chunks: [c0, c1)
-  const int c0 = warp * per;
+  const int per = (chunks + WK - 1) / WK;  // this group's chunks: [c0, c1)
+  const int c0 = wk * per;
   const int c1 = min(chunks, c0 + per);
 
   // Per-lane sources of the next chunk to copy: chunks are issued in order, so each copy only
-  // advances its pointers by one chunk. The n8 tiles of a block never straddle a TG group
-  // except whole groups (NT divides TG or TG divides NT): tile j is group j / TG, offset j % TG.
+  // advances its pointers by one chunk. The n8 tiles of a warp never straddle a TG group except
+  // whole groups (NT divides TG or TG divides NT): tile j is group j / TG, offset j % TG.
   constexpr int NG = (NT + TG - 1) / TG;
   const uint4* wsrc[NG];
 #pragma unroll
-  for (int q = 0; q < NG; q++) wsrc[q] = w + tile_base(ntile0 + q * TG, chunks) + c0 * (TG * 32) + lane;
-  constexpr int XU = (SX + 31) / 32;  // x pieces per lane per chunk (rows past M are not copied)
+  for (int q = 0; q < NG; q++) wsrc[q] = w + tile_base(src0 + q * TG, chunks) + c0 * (TG * 32) + lane;
+  constexpr int XU = (SX + 32 * WN - 1) / (32 * WN);  // x pieces per thread and chunk (rows past M: none)
   const T* xsrc[XU];
   int xdst[XU], xleft[XU];  // xleft: inputs of this piece's row left from the piece on
   bool xok[XU];
 #pragma unroll
   for (int u = 0; u < XU; u++) {
-    const int p = lane + 32 * u, r = p / XP, L = p % XP;
+    const int p = gl + 32 * WN * u, r = p / XP, L = p % XP;
     xok[u] = r < rows;
     xsrc[u] = x + (long long)(m0 + (xok[u] ? r : 0)) * ldx + c0 * KC + L * 8;
-    xdst[u] = SW + r * XP + xslot<BITS>(r, L);
+    xdst[u] = r * XP + xslot<BITS>(r, L);
     xleft[u] = K - c0 * KC - L * 8;
   }
   constexpr int PG = NT * 8 * (int)sizeof(P) / 16;  // uint4 per group's row of parameters
   static_assert(32 % PG == 0, "lane p and p + 32 copy the same column piece");
   constexpr int PU = (SP + 31) / 32;
-  const uint4* psrc = reinterpret_cast<const uint4*>(reinterpret_cast<const P*>(sz) + ntile0 * 8) + lane % PG;
+  const uint4* psrc = reinterpret_cast<const uint4*>(reinterpret_cast<const P*>(sz) + src0 * 8) + lane % PG;
   const long long prow = (long long)Npad * (int)sizeof(P) / 16;  // uint4 per group row
   int cnext = c0;
 
   auto issue = [&](int slot) {
     uint4* st = ring + slot * STAGE;
+    uint4* mine = st + SX + wn * WST;
 #pragma unroll
-    for (int j = 0; j < NT; j++) cp_async16(st + j * 32 + lane, wsrc[j / TG] + (j % TG) * 32);
+    for (int j = 0; j < NT; j++) cp_async16(mine + j * 32 + lane, wsrc[j / TG] + (j % TG) * 32);
 #pragma unroll
     for (int q = 0; q < NG; q++) wsrc[q] += TG * 32;
 #pragma unroll
@@ -293,7 +329,7 @@ __global__ void wna16_mma(const T* __restrict__ x, const uint4* __restrict__ w, 
     for (int u = 0; u < PU; u++) {
       const int p = lane + 32 * u;
       const int gi = GPC == 1 ? (cnext >> cpg_log2) : cnext * GPC + p / PG;
-      if (p < SP) cp_async16(st + SW + SX + p, psrc + gi * prow);
+      if (p < SP) cp_async16(mine + SW + p, psrc + gi * prow);
     }
     cnext++;
   };
@@ -305,59 +341,66 @@ __global__ void wna16_mma(const T* __restrict__ x, const uint4* __restrict__ w, 
   }
   int slot = 0;
   for (int c = c0; c < c1; c++) {
+    // chunk c has landed (this thread's copies); the barrier makes the group's copies visible
+    // and says every warp of the group is done with chunk c - 1, whose slot is refilled next
+    cp_async_wait<STAGES - 2>();
+    group_sync<WN>(wk);
     {
       int ns = slot + STAGES - 1;
       if (ns >= STAGES) ns -= STAGES;
       if (c + STAGES - 1 < c1) issue(ns);
       cp_async_commit();
     }
-    cp_async_wait<STAGES - 1>();
-    __syncwarp();  // lanes read what other lanes of this warp copied
-    const uint4* st = ring + slot * STAGE;
-    const P* prm = reinterpret_cast<const P*>(st + SW + SX);
+    const uint4* xs = ring + slot * STAGE;
+    const uint4* st = xs + SX + wn * WST;
+    const P* prm = reinterpret_cast<const P*>(st + SW);
     uint4 wv[NT];
 #pragma unroll
     for (int j = 0; j < NT; j++) wv[j] = st[j * 32 + lane];
 
-    float tmp[ACC][4];
-    float sx[SWAP ? 1 : MT][4];
-#pragma unroll
-    for (int i = 0; i < ACC; i++)
-#pragma unroll
-      for (int r = 0; r < 4; r++) tmp[i][r] = 0.f;
-#pragma unroll
-    for (int i = 0; i < (SWAP ? 1 : MT); i++)
-#pragma unroll
-      for (int r = 0; r < 4; r++) sx[i][r] = 0.f;
+    float tmp[FOLD ? ACC : 1][4];  // this chunk's sums, before zero point and scale
+    float sx[SXN][4];              // sums of x over the chunk, per row (FOLD)
 
 #pragma unroll
     for (int kp = 0; kp < TILES / 2; kp++) {  // pairs of k16 tiles: one 16-byte piece of x per row
-      constexpr int XROWS = SWAP ? 1 : 2 * MT;
+      constexpr int XROWS = SWAP ? PARTS : 2 * MT;
       uint4 xv[XROWS];
 #pragma unroll
       for (int h = 0; h < XROWS; h++) {
-        const int r = SWAP ? (g < XR ? g : 0) : 16 * (h >> 1) + g + 8 * (h & 1);
+        const int r = SWAP ? (XR >= 8 ? 8 * h + g : (g < XR ? g : 0)) : 16 * (h >> 1) + g + 8 * (h & 1);
         const int L = t * (LK / 8) + kp;
-        xv[h] = st[SW + r * XP + xslot<BITS>(r, L)];
+        xv[h] = xs[r * XP + xslot<BITS>(r, L)];
       }
 #pragma unroll
       for (int kh = 0; kh < 2; kh++) {
         const int kt = 2 * kp + kh;
+        const bool first = kp == 0 && kh == 0;
         if constexpr (SWAP) {
-          const u32 xlo = kh ? xv[0].z : xv[0].x, xhi = kh ? xv[0].w : xv[0].y;
+          u32 xlo[PARTS], xhi[PARTS];
+#pragma unroll
+          for (int pi = 0; pi < PARTS; pi++) {
+            xlo[pi] = kh ? xv[pi].z : xv[pi].x;
+            xhi[pi] = kh ? xv[pi].w : xv[pi].y;
+          }
           if constexpr (FOLD) {
-            mma<T>(sx[0], Kind<T>::ones2(), Kind<T>::ones2(), Kind<T>::ones2(), Kind<T>::ones2(), xlo, xhi);
+#pragma unroll
+            for (int pi = 0; pi < PARTS; pi++)
+              mma<T>(sx[pi], first, Kind<T>::ones2(), Kind<T>::ones2(), Kind<T>::ones2(), Kind<T>::ones2(),
+                     xlo[pi], xhi[pi]);
 #pragma unroll
             for (int v = 0; v < virtual_tiles<T, BITS>(); v++) {
-              u32 xb0, xb1;
-              folded_x<T, BITS>(xlo, xhi, v, xb0, xb1);
+              u32 xb0[PARTS], xb1[PARTS];
+#pragma unroll
+              for (int pi = 0; pi < PARTS; pi++) folded_x<T, BITS>(xlo[pi], xhi[pi], v, xb0[pi], xb1[pi]);
               const int vt = kt * virtual_tiles<T, BITS>() + v;
 #pragma unroll
               for (int j2 = 0; j2 < NT / 2; j2++) {
                 u32 a0, a1, a2, a3;
                 folded_codes<T, BITS>(wv[2 * j2], vt, a0, a2);
                 folded_codes<T, BITS>(wv[2 * j2 + 1], vt, a1, a3);
-                mma<T>(tmp[j2], a0, a1, a2, a3, xb0, xb1);
+#pragma unroll
+                for (int pi = 0; pi < PARTS; pi++)
+                  mma<T>(tmp[j2 * PARTS + pi], first && v == 0, a0, a1, a2, a3, xb0[pi], xb1[pi]);
               }
             }
           } else {
@@ -367,7 +410,8 @@ __global__ void wna16_mma(const T* __restrict__ x, const uint4* __restrict__ w, 
               u32 a0, a1, a2, a3;
               Deq<T, BITS>::run(wv[2 * j2], kt, prm[q * NT * 8 + 16 * j2 + g], a0, a2);
               Deq<T, BITS>::run(wv[2 * j2 + 1], kt, prm[q * NT * 8 + 16 * j2 + 8 + g], a1, a3);
-              mma<T>(acc[j2], a0, a1, a2, a3, xlo, xhi);
+#pragma unroll
+              for (int pi = 0; pi < PARTS; pi++) mma<T>(acc[j2 * PARTS + pi], false, a0, a1, a2, a3, xlo[pi], xhi[pi]);
             }
           }
         } else {
@@ -382,7 +426,7 @@ __global__ void wna16_mma(const T* __restrict__ x, const uint4* __restrict__ w, 
           if constexpr (FOLD) {
 #pragma unroll
             for (int i = 0; i < MT; i++)
-              mma<T>(sx[i], lo[i][0], lo[i][1], hi[i][0], hi[i][1], Kind<T>::ones2(), Kind<T>::ones2());
+              mma<T>(sx[i], first, lo[i][0], lo[i][1], hi[i][0], hi[i][1], Kind<T>::ones2(), Kind<T>::ones2());
 #pragma unroll
             for (int v = 0; v < virtual_tiles<T, BITS>(); v++) {
               u32 A[MT][4];
@@ -397,7 +441,8 @@ __global__ void wna16_mma(const T* __restrict__ x, const uint4* __restrict__ w, 
                 u32 b0, b1;
                 folded_codes<T, BITS>(wv[j], vt, b0, b1);
 #pragma unroll
-                for (int i = 0; i < MT; i++) mma<T>(tmp[i * NT + j], A[i][0], A[i][1], A[i][2], A[i][3], b0, b1);
+                for (int i = 0; i < MT; i++)
+                  mma<T>(tmp[i * NT + j], first && v == 0, A[i][0], A[i][1], A[i][2], A[i][3], b0, b1);
               }
             }
           } else {
@@ -407,23 +452,29 @@ __global__ void wna16_mma(const T* __restrict__ x, const uint4* __restrict__ w, 
               u32 b0, b1;
               Deq<T, BITS>::run(wv[j], kt, prm[q * NT * 8 + 8 * j + g], b0, b1);
 #pragma unroll
-              for (int i = 0; i < MT; i++) mma<T>(acc[i * NT + j], lo[i][0], lo[i][1], hi[i][0], hi[i][1], b0, b1);
+              for (int i = 0; i < MT; i++)
+                mma<T>(acc[i * NT + j], false, lo[i][0], lo[i][1], hi[i][0], hi[i][1], b0, b1);
             }
           }
         }
       }
     }
     if constexpr (FOLD) {  // acc += s * (tmp - zb * sum x) for this chunk's group
-      if constexpr (SWAP) {  // c0, c1: column g of tile 2j2 (rows 2t, 2t+1); c2, c3: column g of tile 2j2+1
+      if constexpr (SWAP) {  // c0, c1: column g of tile 2j2 (x rows 2t, 2t+1 of the part); c2, c3: of tile 2j2+1
 #pragma unroll
         for (int j2 = 0; j2 < NT / 2; j2++) {
           float za, sa, zb2, sb;
           zb_s<T>(prm[16 * j2 + g], za, sa);
           zb_s<T>(prm[16 * j2 + 8 + g], zb2, sb);
-          acc[j2][0] = fmaf(sa, fmaf(-za, sx[0][0], tmp[j2][0]), acc[j2][0]);
-          acc[j2][1] = fmaf(sa, fmaf(-za, sx[0][1], tmp[j2][1]), acc[j2][1]);
-          acc[j2][2] = fmaf(sb, fmaf(-zb2, sx[0][0], tmp[j2][2]), acc[j2][2]);
-          acc[j2][3] = fmaf(sb, fmaf(-zb2, sx[0][1], tmp[j2][3]), acc[j2][3]);
+#pragma unroll
+          for (int pi = 0; pi < PARTS; pi++) {
+            float* a = acc[j2 * PARTS + pi];
+            const float* tp = tmp[j2 * PARTS + pi];
+            a[0] = fmaf(sa, fmaf(-za, sx[pi][0], tp[0]), a[0]);
+            a[1] = fmaf(sa, fmaf(-za, sx[pi][1], tp[1]), a[1]);
+            a[2] = fmaf(sb, fmaf(-zb2, sx[pi][0], tp[2]), a[2]);
+            a[3] = fmaf(sb, fmaf(-zb2, sx[pi][1], tp[3]), a[3]);
+          }
         }
       } else {  // c0, c2: column 2t (rows g, g+8); c1, c3: column 2t+1
 #pragma unroll
@@ -443,24 +494,25 @@ __global__ void wna16_mma(const T* __restrict__ x, const uint4* __restrict__ w, 
         }
       }
     }
-    __syncwarp();  // this slot is refilled by the next issue
     if (++slot == STAGES) slot = 0;
   }
   cp_async_wait<0>();
 
-  // reduce the warps' partial sums through shared memory (reusing the rings), then write y
-  constexpr int COLS = 8 * NT;
+  // reduce the K groups' partial sums through shared memory (reusing the rings), then write y
+  constexpr int COLS = 8 * NT * WN;
   float* red = reinterpret_cast<float*>(smem);  // [WK][ROWS][COLS]
   __syncthreads();
-  float* mine = red + warp * ROWS * COLS;
+  float* mine = red + wk * ROWS * COLS + wn * 8 * NT;
   if constexpr (SWAP) {
 #pragma unroll
     for (int j2 = 0; j2 < NT / 2; j2++)
 #pragma unroll
-      for (int r = 0; r < 4; r++) {
-        const int m = 2 * t + (r & 1), n = 16 * j2 + g + 8 * (r >> 1);
-        if (m < ROWS) mine[m * COLS + n] = acc[j2][r];
-      }
+      for (int pi = 0; pi < PARTS; pi++)
+#pragma unroll
+        for (int r = 0; r < 4; r++) {
+          const int m = 8 * pi + 2 * t + (r & 1), n = 16 * j2 + g + 8 * (r >> 1);
+          if (m < ROWS) mine[m * COLS + n] = acc[j2 * PARTS + pi][r];
+        }
   } else {
 #pragma unroll
     for (int i = 0; i < MT; i++)
@@ -472,10 +524,10 @@ __global__ void wna16_mma(const T* __restrict__ x, const uint4* __restrict__ w, 
   }
   __syncthreads();
   for (int e = threadIdx.x; e < rows * COLS; e += blockDim.x) {
-    float v = 0.f;
-    for (int u = 0; u < WK; u++) v += red[u * ROWS * COLS + e];
-    const int n = ntile0 * 8 + e % COLS;
+    const int n = bt0 * 8 + e % COLS;
     if (n < N) {
+      float v = 0.f;
+      for (int u = 0; u < WK; u++) v += red[u * ROWS * COLS + e];
       if (bias) v += Kind<T>::to_float(bias[n]);
       y[(long long)(m0 + e / COLS) * ldy + n] = Kind<T>::from_float(v);
     }
