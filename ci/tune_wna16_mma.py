@@ -52,8 +52,10 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     ap.add_argument("--scheme", default="w4a16-int-g128-asym")
     ap.add_argument("--shapes", default=",".join(f"{k}x{n}" for k, n in SHAPES))
+    ap.add_argument("--buckets", default=",".join(map(str, BUCKETS)))
     args = ap.parse_args()
     shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
+    buckets = tuple(int(v) for v in args.buckets.split(","))
     dev = torch.cuda.current_device()
     arch = "sm_{}{}".format(*torch.cuda.get_device_capability(dev))
     times: dict[tuple[int, ...], list[float]] = {}
@@ -64,8 +66,9 @@ def main() -> None:
         state = layer._state
         dense = torch.randn(N, K, device="cuda", dtype=torch.bfloat16)
         limit = mk.smem_limit(dev)
+        szb = mk.sz_bytes(torch.bfloat16, state.bits)
         sms = torch.cuda.get_device_properties(dev).multi_processor_count
-        for bucket in BUCKETS:
+        for bucket in buckets:
             x = torch.randn(bucket, K, device="cuda", dtype=torch.bfloat16)
             cublas[(K, N, bucket)] = bench(lambda x=x, dense=dense: torch.nn.functional.linear(x, dense))
             cands = []
@@ -79,9 +82,9 @@ def main() -> None:
                 row |= {"stages": stages, "fold": fold, "warps_per_sm": wps}
                 shape = mk.Shape.of(row, state.bits, torch.bfloat16, state.gpc)
                 wk = mk.pick_warps(
-                    shape, row, state.n_pad, state.chunks, sms, limit, state.gpc, 4, state.bits
+                    shape, row, state.n_pad, state.chunks, sms, limit, state.gpc, szb, state.bits
                 )
-                if shape.smem(wk, state.gpc, 4, state.bits) <= limit:
+                if shape.smem(wk, state.gpc, szb, state.bits) <= limit:
                     cands.append((row, shape, wk))
             exprs = [mk.tile_expr(torch.bfloat16, state.bits, state.gpc, shape) for _, shape, _ in cands]
             mk.compile_all(mk.SOURCE, exprs, dev)  # one NVRTC run per bucket
@@ -111,7 +114,7 @@ def write(
 ) -> None:
     """The table from the shapes swept so far (written after each shape: a cut-off run keeps them)."""
     rows = []
-    for bucket in BUCKETS:
+    for bucket in sorted({k[0] for k in times}):
         cands = {k: v for k, v in times.items() if k[0] == bucket and len(v) == done}
         if not cands:
             continue

@@ -147,7 +147,8 @@ class CudaMmaWNA16(Kernel):
         sms = torch.cuda.get_device_properties(dev).multi_processor_count
         limit = smem_limit(dev)
         szb = sz_bytes(act, bits)
-        shapes = [(Shape.of(row, bits, act, gpc), row) for row in table["small_m"]]
+        rows = table.get(f"small_m_w{bits}", table["small_m"])  # int8 codes may have their own sweep
+        shapes = [(Shape.of(row, bits, act, gpc), row) for row in rows]
         compile_all(
             SOURCE, [tile_expr(act, bits, gpc, sh) for sh, _ in shapes] + [dense_expr(act, bits, gpc)], dev
         )
