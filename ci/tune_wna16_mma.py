@@ -40,7 +40,14 @@ GEOMETRY = {
 }
 STAGES = {1: (2, 3, 4), 8: (2, 3, 4), 16: (2, 3, 4), 32: (2, 3), 64: (2, 3)}
 FOLD = {1: (True,), 8: (True,), 16: (True,), 32: (True, False), 64: (True, False)}
-WARPS_PER_SM = (8, 16, 32)  # K groups per block follow from this, per layer shape (mk.pick_warps)
+# K groups per block follow from this, per layer shape (mk.pick_warps)
+WARPS_PER_SM = {
+    1: (16, 32, 64, 128),
+    8: (16, 32, 64, 128),
+    16: (8, 16, 32, 64),
+    32: (8, 16, 32),
+    64: (8, 16, 32),
+}
 
 
 def bench(fn) -> float:
@@ -73,7 +80,7 @@ def main() -> None:
             cublas[(K, N, bucket)] = bench(lambda x=x, dense=dense: torch.nn.functional.linear(x, dense))
             cands = []
             for (swap, mt, nt, wn), stages, fold, wps in itertools.product(
-                GEOMETRY[bucket], STAGES[bucket], FOLD[bucket], WARPS_PER_SM
+                GEOMETRY[bucket], STAGES[bucket], FOLD[bucket], WARPS_PER_SM[bucket]
             ):
                 acc_tiles = nt // 2 * -(-bucket // 8) if swap else mt * nt  # 4 fp32 each per lane
                 if fold and acc_tiles > 8:  # the fold keeps a second set for the chunk's sums
