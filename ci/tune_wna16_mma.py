@@ -25,21 +25,32 @@ from quantrt.layers import QuantLinear
 from quantrt.reference import quantize
 
 SHAPES = ((4096, 28672), (8192, 57344), (28672, 8192), (14336, 4096))
-BUCKETS = (1, 8, 16, 32, 64)
-# (swap, mt, nt, wn) per bucket: swapped shapes cover the bucket's rows as n8 parts; wn warps side
-# by side share x, so blocks of 8*nt*wn columns read it once.
+BUCKETS = (1, 8, 16, 32, 64, 128, 256)
+
+
+def mma(swap: bool, mt: int, nt: int, wn: int) -> dict:
+    return {"mt": mt, "nt": nt, "wn": wn, "swap": swap}
+
+
+def wg(xr: int, wgn: int) -> dict:
+    return {"wgmma": True, "xr": xr, "wgn": wgn}
+
+
+# Launch geometries per bucket. mma.sync: swapped shapes cover the bucket's rows as n8 parts; wn
+# warps side by side share x, so blocks of 8*nt*wn columns read it once. wgmma (sm_90a only): xr
+# rows of x per block as the instruction's n, wgn warpgroups of 64 columns side by side.
 GEOMETRY = {
-    1: [(True, 1, nt, wn) for nt in (4, 8) for wn in (1, 2, 4)],
-    8: [(True, 1, nt, wn) for nt in (4, 8) for wn in (1, 2, 4)],
-    16: [(True, 1, nt, wn) for nt, wns in ((4, (1, 2, 4, 8)), (8, (1, 2, 4))) for wn in wns],
-    32: [(True, 1, 4, wn) for wn in (2, 4, 8)]
-    + [(True, 1, 8, wn) for wn in (1, 2, 4)]
-    + [(False, 2, nt, wn) for nt in (2, 4) for wn in (2, 4, 8)],
-    64: [(True, 1, nt, wn) for nt in (2, 4) for wn in (2, 4, 8)]
-    + [(False, mt, nt, wn) for mt, nt in ((4, 2), (4, 4), (2, 4)) for wn in (2, 4, 8)],
+    1: [mma(True, 1, nt, wn) for nt in (4, 8) for wn in (1, 2, 4)],
+    8: [mma(True, 1, nt, wn) for nt in (4, 8) for wn in (1, 2, 4)],
+    16: [mma(True, 1, nt, wn) for nt, wns in ((4, (1, 2, 4, 8)), (8, (1, 2, 4))) for wn in wns]
+    + [wg(16, wgn) for wgn in (1, 2)],
+    32: [mma(True, 1, 4, wn) for wn in (2, 4)] + [wg(32, wgn) for wgn in (1, 2)],
+    64: [mma(True, 1, 2, wn) for wn in (4, 8)] + [wg(64, wgn) for wgn in (1, 2)],
+    128: [wg(128, wgn) for wgn in (1, 2)] + [wg(64, 1)],
+    256: [wg(256, 1), wg(128, 1), wg(128, 2)],
 }
-STAGES = {1: (2, 3, 4), 8: (2, 3, 4), 16: (2, 3, 4), 32: (2, 3), 64: (2, 3)}
-FOLD = {1: (True,), 8: (True,), 16: (True,), 32: (True, False), 64: (True, False)}
+STAGES = {1: (2, 3, 4), 8: (2, 3, 4), 16: (2, 3, 4), 32: (2, 3), 64: (2, 3), 128: (2, 3), 256: (2, 3)}
+FOLD = (True, False)  # mma.sync only; wgmma is unfolded
 # K groups per block follow from this, per layer shape (mk.pick_warps)
 WARPS_PER_SM = {
     1: (16, 32, 64, 128),
@@ -47,7 +58,32 @@ WARPS_PER_SM = {
     16: (8, 16, 32, 64),
     32: (8, 16, 32),
     64: (8, 16, 32),
+    128: (4, 8, 16),
+    256: (4, 8, 16),
 }
+
+
+def candidates(bucket: int, hopper: bool) -> list[dict]:
+    rows = []
+    for geo, stages, fold, wps in itertools.product(
+        GEOMETRY[bucket], STAGES[bucket], FOLD, WARPS_PER_SM[bucket]
+    ):
+        if geo.get("wgmma"):
+            if not hopper or fold:
+                continue
+        else:
+            acc_tiles = geo["nt"] // 2 * -(-bucket // 8) if geo["swap"] else geo["mt"] * geo["nt"]
+            if fold and acc_tiles > 8:  # 4 fp32 per tile and lane; the fold keeps a second set
+                continue
+            if not fold and bucket <= 16:  # measured slower at every shape (earlier sweeps)
+                continue
+            geo = geo | {"fold": fold}
+        rows.append({"max_m": bucket} | geo | {"stages": stages, "warps_per_sm": wps})
+    return rows
+
+
+def label(row: dict) -> str:
+    return "/".join(f"{k}{int(v) if isinstance(v, bool) else v}" for k, v in row.items())
 
 
 def bench(fn) -> float:
@@ -65,7 +101,9 @@ def main() -> None:
     buckets = tuple(int(v) for v in args.buckets.split(","))
     dev = torch.cuda.current_device()
     arch = "sm_{}{}".format(*torch.cuda.get_device_capability(dev))
-    times: dict[tuple[int, ...], list[float]] = {}
+    hopper = torch.cuda.get_device_capability(dev) == (9, 0)
+    times: dict[str, list[float]] = {}
+    rows_of: dict[str, dict] = {}
     cublas: dict[tuple[int, int, int], float] = {}
     for K, N in shapes:
         canon = quantize(torch.randn(N, K, device="cuda") * 0.02, args.scheme)
@@ -79,69 +117,62 @@ def main() -> None:
             x = torch.randn(bucket, K, device="cuda", dtype=torch.bfloat16)
             cublas[(K, N, bucket)] = bench(lambda x=x, dense=dense: torch.nn.functional.linear(x, dense))
             cands = []
-            for (swap, mt, nt, wn), stages, fold, wps in itertools.product(
-                GEOMETRY[bucket], STAGES[bucket], FOLD[bucket], WARPS_PER_SM[bucket]
-            ):
-                acc_tiles = nt // 2 * -(-bucket // 8) if swap else mt * nt  # 4 fp32 each per lane
-                if fold and acc_tiles > 8:  # the fold keeps a second set for the chunk's sums
-                    continue
-                row = {"max_m": bucket, "mt": mt, "nt": nt, "wn": wn, "swap": swap}
-                row |= {"stages": stages, "fold": fold, "warps_per_sm": wps}
+            for row in candidates(bucket, hopper):
                 shape = mk.Shape.of(row, state.bits, torch.bfloat16, state.gpc)
                 wk = mk.pick_warps(
                     shape, row, state.n_pad, state.chunks, sms, limit, state.gpc, szb, state.bits
                 )
                 if shape.smem(wk, state.gpc, szb, state.bits) <= limit:
-                    cands.append((row, shape, wk))
-            exprs = [mk.tile_expr(torch.bfloat16, state.bits, state.gpc, shape) for _, shape, _ in cands]
-            mk.compile_all(mk.SOURCE, exprs, dev)  # one NVRTC run per bucket
-            for (row, shape, wk), expr in zip(cands, exprs, strict=True):
-                if mk.function(mk.SOURCE, expr, dev).local_size_bytes:  # spills: never a winner
-                    continue
-                swap, mt, nt, wn, stages, fold, wps = (
-                    row[k] for k in ("swap", "mt", "nt", "wn", "stages", "fold", "warps_per_sm")
-                )
-                key = (bucket, mt, nt, wn, int(swap), stages, int(fold), wps)
+                    cands.append((row, shape, wk, mk.tile_expr(torch.bfloat16, state.bits, state.gpc, shape)))
+            for src, wgmma in ((mk.SOURCE, False), (mk.WG_SOURCE, True)):  # one NVRTC run per source
+                exprs = [e for _, sh, _, e in cands if sh.wgmma == wgmma]
+                if exprs:
+                    mk.compile_all(src, exprs, dev)
+            for row, shape, wk, expr in cands:
+                if mk.function(mk.WG_SOURCE if shape.wgmma else mk.SOURCE, expr, dev).local_size_bytes:
+                    continue  # spills: never a winner
+                key = label(row)
+                rows_of[key] = row
                 tile = mk.make_tile(shape, torch.bfloat16, state.bits, state.gpc, dev, wk)
                 st = dataclasses.replace(state, tiles=(dataclasses.replace(tile, max_m=1 << 30),))
                 t = bench(lambda st=st, x=x: mk.run(st, x, None, None))
                 times.setdefault(key, []).append(t)
                 print(
-                    f"{K}x{N} M={bucket} {'swap' if swap else f'mt{mt}'} nt{nt} wn{wn} wk{tile.wk} st{stages} "
-                    f"fold{int(fold)} wps{wps}: {t * 1e3:.1f} us ({cublas[(K, N, bucket)] / t:.2f}x cuBLAS)",
+                    f"{K}x{N} M={bucket} {key} wk{tile.wk}: {t * 1e3:.1f} us "
+                    f"({cublas[(K, N, bucket)] / t:.2f}x cuBLAS)",
                     flush=True,
                 )
         del layer, dense, canon
         torch.cuda.empty_cache()
-        write(args.out, args.scheme, args.shapes, dev, arch, times, cublas, shapes.index((K, N)) + 1)
+        write(args.out, args.scheme, args.shapes, dev, arch, times, rows_of, cublas, shapes.index((K, N)) + 1)
 
 
 def write(
-    out: str, scheme: str, shape_arg: str, dev: int, arch: str, times: dict, cublas: dict, done: int
+    out: str,
+    scheme: str,
+    shape_arg: str,
+    dev: int,
+    arch: str,
+    times: dict,
+    rows_of: dict,
+    cublas: dict,
+    done: int,
 ) -> None:
     """The table from the shapes swept so far (written after each shape: a cut-off run keeps them)."""
     rows = []
-    for bucket in sorted({k[0] for k in times}):
-        cands = {k: v for k, v in times.items() if k[0] == bucket and len(v) == done}
-        if not cands:
-            continue
-        best = min(cands, key=lambda k: math.exp(sum(math.log(t) for t in cands[k]) / len(cands[k])))
-        _, mt, nt, wn, swap, stages, fold, wps = best
-        rows.append(
-            {"max_m": bucket, "mt": mt, "nt": nt, "wn": wn, "swap": bool(swap), "stages": stages}
-            | {"fold": bool(fold), "warps_per_sm": wps}
-        )
+    for bucket in sorted({r["max_m"] for r in rows_of.values()}):
+        cands = {k: v for k, v in times.items() if rows_of[k]["max_m"] == bucket and len(v) == done}
+        if cands:
+            best = min(cands, key=lambda k: math.exp(sum(math.log(t) for t in cands[k]) / len(cands[k])))
+            rows.append(rows_of[best])
     doc = {
         "_note": f"swept by ci/tune_wna16_mma.py on {torch.cuda.get_device_name(dev)} ({scheme}, shapes "
         f"{shape_arg}; best geometric mean per bucket); wn: warps side by side over N sharing x, "
-        "warps_per_sm: sets the K groups per block per layer, stages: copy ring depth, fold: zero/scale "
-        "per group on the sums",
+        "wgmma: the warpgroup-MMA kernel (xr rows, wgn warpgroups of 64 columns), warps_per_sm: sets "
+        "the K groups per block per layer, stages: copy ring depth, fold: zero/scale per group on the sums",
         "small_m": rows,
         "dense_workspace_mb": 256,
-        "sweep_ms": {
-            "{}/mt{}/nt{}/wn{}/swap{}/st{}/fold{}/wps{}".format(*k): [round(t, 5) for t in v]
-            for k, v in times.items()
-        },
+        "sweep_ms": {k: [round(t, 5) for t in v] for k, v in times.items()},
         "cublas_ms": {f"{k}x{n}/M{m}": round(t, 5) for (k, n, m), t in cublas.items()},
         "arch": arch,
     }

@@ -11,6 +11,7 @@ directly (``Launch``).
 from __future__ import annotations
 
 import ctypes
+import re
 import threading
 from collections.abc import Sequence
 from functools import cache
@@ -22,10 +23,17 @@ import torch
 
 @cache
 def source(name: str) -> str:
-    return (resources.files("quantrt.backends.cuda") / "kernels" / name).read_text()
+    """The text of ``kernels/<name>`` with its local ``#include "*.cuh"`` lines replaced by the
+    headers themselves: CuPy's on-disk cache keys a binary by the source text, so a header edit
+    must change that text (an include path would let a stale binary load)."""
+    text = (resources.files("quantrt.backends.cuda") / "kernels" / name).read_text()
+    return re.sub(r'^#include "([\w.]+\.cuh)"$', lambda m: source(m.group(1)), text, flags=re.M)
 
 
 _functions: dict[tuple[str, str, int], Any] = {}
+
+# sources that use instructions of one architecture only: wgmma needs the sm_90a target
+ARCH_OPTIONS = {"wna16_wgmma.cu": ("-arch=sm_90a",)}
 
 
 def compile_all(name: str, expressions: Sequence[str], device: int) -> None:
@@ -39,7 +47,8 @@ def compile_all(name: str, expressions: Sequence[str], device: int) -> None:
         return
     optin = getattr(torch.cuda.get_device_properties(device), "shared_memory_per_block_optin", 0)
     with cupy.cuda.Device(device):
-        mod = cupy.RawModule(code=source(name), options=("--std=c++17",), name_expressions=todo)
+        options = ("--std=c++17", *ARCH_OPTIONS.get(name, ()))
+        mod = cupy.RawModule(code=source(name), options=options, name_expressions=todo)
         mod.compile()
         for e in todo:
             fn = mod.get_function(e)

@@ -26,11 +26,14 @@ from quantrt.kernels import Kernel, Verdict, check
 from quantrt.specs import LayerSpec
 
 from .cupy_kernels import Launch, compile_all, function, stream
-from .wna16_layout import KC, TG, group_params, repack_codes
+from .wna16_layout import KC, TG, group_params, repack_codes, wgmma_x_order
 from .wna16_rules import wna16_conditions
 
 SOURCE = "wna16_mma.cu"
+WG_SOURCE = "wna16_wgmma.cu"  # Hopper only (sm_90a)
 MMA_ARGS = 13  # wna16_mma: x, w, sz, bias, y, M, K, ldx, ldy, N, Npad, chunks, shift
+WG_ARGS = 12  # wna16_wgmma: x, w, sz, bias, y, M, ldx, ldy, N, Npad, chunks, shift
+WG_N = (16, 32, 64, 128, 256)  # x rows per block the wgmma kernel is built for
 DENSE_ARGS = 11  # wna16_dequant: w, sz, out, N, K, Npad, chunks, c_begin, c_count, ldo, shift
 SMEM_LIMIT = 48 * 1024
 MAX_SWAP_M = 64  # x rows as the mma's B operand: up to 8 n8 parts
@@ -83,6 +86,7 @@ class Tile:
     swap: bool  # W as the mma's A operand, x rows as B (n8 parts)
     fold: bool  # zero point and scale applied per group on the sums
     xr: int  # rows of x per block
+    wgmma: bool  # the warpgroup-MMA kernel (sm_90a): W from registers, x from shared memory
     fn: Any  # the compiled kernel
     smem: int  # dynamic shared memory per block
 
@@ -149,9 +153,14 @@ class CudaMmaWNA16(Kernel):
         szb = sz_bytes(act, bits)
         rows = table.get(f"small_m_w{bits}", table["small_m"])  # int8 codes may have their own sweep
         shapes = [(Shape.of(row, bits, act, gpc), row) for row in rows]
-        compile_all(
-            SOURCE, [tile_expr(act, bits, gpc, sh) for sh, _ in shapes] + [dense_expr(act, bits, gpc)], dev
-        )
+        shapes = [
+            (sh, row) for sh, row in shapes if not sh.wgmma or cap == (9, 0)
+        ]  # sm_90a code: Hopper only
+        mma = [tile_expr(act, bits, gpc, sh) for sh, _ in shapes if not sh.wgmma]
+        compile_all(SOURCE, [*mma, dense_expr(act, bits, gpc)], dev)
+        wg = [tile_expr(act, bits, gpc, sh) for sh, _ in shapes if sh.wgmma]
+        if wg:
+            compile_all(WG_SOURCE, wg, dev)
         tiles = []
         for shape, row in shapes:
             wk = pick_warps(shape, row, n_pad, chunks, sms, limit, gpc, szb, bits)
@@ -172,6 +181,8 @@ class CudaMmaWNA16(Kernel):
         if tile is None:
             k = state.slice_chunks * KC[state.bits]
             return f"dequant+cuBLAS (K slices of {min(k, state.K)})"
+        if tile.wgmma:
+            return f"wgmma XR{tile.xr} WN{tile.wn} WK{tile.wk}"
         kind = f"swapped XR{tile.xr}" if tile.swap else f"MT{tile.mt}"
         return f"mma {kind} NT{tile.nt} WN{tile.wn} WK{tile.wk}{' folded' if tile.fold else ''}"
 
@@ -218,11 +229,19 @@ class Shape:
     xr: int
 
     wn: int = 1
+    wgmma: bool = False
 
     @classmethod
     def of(cls, row: dict[str, Any], bits: int, act: torch.dtype, gpc: int) -> Shape:
         """Swapped operands by default up to M=16, on request up to 64 (x rows as n8 parts)."""
-        max_m, mt, nt = int(row["max_m"]), int(row["mt"]), int(row["nt"])
+        max_m = int(row["max_m"])
+        if row.get("wgmma"):  # 64 columns per warpgroup (wn = 4 per warpgroup), unfolded
+            xr = int(row.get("xr", next(n for n in WG_N if n >= min(max_m, WG_N[-1]))))
+            if xr not in WG_N:
+                raise ValueError(f"wgmma rows per block {xr}: expected one of {WG_N}")
+            wn = 4 * max(1, min(int(row.get("wgn", 1)), MAX_WN // 4))
+            return cls(max_m, 1, 2, int(row.get("stages", 3)), True, False, xr, wn, True)
+        mt, nt = int(row["mt"]), int(row["nt"])
         swap = max_m <= MAX_SWAP_M and nt % 2 == 0 and bool(row.get("swap", max_m <= 16))
         if swap:
             mt = 1
@@ -252,7 +271,7 @@ class Shape:
 
 
 def make_tile(shape: Shape, act: torch.dtype, bits: int, gpc: int, dev: int, wk: int) -> Tile:
-    fn = function(SOURCE, tile_expr(act, bits, gpc, shape), dev)
+    fn = function(WG_SOURCE if shape.wgmma else SOURCE, tile_expr(act, bits, gpc, shape), dev)
     wk = max(
         1, min(wk, fn.max_threads_per_block // (32 * shape.wn), max_groups(shape))
     )  # registers bound the block
@@ -267,7 +286,8 @@ def make_tile(shape: Shape, act: torch.dtype, bits: int, gpc: int, dev: int, wk:
         shape.swap,
         shape.fold,
         shape.xr,
-        Launch(fn, MMA_ARGS),
+        shape.wgmma,
+        Launch(fn, WG_ARGS if shape.wgmma else MMA_ARGS),
         smem,
     )
 
@@ -323,7 +343,29 @@ def run(
     if tile is None:
         return _dense(state, x, bias, out)
     y = torch.empty(M, state.N, dtype=state.act, device=x.device) if out is None else out
-    if M:
+    if M and tile.wgmma:
+        xw = wgmma_x_order(x[:, : state.K], state.bits, state.chunks)  # _aligned's columns past K are garbage
+        tile.fn(
+            (-(-M // tile.xr), -(-state.n_pad // (8 * tile.nt * tile.wn)), 1),
+            (32 * tile.wk * tile.wn, 1, 1),
+            (
+                xw.data_ptr(),
+                state.w.data_ptr(),
+                state.sz.data_ptr(),
+                0 if bias is None else bias.data_ptr(),
+                y.data_ptr(),
+                M,
+                xw.stride(0),
+                y.stride(0),
+                state.N,
+                state.n_pad,
+                state.chunks,
+                state.shift,
+            ),
+            tile.smem,
+            stream(state.device),
+        )
+    elif M:
         tile.fn(
             (
                 -(-M // (tile.xr if tile.swap else 16 * tile.mt)),
@@ -405,7 +447,7 @@ def _dense(
     return y
 
 
-SHAPE_FIELDS = 9  # per tile in meta: max_m, mt, nt, stages, swap, fold, xr, wn, wk
+SHAPE_FIELDS = 10  # per tile in meta: max_m, mt, nt, stages, swap, fold, xr, wn, wgmma, wk
 
 
 def meta(state: MmaState) -> list[int]:
@@ -413,7 +455,7 @@ def meta(state: MmaState) -> list[int]:
     flat = [state.N, state.K, state.bits, state.shift, state.chunks, state.n_pad, state.slice_chunks]
     flat += [state.device, state.gpc]
     for t in state.tiles:
-        flat += [t.max_m, t.mt, t.nt, t.stages, int(t.swap), int(t.fold), t.xr, t.wn, t.wk]
+        flat += [t.max_m, t.mt, t.nt, t.stages, int(t.swap), int(t.fold), t.xr, t.wn, int(t.wgmma), t.wk]
     return flat
 
 
@@ -423,8 +465,8 @@ def from_meta(
     N, K, bits, shift, chunks, n_pad, slice_chunks, dev, gpc = m[:9]
     tiles = []
     for i in range(9, len(m), SHAPE_FIELDS):
-        max_m, mt, nt, stages, swap, fold, xr, wn, wk = m[i : i + SHAPE_FIELDS]
-        shape = Shape(max_m, mt, nt, stages, bool(swap), bool(fold), xr, wn)
+        max_m, mt, nt, stages, swap, fold, xr, wn, wgmma, wk = m[i : i + SHAPE_FIELDS]
+        shape = Shape(max_m, mt, nt, stages, bool(swap), bool(fold), xr, wn, bool(wgmma))
         tiles.append(make_tile(shape, act, bits, gpc, dev, wk))
     dense = Launch(function(SOURCE, dense_expr(act, bits, gpc), dev), DENSE_ARGS)
     return MmaState(
@@ -433,6 +475,8 @@ def from_meta(
 
 
 def tile_expr(act: torch.dtype, bits: int, gpc: int, shape: Shape) -> str:
+    if shape.wgmma:
+        return f"wna16_wgmma<{CT[act]}, {bits}, {shape.xr}, {shape.wn // 4}, {gpc}, {shape.stages}>"
     b = {True: "true", False: "false"}
     return (
         f"wna16_mma<{CT[act]}, {bits}, {shape.mt}, {shape.nt}, {shape.wn}, {gpc}, {shape.stages}, {shape.xr}, "

@@ -165,3 +165,18 @@ def group_params(
     if not wide:
         pair = pair.view(torch.int32).squeeze(-1)
     return GroupParams(pair, g_len)
+
+
+def wgmma_x_order(x: torch.Tensor, bits: int, chunks: int) -> torch.Tensor:
+    """x [M, K] rearranged for the wgmma kernel (``kernels/wna16_wgmma.cu``), [M, chunks*KC].
+
+    Lane t of k16 tile kt multiplies inputs t*KC/4 + 4kt + 2h + e (h, e in {0, 1}) of a chunk
+    (see ``lane_k``), and wgmma reads its shared-memory operand in the canonical order k = 8h +
+    2t + e, so position kt*16 + 8h + 2t + e of each chunk takes that input. Inputs past K are zero.
+    """
+    kc = KC[bits]
+    M, K = x.shape
+    if K != chunks * kc:
+        x = torch.nn.functional.pad(x, (0, chunks * kc - K))
+    tiles = kc // 16
+    return x.reshape(M, chunks, 4, tiles, 2, 2).permute(0, 1, 3, 4, 2, 5).reshape(M, chunks * kc)

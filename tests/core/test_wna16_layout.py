@@ -23,6 +23,7 @@ from quantrt.backends.cuda.wna16_layout import (
     repack_codes,
     tile_major,
     unpack_codes,
+    wgmma_x_order,
 )
 from quantrt.canonical import int_codes
 from quantrt.reference.packing import pack_codes
@@ -227,3 +228,31 @@ def test_folded_arithmetic_equals_the_reference(scheme: str, act: torch.dtype) -
     want = (reference.dequantize(canon).double() @ torch.from_numpy(x)).numpy()
     # the only rounding is the activation-dtype scale and zero point the table stores
     assert np.allclose(y, want, rtol=2e-2, atol=1e-3 * np.abs(want).max()), np.abs(y - want).max()
+
+
+@pytest.mark.parametrize("bits,K", [(4, 256), (4, 200), (8, 64), (8, 100)])
+def test_wgmma_x_order_feeds_each_fragment_its_inputs(bits: int, K: int) -> None:
+    """wgmma reads x at canonical k = 8h + 2t + e of each k16 tile (PTX fragment layout: a0/a1
+    hold k 2t, 2t+1; a2/a3 hold 2t+8, 2t+9), while the repacked codes give lane t of tile kt the
+    inputs t*KC/4 + 4kt + 2h + e (kernel_view above): the product over the reordered x must be
+    x @ W.T with x zero past K."""
+    g = torch.Generator().manual_seed(K)
+    kc = KC[bits]
+    chunks = -(-K // kc)
+    N = 24
+    codes = torch.randint(0, 1 << bits, (N, K), generator=g, dtype=torch.uint8)
+    packed = repack_codes(pack_codes(codes, bits), bits, N, K, None)
+    view = kernel_view(packed, bits)[:N]  # input index -> code, as the lanes hold them
+    x = torch.randn(3, K, generator=g, dtype=torch.float64)
+    xw = wgmma_x_order(x, bits, chunks)
+    assert xw.shape == (3, chunks * kc)
+    y = torch.zeros(3, N, dtype=torch.float64)
+    for c in range(chunks):
+        for kt in range(kc // 16):
+            for j in range(16):  # canonical k of the tile
+                h, rem = divmod(j, 8)
+                t, e = divmod(rem, 2)
+                k = c * kc + t * (kc // 4) + 4 * kt + 2 * h + e  # the input lane t's register holds there
+                w = torch.from_numpy(view[:, k]).double()  # past K: padding codes, times x = 0
+                y += xw[:, c * kc + kt * 16 + j, None] * w[None, :]
+    assert torch.allclose(y, x @ codes.double().T)

@@ -1,0 +1,207 @@
+// quantrt: device helpers shared by the integer weight-only kernels (wna16_mma.cu, wna16_wgmma.cu):
+// code-to-pair conversion by bit tricks, dequantization, mma.sync, asynchronous copies, the
+// repacked layout's addressing (quantrt/backends/cuda/wna16_layout.py) and the x staging swizzle.
+#pragma once
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+
+namespace qrt {
+
+typedef unsigned int u32;
+
+template <typename T> struct Kind;
+template <> struct Kind<__half> {
+  typedef __half2 T2;
+  static __device__ __forceinline__ u32 magic4() { return 0x64006400u; }  // 1024.0 per half
+  static __device__ __forceinline__ u32 ones2() { return 0x3C003C00u; }
+  static __device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
+  static __device__ __forceinline__ __half from_float(float v) { return __float2half_rn(v); }
+};
+template <> struct Kind<__nv_bfloat16> {
+  typedef __nv_bfloat162 T2;
+  static __device__ __forceinline__ u32 magic4() { return 0x43004300u; }  // 128.0 per half
+  static __device__ __forceinline__ u32 ones2() { return 0x3F803F80u; }
+  static __device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
+  static __device__ __forceinline__ __nv_bfloat16 from_float(float v) { return __float2bfloat16_rn(v); }
+};
+
+__device__ __forceinline__ u32 and_or(u32 a, u32 mask, u32 bits) {
+  u32 r;
+  asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(r) : "r"(a), "r"(mask), "r"(bits));  // (a & mask) | bits
+  return r;
+}
+
+// c = a b (+ c unless first): the first mma of a chunk's sums writes them, so they need no zeroing
+template <typename T> __device__ __forceinline__ void mma(float* c, bool first, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1);
+template <>
+__device__ __forceinline__ void mma<__half>(float* c, bool first, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
+  if (first)
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%10,%10,%10,%10};"
+        : "=f"(c[0]), "=f"(c[1]), "=f"(c[2]), "=f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "f"(0.f));
+  else
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+template <>
+__device__ __forceinline__ void mma<__nv_bfloat16>(float* c, bool first, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0,
+                                                   u32 b1) {
+  if (first)
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%10,%10,%10,%10};"
+        : "=f"(c[0]), "=f"(c[1]), "=f"(c[2]), "=f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "f"(0.f));
+  else
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+template <typename T2> __device__ __forceinline__ u32 as_u32(T2 v) { return *reinterpret_cast<u32*>(&v); }
+template <typename T2> __device__ __forceinline__ T2 as_t2(u32 v) { return *reinterpret_cast<T2*>(&v); }
+
+__device__ __forceinline__ uint4 ldg_stream(const uint4* p) {
+  uint4 r;  // read once: keep it out of L1
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+               : "l"(p));
+  return r;
+}
+
+__device__ __forceinline__ u32 word(const uint4& v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
+
+// The raw pair registers (magic + q) of k16 tile kt from a lane's 16 bytes of codes: r0 holds
+// inputs 4kt, 4kt+1 of the lane's run, r1 inputs 4kt+2, 4kt+3 (low half first).
+// 4-bit: word kt/2, nibble slot p holds input 8*(kt/2) + 2*(p%4) + p/4, so (w >> 8h) & 0x000F000F
+// is one pair. 8-bit: word kt, byte i holds input 4kt + i.
+template <typename T, int BITS> struct Codes;
+template <typename T> struct Codes<T, 4> {
+  static __device__ __forceinline__ void raw(const uint4& v, int kt, u32& r0, u32& r1) {
+    const u32 s = word(v, kt >> 1) >> (8 * (kt & 1));
+    r0 = and_or(s, 0x000F000Fu, Kind<T>::magic4());
+    r1 = and_or(s >> 4, 0x000F000Fu, Kind<T>::magic4());
+  }
+};
+template <> struct Codes<__half, 8> {
+  static __device__ __forceinline__ void raw(const uint4& v, int kt, u32& r0, u32& r1) {
+    const u32 w = word(v, kt);
+    r0 = __byte_perm(w, 0x64646464u, 0x4140);
+    r1 = __byte_perm(w, 0x64646464u, 0x4342);
+  }
+};
+
+// Folded path, bf16 8-bit: 2^7 + a byte does not fit bf16's 8-bit significand, so each byte is
+// read as its two nibbles, two "virtual" inputs with the same x: x * (128 + lo) + 16x * (128 + hi)
+// = x * (2176 + q), and 16x is exact in bf16. A real k16 tile becomes two virtual ones: bytes 0
+// and 2 of each word, then bytes 1 and 3. (A nibble cannot be read in place above bit 3: bf16's
+// mantissa has 7 bits, so every nibble pair is shifted down, as for 4-bit codes.)
+template <typename T, int BITS> struct Split {
+  static constexpr bool value = false;
+};
+template <> struct Split<__nv_bfloat16, 8> {
+  static constexpr bool value = true;
+};
+// virtual tiles per real k16 tile on the folded path
+template <typename T, int BITS> __host__ __device__ constexpr int virtual_tiles() { return Split<T, BITS>::value ? 2 : 1; }
+
+// The code registers of (virtual) tile vt on the folded path.
+template <typename T, int BITS>
+__device__ __forceinline__ void folded_codes(const uint4& v, int vt, u32& r0, u32& r1) {
+  if constexpr (Split<T, BITS>::value) {
+    const u32 s = word(v, vt >> 1) >> (8 * (vt & 1));
+    r0 = and_or(s, 0x000F000Fu, 0x43004300u);
+    r1 = and_or(s >> 4, 0x000F000Fu, 0x43004300u);
+  } else {
+    Codes<T, BITS>::raw(v, vt, r0, r1);
+  }
+}
+// The x registers of virtual tile v of real tile kt, from the lane's x pairs lo = (4kt, 4kt+1)
+// and hi = (4kt+2, 4kt+3), matching folded_codes.
+template <typename T, int BITS>
+__device__ __forceinline__ void folded_x(u32 lo, u32 hi, int v, u32& r0, u32& r1) {
+  if constexpr (Split<T, BITS>::value) {
+    r0 = v ? __byte_perm(lo, hi, 0x7632) : __byte_perm(lo, hi, 0x5410);  // inputs (1, 3) or (0, 2)
+    r1 = as_u32(__hmul2(as_t2<__nv_bfloat162>(r0), as_t2<__nv_bfloat162>(0x41804180u)));  // x 16
+  } else {
+    r0 = lo;
+    r1 = hi;
+  }
+}
+
+// Group parameters as stored, [groups][Npad]: one u32 per column (low half zb = magic + z, high
+// half s) in the activation dtype, or for bf16 8-bit a float2 (zb = 2176 + z, s; see Split),
+// since bf16 cannot hold that sum.
+template <typename T, int BITS> struct Param {
+  typedef u32 type;
+};
+template <> struct Param<__nv_bfloat16, 8> {
+  typedef float2 type;
+};
+
+// Dequantized pair registers (v - zb) * s of tile kt, for the unfolded path.
+template <typename T, int BITS> struct Deq {
+  static __device__ __forceinline__ void run(const uint4& v, int kt, u32 p, u32& b0, u32& b1) {
+    typedef typename Kind<T>::T2 T2;
+    const T2 zb = as_t2<T2>(__byte_perm(p, 0, 0x1010)), s = as_t2<T2>(__byte_perm(p, 0, 0x3232));
+    u32 r0, r1;
+    Codes<T, BITS>::raw(v, kt, r0, r1);
+    b0 = as_u32(__hmul2(__hsub2(as_t2<T2>(r0), zb), s));
+    b1 = as_u32(__hmul2(__hsub2(as_t2<T2>(r1), zb), s));
+  }
+};
+template <> struct Deq<__nv_bfloat16, 8> {
+  static __device__ __forceinline__ void run(const uint4& v, int kt, float2 p, u32& b0, u32& b1) {
+    const u32 w = word(v, kt);
+    float f[4];
+#pragma unroll
+    for (int i = 0; i < 4; i++)  // (2^23 + q) - (2^23 - 2176) = 2176 + q exactly; zb = 2176 + z
+      f[i] = (__uint_as_float(__byte_perm(w, 0x4B000000u, 0x7440 | i)) - (8388608.f - 2176.f) - p.x) * p.y;
+    b0 = as_u32(__floats2bfloat162_rn(f[0], f[1]));
+    b1 = as_u32(__floats2bfloat162_rn(f[2], f[3]));
+  }
+};
+// A column's (zb, s) as floats, for the folded path's per-group fix-up.
+template <typename T> __device__ __forceinline__ void zb_s(u32 p, float& zb, float& s) {
+  typedef typename Kind<T>::T2 T2;
+  const T2 h = as_t2<T2>(p);
+  zb = Kind<T>::to_float(h.x);
+  s = Kind<T>::to_float(h.y);
+}
+template <typename T> __device__ __forceinline__ void zb_s(float2 p, float& zb, float& s) {
+  zb = p.x;
+  s = p.y;
+}
+
+__device__ __forceinline__ u32 smem_addr(const void* p) { return (u32)__cvta_generic_to_shared(p); }
+__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_addr(dst)), "l"(src));
+}
+// 16 bytes of which the first `bytes` are read and the rest zero-filled (the tail of K).
+__device__ __forceinline__ void cp_async16_fill(void* dst, const void* src, int bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_addr(dst)), "l"(src), "r"(bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
+template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N)); }
+// The WN warps of K group wk meet (named barrier 1 + wk; 0 is __syncthreads); one warp only syncs its lanes.
+template <int WN> __device__ __forceinline__ void group_sync(int wk) {
+  if constexpr (WN == 1)
+    __syncwarp();
+  else
+    asm volatile("bar.sync %0, %1;" ::"r"(1 + wk), "n"(32 * WN) : "memory");
+}
+
+// n8 tiles stored side by side per chunk (wna16_layout.TG): tile T, chunk c, lane 0 in uint4.
+constexpr int TG = 4;
+__device__ __forceinline__ int tile_base(int tile, int chunks) { return ((tile / TG) * chunks * TG + tile % TG) * 32; }
+
+// x rows are staged as 16-byte pieces; piece L of row r sits at slot xslot(r, L), a swizzle that
+// keeps a quarter-warp's 16-byte reads (lanes t = 0..3 of rows g, g+1) on distinct banks.
+template <int BITS> __device__ __forceinline__ int xslot(int r, int L) {
+  return BITS == 4 ? (L ^ (((L >> 3) & 1) << 1) ^ (r & 1)) : (L ^ (r & 1));
+}
+
+}  // namespace qrt
