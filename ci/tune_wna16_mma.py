@@ -1,7 +1,7 @@
 """Sweep the tensor-core W4A16/W8A16 kernel's launch shapes on this GPU (run on the GPU machine).
 
-For each M bucket, times every launch geometry (swap, mt, nt, wn), ring depth, fold and
-warps per SM on the benchmark's large shapes with
+For each M bucket, times every launch geometry (mma.sync: swap, mt, nt, wn; wgmma on Hopper:
+xr, wgn), ring depth, fold and warps per SM, and the dequant + cuBLAS path, on the benchmark's large shapes with
 the L2 flushed, and writes the best per bucket (geometric mean over shapes) as
 tunings/wna16_mma_<arch>.json (to --out). The committed file is what users get: nothing tunes
 while they wait.
@@ -128,6 +128,13 @@ def main() -> None:
                 exprs = [e for _, sh, _, e in cands if sh.wgmma == wgmma]
                 if exprs:
                     mk.compile_all(src, exprs, dev)
+            dense = {"max_m": bucket, "dense": True}  # dequant + cuBLAS: what M past the table runs
+            key = label(dense)
+            rows_of[key] = dense
+            no_tiles = dataclasses.replace(state, tiles=())
+            t = bench(lambda st=no_tiles, x=x: mk.run(st, x, None, None))
+            times.setdefault(key, []).append(t)
+            print(f"{K}x{N} M={bucket} {key}: {t * 1e3:.1f} us ({cublas[(K, N, bucket)] / t:.2f}x cuBLAS)")
             for row, shape, wk, expr in cands:
                 if mk.function(mk.WG_SOURCE if shape.wgmma else mk.SOURCE, expr, dev).local_size_bytes:
                     continue  # spills: never a winner
@@ -164,6 +171,8 @@ def write(
         cands = {k: v for k, v in times.items() if rows_of[k]["max_m"] == bucket and len(v) == done}
         if cands:
             best = min(cands, key=lambda k: math.exp(sum(math.log(t) for t in cands[k]) / len(cands[k])))
+            if rows_of[best].get("dense"):
+                break  # the table ends here: this M and every larger one run dequant + cuBLAS
             rows.append(rows_of[best])
     doc = {
         "_note": f"swept by ci/tune_wna16_mma.py on {torch.cuda.get_device_name(dev)} ({scheme}, shapes "
