@@ -3,7 +3,7 @@
 # record the probe, run the GPU tests (tests/gpu and the Triton kernels at full speed), the
 # quick benchmark and the embedded default, and leave everything in $OUT.
 # Usage (device tool): bash ci/gpu.sh            (bench off: QUANTRT_GPU_BENCH=0; sweep the CUDA
-# W4A16 launch shapes first and use them: QUANTRT_GPU_TUNE=1)
+# W4A16 launch shapes first and use them: QUANTRT_GPU_TUNE=1; schemes: QUANTRT_BENCH_SCHEMES)
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 OUT="${OUT:-$ROOT/out}"
@@ -28,7 +28,8 @@ if [ "${QUANTRT_GPU_TUNE:-0}" = 1 ] && [ "$status" = 0 ]; then
   fi
 fi
 if [ "${QUANTRT_GPU_BENCH:-1}" = 1 ]; then
-  ( cd /tmp && quantrt bench --quick --out "$OUT/bench.json" --markdown "$OUT/bench.md" ) \
+  schemes="${QUANTRT_BENCH_SCHEMES:-w4a16-int-g128-asym,w8a16-int-ch-sym,w8a8-fp8-ch,w8a8-fp8-block128,w8a8-int-ch-sym}"
+  ( cd /tmp && quantrt bench --quick --schemes "$schemes" --out "$OUT/bench.json" --markdown "$OUT/bench.md" ) \
     > /dev/null 2> "$OUT/bench.err" || { tail -n 20 "$OUT/bench.err"; status=1; }
   cat "$OUT/bench.md" 2>/dev/null
 fi

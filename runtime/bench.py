@@ -1,7 +1,10 @@
 """The benchmark harness: ``QuantLinear.__call__`` with the dispatcher's choice, beside the
 baselines a user has today, in one process and one run.
 
-GPU: cuBLAS bf16 (``F.linear``) and torch's tinygemm (``_weight_int4pack_mm``); medians with the
+GPU: cuBLAS bf16 (``F.linear``), torch's tinygemm (``_weight_int4pack_mm``) for int4, and for W8A8
+the bare torch ops on activations quantized beforehand (``_scaled_mm`` row-wise and per tensor,
+``_int_mm``), so quantrt's time, activation quantization included, is set against the op's
+alone; medians with the
 L2 flushed (``triton.testing.do_bench``), eager and CUDA-graph replay; the copy bandwidth of this
 GPU as the ceiling for weight streaming; host cost per call; load figures (prepare time, peak
 memory). Every row records kernel, strategy, git SHA, device and versions.
@@ -23,6 +26,7 @@ SHAPES = ((4096, 4096), (4096, 28672), (14336, 4096), (8192, 57344), (28672, 819
 MS = (1, 16, 64, 256, 4096)
 QUICK_SHAPES = ((4096, 4096), (8192, 57344), (28672, 8192))
 QUICK_MS = (1, 16, 64, 256, 4096)
+OP_NAMES = ("scaled_mm_rowwise", "scaled_mm_tensor", "int_mm")  # bare torch ops timed for W8A8 schemes
 
 
 def git_sha() -> str:
@@ -89,8 +93,44 @@ def tinygemm_baseline(canon: Any) -> Callable[[torch.Tensor], torch.Tensor] | No
     return lambda x: k.apply(state, x)
 
 
-def measure(layer: Any, dense: torch.Tensor, tiny: Any, x: torch.Tensor) -> dict[str, float]:
-    """quantrt, cuBLAS bf16 and tinygemm on one input, eager and under CUDA-graph replay."""
+def op_baselines(canon: Any) -> dict[str, Callable[[torch.Tensor], Callable[[], Any]]]:
+    """For W8A8 schemes, torch's bare ops on the same weights; each entry takes x and returns the
+    call to time, with x already quantized (scales of one: the op's time does not depend on them)."""
+    s = canon.scheme
+    w = canon["qweight"]
+    N = canon.N
+    if s.act == "fp8_e4m3" and canon.K % 16 == 0 and N % 16 == 0:
+        wt = w.t()
+        one = torch.ones((), device=w.device)
+        ones_n = torch.ones(1, N, device=w.device)
+
+        def rowwise(x: torch.Tensor) -> Callable[[], Any]:
+            xq, sa = x.to(torch.float8_e4m3fn), torch.ones(x.shape[0], 1, device=x.device)
+            return lambda: torch._scaled_mm(xq, wt, sa, ones_n, out_dtype=torch.bfloat16)
+
+        def tensorwise(x: torch.Tensor) -> Callable[[], Any]:
+            xq = x.to(torch.float8_e4m3fn)
+            return lambda: torch._scaled_mm(xq, wt, one, one, out_dtype=torch.bfloat16)
+
+        return {"scaled_mm_rowwise": rowwise, "scaled_mm_tensor": tensorwise}
+    if s.act == "int8" and canon.K % 8 == 0 and N % 8 == 0:
+        wt = (w.to(torch.int16) - 128).to(torch.int8).t()
+
+        def int_mm(x: torch.Tensor) -> Callable[[], Any]:
+            xq = torch.randint(
+                -128, 128, (max(x.shape[0], 17), x.shape[1]), device=x.device, dtype=torch.int8
+            )
+            return lambda: torch._int_mm(xq, wt)
+
+        return {"int_mm": int_mm}
+    return {}
+
+
+def measure(
+    layer: Any, dense: torch.Tensor, tiny: Any, x: torch.Tensor, ops: dict[str, Any] | None = None
+) -> dict[str, float]:
+    """quantrt, cuBLAS bf16, tinygemm and the scheme's bare torch ops on one input, eager and
+    (except the bare ops) under CUDA-graph replay."""
     import torch.nn.functional as F
 
     out = {
@@ -102,6 +142,8 @@ def measure(layer: Any, dense: torch.Tensor, tiny: Any, x: torch.Tensor) -> dict
     if tiny is not None:
         out["tinygemm_us"] = median_us(lambda: tiny(x))
         out["tinygemm_graph_us"] = median_us(lambda: tiny(x), graph=True)
+    for name, make in (ops or {}).items():
+        out[f"{name}_us"] = median_us(make(x))
     return out
 
 
@@ -159,7 +201,10 @@ def run_gpu(
                     "stored_MB": round(stored / 2**20, 1),
                 }
             )
-            tiny = tinygemm_baseline(canon) if canon.scheme.bits == 4 else None
+            tiny = (
+                tinygemm_baseline(canon) if canon.scheme.bits == 4 and canon.scheme.weight == "int" else None
+            )
+            ops = op_baselines(canon)
             for m in ms:
                 x = torch.randn(m, K, generator=g, device=dev).to(torch.bfloat16)
                 row: dict[str, Any] = {
@@ -170,17 +215,19 @@ def run_gpu(
                     "kernel": layer.kernel_name,
                     "strategy": layer._kernel.strategy(layer._state, m),
                 }
-                row.update(measure(layer, dense, tiny, x))
+                row.update(measure(layer, dense, tiny, x, ops))
                 row["vs_cublas"] = round(row["cublas_bf16_us"] / row["quantrt_us"], 3)
                 row["vs_cublas_graph"] = round(row["cublas_bf16_graph_us"] / row["quantrt_graph_us"], 3)
                 if tiny is not None:
                     row["vs_tinygemm"] = round(row["tinygemm_us"] / row["quantrt_us"], 3)
+                for name in ops:
+                    row[f"vs_{name}"] = round(row[f"{name}_us"] / row["quantrt_us"], 3)
                 row["weight_TBps"] = round(stored / (row["quantrt_us"] * 1e-6) / 1e12, 3)
                 doc["rows"].append(row)
                 progress(
                     f"  M={m}: {row['quantrt_us']:.1f} us, {row['vs_cublas']}x cuBLAS ({row['strategy']})"
                 )
-            del layer, dense, canon, tiny
+            del layer, dense, canon, tiny, ops
             torch.cuda.empty_cache()
     # host cost of one call at M=1 on the smallest shape, against F.linear
     K, N = shapes[0]
@@ -208,13 +255,14 @@ def markdown(doc: dict[str, Any]) -> str:
         f"F.linear {doc['host'].get('F_linear_us')} us",
         "",
         "| scheme | K x N | M | kernel / strategy | quantrt us | vs cuBLAS bf16 | graph: vs cuBLAS | vs tinygemm "
-        "| weights TB/s |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| vs bare torch op | weights TB/s |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in doc["rows"]:
+        ops = ", ".join(f"{k[3:]} {v}" for k, v in r.items() if k.startswith("vs_") and k[3:] in OP_NAMES)
         lines.append(
             f"| {r['scheme']} | {r['K']}x{r['N']} | {r['M']} | {r['kernel']} {r['strategy']} | "
             f"{r['quantrt_us']:.1f} | {r['vs_cublas']} | {r['vs_cublas_graph']} | "
-            f"{r.get('vs_tinygemm', '-')} | {r['weight_TBps']} |"
+            f"{r.get('vs_tinygemm', '-')} | {ops or '-'} | {r['weight_TBps']} |"
         )
     return "\n".join(lines)

@@ -2,8 +2,9 @@
 
 The tensor-core W4A16/W8A16 kernel in CUDA C++ (``mma_wna16.py``, ``kernels/``, compiled through
 CuPy) ranks first where CuPy is importable; the portable Triton W4A16/W8A16 (``backends/triton``)
-next; then torch's own ops (tinygemm int4, cuBLASLt fp8 and int8). Launch shapes come from
-``tunings/``.
+next; the Triton fp8 (W8A8 per tensor/channel, block fp8, weight-only) and int8 W8A8 kernels
+(``triton_w8a8.py``); then torch's own ops (tinygemm int4, cuBLASLt fp8 and int8). Launch shapes
+come from ``tunings/``.
 """
 
 from __future__ import annotations
@@ -16,12 +17,17 @@ def register(registry: Any) -> None:
     from .mma_wna16 import CudaMmaW4A16, CudaMmaW8A16
     from .torch_ops import CudaIntMM, CudaScaledMMFp8, CudaTinygemm
     from .triton_w4a16 import CudaTritonW4A16, CudaTritonW8A16
+    from .triton_w8a8 import CudaTritonBlockFp8, CudaTritonFp8, CudaTritonFp8WeightOnly, CudaTritonInt8
 
     kernels = (
         CudaMmaW4A16,
         CudaMmaW8A16,
         CudaTritonW4A16,
         CudaTritonW8A16,
+        CudaTritonFp8,
+        CudaTritonBlockFp8,
+        CudaTritonFp8WeightOnly,
+        CudaTritonInt8,
         CudaScaledMMFp8,
         CudaIntMM,
         CudaTinygemm,

@@ -71,7 +71,8 @@ class CudaTritonWNA16(Kernel):
         )
 
     def prepare(self, weight: CanonicalWeight, spec: LayerSpec) -> W4A16State:
-        from quantrt.backends.triton.w4a16 import TileConfig, w4a16_matmul
+        from quantrt.backends.triton.common import TileConfig
+        from quantrt.backends.triton.w4a16 import w4a16_matmul
 
         s = weight.scheme
         G = s.group_size if s.granularity == "group" else weight.K

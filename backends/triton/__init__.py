@@ -2,6 +2,12 @@
 
 The vendor folders (``cuda``, ``rocm``, ``xpu``) wrap these in Kernel classes and pass
 their policy in (tile configs, fp8 flavour, TMA or wgmma switches); this folder never
-registers kernels itself and never imports a vendor folder. Kernels arrive here with the
-NVIDIA kernel issues.
+registers kernels itself and never imports a vendor folder.
+
+- ``w4a16``: int4/int8 weight-only GEMV and GEMM (canonical layout, act-order gathered in-kernel)
+- ``act_quant``: fused activation quantization (per token, per token group, per tensor, static)
+- ``fp8_mm``: fp8 W8A8 GEMM/GEMV with row-wise or block scales
+- ``fp8_weight_only``: fp8 weights decoded by bit tricks (no fp8 hardware needed), 16-bit activations
+- ``int8_mm``: int8 W8A8 GEMM with the scales in the epilogue
+- ``common``: the tile configuration, argument checks, output buffers and shared jit helpers
 """

@@ -13,30 +13,18 @@ M (small M: split K over programs and reduce with fp32 atomics; large M: one pro
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import triton
 import triton.language as tl
 
-
-@dataclass(frozen=True)
-class TileConfig:
-    """One launch configuration; ``split_k`` > 1 reduces partial sums with fp32 atomics."""
-
-    block_m: int
-    block_n: int
-    block_k: int
-    split_k: int = 1
-    num_warps: int = 4
-    num_stages: int = 2
+from .common import TileConfig, empty_result, finish_output, output_buffers, store_tile, tile_grid
 
 
 @triton.jit
 def _w4a16_kernel(
     X, W, S, Z, P, B, Y,
     M, N, K,
-    stride_xm, stride_xk, stride_wn, stride_sn, stride_zn, stride_ym,
+    stride_xm, stride_xk, stride_wn, stride_sn, stride_zn, stride_b, stride_ym, stride_yn,
     G: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, SPLIT_K: tl.constexpr,
     HAS_Z: tl.constexpr, HAS_P: tl.constexpr, HAS_B: tl.constexpr, ATOMIC: tl.constexpr, IEEE: tl.constexpr,
     BITS: tl.constexpr,
@@ -96,22 +84,16 @@ def _w4a16_kernel(
                 acc += tl.dot(xk, wq, input_precision="ieee")
             else:
                 acc += tl.dot(xk, wq)
-    if HAS_B:
-        if pid_k == 0:
-            acc += tl.load(B + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
-    y_ptrs = Y + offs_m[:, None] * stride_ym + offs_n[None, :]
-    mask = mask_m[:, None] & mask_n[None, :]
-    if ATOMIC:
-        tl.atomic_add(y_ptrs, acc, mask=mask)
-    else:
-        tl.store(y_ptrs, acc.to(Y.dtype.element_ty), mask=mask)
+    store_tile(
+        acc, B, Y, offs_m, offs_n, mask_m, mask_n, pid_k, stride_b, stride_ym, stride_yn, HAS_B, ATOMIC
+    )
 
 
 @triton.jit
 def _w4_gemv_kernel(
     X, W, S, Z, P, B, Y,
     N, K,
-    stride_xk, stride_wn, stride_sn, stride_zn,
+    stride_xk, stride_wn, stride_sn, stride_zn, stride_b, stride_yn,
     G: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, SPLIT_K: tl.constexpr,
     HAS_Z: tl.constexpr, HAS_P: tl.constexpr, HAS_B: tl.constexpr, ATOMIC: tl.constexpr,
 ):  # fmt: skip
@@ -144,11 +126,11 @@ def _w4_gemv_kernel(
         acc += s * (dot - z * tl.sum(x_even + x_odd, axis=0))
     if HAS_B:
         if pid_k == 0:
-            acc += tl.load(B + offs_n, mask=mask_n, other=0.0).to(tl.float32)
+            acc += tl.load(B + offs_n * stride_b, mask=mask_n, other=0.0).to(tl.float32)
     if ATOMIC:
-        tl.atomic_add(Y + offs_n, acc, mask=mask_n)
+        tl.atomic_add(Y + offs_n * stride_yn, acc, mask=mask_n)
     else:
-        tl.store(Y + offs_n, acc.to(Y.dtype.element_ty), mask=mask_n)
+        tl.store(Y + offs_n * stride_yn, acc.to(Y.dtype.element_ty), mask=mask_n)
 
 
 def w4a16_matmul(
@@ -168,27 +150,23 @@ def w4a16_matmul(
     N = qweight.shape[0]
     if K % config.block_k or group % config.block_k:
         raise ValueError(f"block_k={config.block_k} must divide K={K} and the group size {group}")
+    if M == 0:
+        return empty_result(N, x.dtype, out, x.device)
     atomic = config.split_k > 1
-    if atomic:
-        y = torch.zeros(M, N, device=x.device, dtype=torch.float32)
-    else:
-        y = out if out is not None else torch.empty(M, N, device=x.device, dtype=x.dtype)
+    y, result = output_buffers(M, N, x.dtype, out, atomic, x.device)
     if M == 1 and bits == 4 and config.block_m == 1:
         _w4_gemv_kernel[(triton.cdiv(N, config.block_n), config.split_k)](
             x, qweight, scales, zeros if zeros is not None else scales, perm if perm is not None else qweight,
             bias if bias is not None else scales, y, N, K,
             x.stride(1), qweight.stride(0), scales.stride(0), zeros.stride(0) if zeros is not None else 0,
+            bias.stride(0) if bias is not None else 0, y.stride(1),
             G=group, BN=config.block_n, BK=config.block_k, SPLIT_K=config.split_k, HAS_Z=zeros is not None,
             HAS_P=perm is not None, HAS_B=bias is not None, ATOMIC=atomic,
             num_warps=config.num_warps, num_stages=config.num_stages,
         )  # fmt: skip
     else:
         _launch_tiles(x, qweight, scales, zeros, perm, bias, y, group, config, atomic, bits)
-    if atomic:
-        if out is not None:
-            return out.copy_(y)
-        return y.to(x.dtype)
-    return y
+    return finish_output(y, result)
 
 
 def _launch_tiles(
@@ -206,13 +184,12 @@ def _launch_tiles(
 ) -> None:
     M, K = x.shape
     N = qweight.shape[0]
-    grid = (triton.cdiv(M, config.block_m), triton.cdiv(N, config.block_n), config.split_k)
-    _w4a16_kernel[grid](
+    _w4a16_kernel[tile_grid(M, N, config)](
         x, qweight, scales, zeros if zeros is not None else scales, perm if perm is not None else qweight,
         bias if bias is not None else scales, y,
         M, N, K,
         x.stride(0), x.stride(1), qweight.stride(0), scales.stride(0), zeros.stride(0) if zeros is not None else 0,
-        y.stride(0),
+        bias.stride(0) if bias is not None else 0, y.stride(0), y.stride(1),
         G=group, BM=config.block_m, BN=config.block_n, BK=config.block_k, SPLIT_K=config.split_k,
         HAS_Z=zeros is not None, HAS_P=perm is not None, HAS_B=bias is not None, ATOMIC=atomic,
         IEEE=x.dtype == torch.float32, BITS=bits,

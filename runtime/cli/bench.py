@@ -1,5 +1,6 @@
-"""Benchmark QuantLinear (the dispatcher's choice) against cuBLAS bf16 and torch's tinygemm, in one
-run: medians with the L2 flushed, eager and CUDA-graph replay, host cost, load figures."""
+"""Benchmark QuantLinear (the dispatcher's choice) against cuBLAS bf16, torch's tinygemm and, for
+W8A8 schemes, the bare ``_scaled_mm`` / ``_int_mm``, in one run: medians with the L2 flushed, eager
+and CUDA-graph replay, host cost, load figures."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from pathlib import Path
 from ..errors import ConfigError
 
 NAME = "bench"
-HELP = "time quantrt's kernels beside cuBLAS bf16 and torch's int4 op (GPU)"
+HELP = "time quantrt's kernels beside cuBLAS bf16, torch's int4 op and the bare W8A8 ops (GPU)"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -52,12 +52,15 @@ def test_fp16_activations_reject_tinygemm_with_the_reason() -> None:
     assert "no native kernel yet" in sel.explain()
 
 
-def test_a100_rejects_fp8_by_arch() -> None:
+def test_a100_runs_w8a8_fp8_weight_only_by_arch() -> None:
+    """No fp8 matrix units below sm_89: the native fp8 kernels say so, and the checkpoint runs as a
+    weight-only substitute, labelled as one."""
     sel = select(
         layer_spec("w8a8-fp8-ch", 4096, 4096), "cuda:0", load_preset("a100"), ov(QUANTRT_FALLBACK="allow")
     )
-    assert sel.kernel.name == "reference"
+    assert (sel.kernel.name, sel.label) == ("cuda.triton_fp8_w8a16", "weight-only substitute")
     assert cands(sel)["cuda.torch_scaled_mm"] == (REJECTED, "sm >= 89 (fp8 tensor cores)", {"sm": 80})
+    assert cands(sel)["cuda.triton_fp8"][:2] == (REJECTED, "fp8 matrix units (sm >= 89)")
 
 
 def test_mi300x_plans_fnuz_fp8_and_explains_int4() -> None:
@@ -157,7 +160,7 @@ def test_capability_file_and_execution_recheck(tmp_path: Path, monkeypatch: pyte
     path.write_text(json.dumps(caps))
     monkeypatch.setenv("QUANTRT_CAPABILITIES", str(path))
     sel = explain("w8a8-fp8-ch", 4096, 4096)
-    assert sel.kernel.name == "cuda.torch_scaled_mm" and sel.device.arch == "sm_90"
+    assert sel.kernel.name == "cuda.triton_fp8" and sel.device.arch == "sm_90"
     # building for execution checks this machine (no GPU here) and says so
     with pytest.raises(
         DispatchError,

@@ -66,6 +66,17 @@ CASES = [
     ("w8a8-int-ch-sym", "cuda.torch_int_mm", torch.bfloat16),
     ("w8a8-int-ch-sym-static", "cuda.torch_int_mm", torch.float16),
     ("w8a8-int-tensor-sym-static", "cuda.torch_int_mm", torch.bfloat16),
+    ("w8a8-fp8-ch", "cuda.triton_fp8", torch.bfloat16),
+    ("w8a8-fp8-tensor", "cuda.triton_fp8", torch.bfloat16),
+    ("w8a8-fp8-ch-static", "cuda.triton_fp8", torch.float16),
+    ("w8a8-fp8-tensor-static", "cuda.triton_fp8", torch.bfloat16),
+    ("w8a8-fp8-block128", "cuda.triton_block_fp8", torch.bfloat16),
+    ("w8a8-fp8-block128", "cuda.triton_block_fp8", torch.float16),
+    ("w8a16-fp8-ch", "cuda.triton_fp8_w8a16", torch.bfloat16),
+    ("w8a16-fp8-block128", "cuda.triton_fp8_w8a16", torch.float16),
+    ("w8a16-fp8e5m2-tensor", "cuda.triton_fp8_w8a16", torch.bfloat16),
+    ("w8a8-int-ch-sym", "cuda.triton_int8", torch.bfloat16),
+    ("w8a8-int-ch-sym-static", "cuda.triton_int8", torch.float16),
 ]
 
 
@@ -103,6 +114,9 @@ def test_kernel_matches_reference(scheme: str, kernel: str, dtype: torch.dtype) 
         ("w8a16-int-ch-sym", None, 16),
         ("w4a16-int-g128-asym", "cuda.triton_w4a16", 16),
         ("w8a8-fp8-ch", None, 16),
+        ("w8a8-fp8-ch", None, 300),
+        ("w8a8-fp8-block128", None, 16),
+        ("w8a16-fp8-ch", None, 1),
         ("w8a8-int-ch-sym", None, 16),
     ],
 )

@@ -9,7 +9,8 @@ import torch
 
 from quantrt import reference
 from quantrt.backends.cuda.triton_w4a16 import CudaTritonW4A16, CudaTritonW8A16
-from quantrt.backends.triton.w4a16 import TileConfig, w4a16_matmul
+from quantrt.backends.triton.common import TileConfig
+from quantrt.backends.triton.w4a16 import w4a16_matmul
 from quantrt.canonical import CanonicalWeight
 from quantrt.capability import load_preset
 from quantrt.plans import layer_spec

@@ -1,0 +1,477 @@
+"""FP8 and INT8 on NVIDIA GPUs through the portable Triton kernels, with NVIDIA's choices.
+
+- ``cuda.triton_fp8``: W8A8 fp8 with tensor or channel weight scales. Activations are quantized
+  by one fused Triton pass (per token, per tensor, or with the static scale); small batches then
+  run the Triton fp8 GEMV/split-K kernel, because cuBLASLt's row-wise ``_scaled_mm`` streams the
+  weights slowly there, and large batches run ``torch._scaled_mm`` (cuBLASLt) on the same codes.
+- ``cuda.triton_block_fp8``: DeepSeek-V3 style block fp8 (128x128 weight blocks, 1x128
+  activation groups), which ``_scaled_mm`` rejects: group quantization and a Triton GEMM that
+  applies both scales per k-block.
+- ``cuda.triton_fp8_w8a16``: fp8 weights with 16-bit activations, decoded by integer bit tricks
+  so it runs without fp8 matrix units (sm_80/86). Below sm_89 it also serves W8A8 fp8
+  checkpoints, as a weight-only substitute (labelled so: activations stay 16-bit).
+- ``cuda.triton_int8``: W8A8 int8 with per-token (or static) activations and the scales applied
+  in the GEMM's epilogue instead of extra passes over an int32 product.
+
+Tile configurations per M bucket come from ``tunings/w8a8_<arch>.json`` (``w8a8_default.json``
+otherwise); ``prepare`` fixes them, nothing tunes at run time.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any
+
+import torch
+
+from quantrt.canonical import CanonicalWeight
+from quantrt.kernels import Kernel, Verdict, check
+from quantrt.specs import LayerSpec
+from quantrt.torchops import per_channel_scales
+
+#: M buckets: a batch of m rows uses the first bucket whose bound is >= m
+BUCKETS = (1, 16, 64, 256, 1 << 62)
+Condition = tuple[bool, str, dict[str, Any]]
+
+
+def _tuning(arch: str) -> dict[str, Any]:
+    base = resources.files("quantrt.backends.cuda") / "tunings"
+    for name in (f"w8a8_{arch}.json", "w8a8_default.json"):
+        path = base / name
+        if path.is_file():
+            return json.loads(path.read_text())
+    raise FileNotFoundError("quantrt.backends.cuda.tunings/w8a8_default.json is missing from the install")
+
+
+def _arch(t: torch.Tensor) -> str:
+    if not t.is_cuda:
+        return "default"
+    major, minor = torch.cuda.get_device_capability(t.device)
+    return f"sm_{major}{minor}"
+
+
+def tile_configs(section: dict[str, Any], N: int, K: int, make: Any, block_k: int | None = None) -> tuple:
+    """One launch configuration per M bucket. ``split_k_target``: programs to aim for at small M
+    (K is split until N/BN * split reaches it); ``block_k``, when given, caps the table's."""
+    configs = []
+    for bound in BUCKETS:
+        c = dict(section[str(bound) if bound in (1, 16, 64, 256) else "large"])
+        if block_k is not None:
+            c["block_k"] = block_k
+        target = c.pop("split_k_target", None)
+        if target is not None:
+            n_tiles = -(-N // c["block_n"])
+            k_tiles = max(1, -(-K // c["block_k"]))
+            c["split_k"] = max(1, min(k_tiles, -(-int(target) // n_tiles)))
+        configs.append(make(**c))
+    return tuple(configs)
+
+
+def pick(configs: tuple, m: int) -> Any:
+    for bound, c in zip(BUCKETS, configs):
+        if m <= bound:
+            return c
+    return configs[-1]
+
+
+def describe(c: Any) -> str:
+    return f"{'splitk' if c.split_k > 1 else 'tile'} BM{c.block_m} BN{c.block_n} BK{c.block_k} S{c.split_k}"
+
+
+def _common(spec: LayerSpec, caps: Any, act_dtypes: tuple[torch.dtype, ...]) -> list[Condition]:
+    return [
+        ((caps.sm or 0) >= 80, "sm >= 80", {"sm": caps.sm}),
+        (
+            "triton" in caps.libraries,
+            "triton importable (it builds the kernel)",
+            {"libraries": caps.libraries},
+        ),
+        (spec.op == "linear", "op == 'linear'", {"op": spec.op}),
+        (
+            spec.act_dtype in act_dtypes,
+            "activations " + " or ".join(str(d).replace("torch.", "") for d in act_dtypes),
+            {"act_dtype": spec.act_dtype},
+        ),
+    ]
+
+
+def _fp8_units(caps: Any) -> Condition:
+    return (
+        (caps.sm or 0) >= 89 and "fp8_e4m3" in caps.matrix_types,
+        "fp8 matrix units (sm >= 89)",
+        {"sm": caps.sm, "arch": caps.arch},
+    )
+
+
+def _static_scale(weight: CanonicalWeight) -> torch.Tensor | None:
+    """The static activation scale as one fp32 value (the max over fused slices, as the reference)."""
+    s = weight.get("input_scale")
+    return None if s is None else s.float().amax().reshape(())
+
+
+# -- fp8 W8A8, tensor or channel weight scales ------------------------------------------------
+
+
+@dataclass
+class Fp8State:
+    w: torch.Tensor  # fp8 [N, K] as stored
+    w_scale: torch.Tensor  # fp32 [N]
+    w_scale_row: torch.Tensor  # fp32 [1, N], for _scaled_mm's row-wise mode
+    in_scale: torch.Tensor | None
+    act_granularity: str
+    configs: tuple
+    scaled_mm_from: int  # batches of at least this many rows run torch._scaled_mm
+    out_dtype: torch.dtype
+
+
+class CudaTritonFp8(Kernel):
+    """W8A8 fp8 (tensor/channel weights): fused activation quantization, Triton for small M,
+    cuBLASLt ``_scaled_mm`` for large M."""
+
+    name = "cuda.triton_fp8"
+    backend = "cuda"
+    device_kinds = ("cuda",)
+    priority = 45
+    description = (
+        "fp8 W8A8: fused Triton activation quantization; Triton GEMV/split-K for small M, _scaled_mm above"
+    )
+
+    @classmethod
+    def supports(cls, spec: LayerSpec, caps: Any) -> Verdict:
+        s = spec.scheme
+        return check(
+            *_common(spec, caps, (torch.bfloat16, torch.float16)),
+            _fp8_units(caps),
+            (s.weight == "fp8_e4m3", "fp8 e4m3 weights", {"weight": s.weight}),
+            (s.act == "fp8_e4m3", "fp8 activations", {"act": s.act}),
+            (
+                s.granularity in ("tensor", "channel"),
+                "tensor or channel scales",
+                {"granularity": s.granularity},
+            ),
+            (
+                s.act_granularity in ("token", "tensor"),
+                "activations per token or per tensor",
+                {"act_granularity": s.act_granularity},
+            ),
+        )
+
+    def prepare(self, weight: CanonicalWeight, spec: LayerSpec) -> Fp8State:
+        from quantrt.backends.triton.common import TileConfig
+
+        q = weight["qweight"].contiguous()
+        w_scale = per_channel_scales(weight).contiguous()
+        table = _tuning(_arch(q))["fp8_rowwise"]
+        configs = tile_configs(table, weight.N, weight.K, TileConfig)
+        # _scaled_mm needs K and N multiples of 16 and, with row-wise scales, a bf16 output
+        s = weight.scheme
+        tensorwise = (
+            s.granularity == "tensor" and len(spec.output_sizes) == 1 and s.act_granularity == "tensor"
+        )
+        ok = weight.K % 16 == 0 and weight.N % 16 == 0 and (tensorwise or spec.output_dtype == torch.bfloat16)
+        start = int(table.get("scaled_mm_from_m", 1 << 30)) if ok else 1 << 62
+        gran = "static" if not s.act_dynamic else s.act_granularity
+        return Fp8State(
+            q, w_scale, w_scale.reshape(1, -1), _static_scale(weight), gran, configs, start, spec.output_dtype
+        )
+
+    def workspace_bytes(self, spec: LayerSpec, max_m: int) -> int:
+        return max_m * spec.K_part + 4 * max_m * (spec.N_part + 1)  # codes, scales, split-K sums
+
+    def strategy(self, state: Fp8State, m: int) -> str:
+        if m >= state.scaled_mm_from:
+            return "triton quant + _scaled_mm"
+        return "triton quant + " + describe(pick(state.configs, m))
+
+    def apply(
+        self,
+        state: Fp8State,
+        x: torch.Tensor,
+        bias: torch.Tensor | None = None,
+        out: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        from quantrt.backends.triton import act_quant
+        from quantrt.backends.triton.fp8_mm import fp8_rowwise_matmul
+
+        if state.act_granularity == "static":
+            a_scale = state.in_scale
+            xq = act_quant.quantize_static(x, a_scale, "fp8")
+        elif state.act_granularity == "token":
+            xq, a_scale = act_quant.quantize_per_token(x, "fp8")
+        else:
+            xq, a_scale = act_quant.quantize_per_tensor(x, "fp8")
+        m = x.shape[0]
+        if m < state.scaled_mm_from:
+            c = pick(state.configs, m)
+            return fp8_rowwise_matmul(xq, a_scale, state.w, state.w_scale, bias, state.out_dtype, c, out)
+        if state.act_granularity == "tensor" and state.w_scale.numel() == 1:
+            sa, sb = a_scale.reshape(()), state.w_scale.reshape(())
+        else:  # row-wise: a scale per token (static ones repeated) and per channel
+            sa, sb = a_scale.reshape(-1, 1).expand(m, 1).contiguous(), state.w_scale_row
+        y = torch._scaled_mm(xq, state.w.t(), sa, sb, out_dtype=state.out_dtype)
+        if bias is not None:
+            y = y + bias
+        return y if out is None else out.copy_(y)
+
+
+# -- block fp8 --------------------------------------------------------------------------------
+
+
+@dataclass
+class BlockFp8State:
+    w: torch.Tensor  # fp8 [N, K]
+    w_scale: torch.Tensor  # fp32 [ceil(N/bn), ceil(K/bk)]
+    block: tuple[int, int]
+    configs: tuple
+    out_dtype: torch.dtype
+
+
+class CudaTritonBlockFp8(Kernel):
+    """Block fp8 W8A8 (128x128 weight blocks, 1x128 activation groups) as a Triton GEMM."""
+
+    name = "cuda.triton_block_fp8"
+    backend = "cuda"
+    device_kinds = ("cuda",)
+    priority = 45
+    description = "block fp8 W8A8: per-token-group fp8 activations (Triton), Triton GEMM scaling per k-block"
+
+    @classmethod
+    def supports(cls, spec: LayerSpec, caps: Any) -> Verdict:
+        s = spec.scheme
+        block = s.block or (16, 1 << 30)  # not a block scheme: the granularity condition says so first
+        return check(
+            *_common(spec, caps, (torch.bfloat16, torch.float16)),
+            _fp8_units(caps),
+            (s.weight == "fp8_e4m3", "fp8 e4m3 weights", {"weight": s.weight}),
+            (s.granularity == "block", "block scales", {"granularity": s.granularity}),
+            (s.act == "fp8_e4m3", "fp8 activations", {"act": s.act}),
+            (
+                s.act_granularity == "token_group" and s.act_group == block[1],
+                "activation groups as wide as a weight block",
+                {"act_granularity": s.act_granularity, "act_group": s.act_group, "block": s.block},
+            ),
+            (block[0] % 16 == 0 and block[1] % 16 == 0, "blocks of multiples of 16", {"block": s.block}),
+            (
+                spec.K_part % block[1] == 0 or spec.k_full,
+                "this rank's K cut on block boundaries",
+                {"K_part": spec.K_part, "block": s.block},
+            ),
+        )
+
+    def prepare(self, weight: CanonicalWeight, spec: LayerSpec) -> BlockFp8State:
+        from quantrt.backends.triton.common import TileConfig
+
+        bn, bk = weight.scheme.block
+        q = weight["qweight"].contiguous()
+        section = _tuning(_arch(q))["fp8_block"]
+        configs = []
+        for c in tile_configs(section, weight.N, weight.K, TileConfig, block_k=bk):
+            bn_tile = min(c.block_n, bn)
+            while bn % bn_tile:  # a tile column block must sit inside one weight block
+                bn_tile //= 2
+            configs.append(TileConfig(c.block_m, bn_tile, c.block_k, c.split_k, c.num_warps, c.num_stages))
+        return BlockFp8State(
+            q, weight["scales"].float().contiguous(), (bn, bk), tuple(configs), spec.output_dtype
+        )
+
+    def workspace_bytes(self, spec: LayerSpec, max_m: int) -> int:
+        bk = spec.scheme.block[1] if spec.scheme.block else 128
+        return max_m * spec.K_part + 4 * max_m * (-(-spec.K_part // bk) + spec.N_part)
+
+    def strategy(self, state: BlockFp8State, m: int) -> str:
+        return "triton group quant + " + describe(pick(state.configs, m))
+
+    def apply(
+        self,
+        state: BlockFp8State,
+        x: torch.Tensor,
+        bias: torch.Tensor | None = None,
+        out: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        from quantrt.backends.triton.act_quant import quantize_per_token_group
+        from quantrt.backends.triton.fp8_mm import fp8_block_matmul
+
+        xq, xs = quantize_per_token_group(x, state.block[1])
+        c = pick(state.configs, x.shape[0])
+        return fp8_block_matmul(xq, xs, state.w, state.w_scale, state.block, bias, state.out_dtype, c, out)
+
+
+# -- fp8 weight-only --------------------------------------------------------------------------
+
+
+@dataclass
+class Fp8WeightOnlyState:
+    w: torch.Tensor  # fp8 [N, K]
+    w_scale: torch.Tensor  # fp32 [N], or [ceil(N/bn), ceil(K/bk)] with block
+    block: tuple[int, int] | None
+    configs: tuple
+    act: torch.dtype
+    out_dtype: torch.dtype
+
+
+class CudaTritonFp8WeightOnly(Kernel):
+    """fp8 weights with 16-bit activations, decoded by bit tricks (no fp8 hardware needed)."""
+
+    name = "cuda.triton_fp8_w8a16"
+    backend = "cuda"
+    device_kinds = ("cuda",)
+    priority = 46
+    description = (
+        "fp8 weight-only: codes decoded to fp16/bf16 by integer bit tricks (runs on sm_80), Triton GEMM"
+    )
+
+    @classmethod
+    def is_substitute(cls, spec: LayerSpec) -> bool:
+        return spec.scheme.act is not None
+
+    @classmethod
+    def supports(cls, spec: LayerSpec, caps: Any) -> Verdict:
+        s = spec.scheme
+        fp8_hw = (caps.sm or 0) >= 89 and "fp8_e4m3" in caps.matrix_types
+        return check(
+            *_common(spec, caps, (torch.bfloat16, torch.float16)),
+            (s.family == "fp8", "fp8 weights", {"weight": s.weight}),
+            (
+                s.act is None or not fp8_hw,
+                "a weight-only scheme (fp8 matrix units run W8A8 natively)",
+                {"act": s.act, "sm": caps.sm},
+            ),
+            (
+                s.granularity != "block" or spec.K_part % s.block[1] == 0 or spec.k_full,
+                "this rank's K cut on block boundaries",
+                {"K_part": spec.K_part, "block": s.block},
+            ),
+        )
+
+    def prepare(self, weight: CanonicalWeight, spec: LayerSpec) -> Fp8WeightOnlyState:
+        from quantrt.backends.triton.common import TileConfig
+
+        s = weight.scheme
+        q = weight["qweight"].contiguous()
+        section = _tuning(_arch(q))["fp8_weight_only"]
+        if s.granularity == "block":
+            bn, bk = s.block
+            block: tuple[int, int] | None = (bn, bk)
+            scale = weight["scales"].float().contiguous()
+            configs = []
+            for c in tile_configs(section, weight.N, weight.K, TileConfig):
+                bk_tile = min(c.block_k, bk)
+                while bk % bk_tile:
+                    bk_tile //= 2
+                bn_tile = min(c.block_n, bn)
+                while bn % bn_tile:
+                    bn_tile //= 2
+                configs.append(TileConfig(c.block_m, bn_tile, bk_tile, c.split_k, c.num_warps, c.num_stages))
+            configs = tuple(configs)
+        else:
+            block, scale = None, per_channel_scales(weight).contiguous()
+            configs = tile_configs(section, weight.N, weight.K, TileConfig)
+        return Fp8WeightOnlyState(q, scale, block, configs, spec.act_dtype, spec.output_dtype)
+
+    def workspace_bytes(self, spec: LayerSpec, max_m: int) -> int:
+        return 4 * max_m * spec.N_part
+
+    def strategy(self, state: Fp8WeightOnlyState, m: int) -> str:
+        return describe(pick(state.configs, m))
+
+    def apply(
+        self,
+        state: Fp8WeightOnlyState,
+        x: torch.Tensor,
+        bias: torch.Tensor | None = None,
+        out: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        from quantrt.backends.triton.fp8_weight_only import fp8_weight_only_matmul
+
+        if x.dtype != state.act:
+            x = x.to(state.act)
+        c = pick(state.configs, x.shape[0])
+        return fp8_weight_only_matmul(x, state.w, state.w_scale, state.block, bias, state.out_dtype, c, out)
+
+
+# -- int8 W8A8 --------------------------------------------------------------------------------
+
+
+@dataclass
+class Int8State:
+    w: torch.Tensor  # int8 [N, K]
+    w_scale: torch.Tensor  # fp32 [N]
+    in_scale: torch.Tensor | None
+    configs: tuple
+    out_dtype: torch.dtype
+
+
+class CudaTritonInt8(Kernel):
+    """W8A8 int8: per-token (or static) int8 activations from one Triton pass, a Triton int8 GEMM
+    with both scales and the bias in its epilogue."""
+
+    name = "cuda.triton_int8"
+    backend = "cuda"
+    device_kinds = ("cuda",)
+    priority = 55  # after cuBLASLt's _int_mm until the H200 shows this GEMM at least as fast
+    description = (
+        "int8 W8A8: fused Triton activation quantization, Triton int8 GEMM with scales in the epilogue"
+    )
+
+    @classmethod
+    def supports(cls, spec: LayerSpec, caps: Any) -> Verdict:
+        s = spec.scheme
+        return check(
+            *_common(spec, caps, (torch.bfloat16, torch.float16, torch.float32)),
+            ("int8" in caps.matrix_types, "int8 matrix units", {"arch": caps.arch}),
+            (
+                s.weight == "int" and s.bits == 8 and s.symmetric,
+                "symmetric int8 weights",
+                {"weight": s.weight, "bits": s.bits, "symmetric": s.symmetric},
+            ),
+            (s.act == "int8", "int8 activations", {"act": s.act}),
+            (
+                s.granularity in ("tensor", "channel"),
+                "tensor or channel scales",
+                {"granularity": s.granularity},
+            ),
+            (
+                s.act_granularity == "token" or not s.act_dynamic,
+                "activations per token or with a static scale",
+                {"act_granularity": s.act_granularity, "act_dynamic": s.act_dynamic},
+            ),
+        )
+
+    def prepare(self, weight: CanonicalWeight, spec: LayerSpec) -> Int8State:
+        from quantrt.backends.triton.common import TileConfig
+
+        q = (weight["qweight"].to(torch.int16) - 128).to(torch.int8).contiguous()  # canonical offset 128
+        section = _tuning(_arch(q))["int8"]
+        return Int8State(
+            q,
+            per_channel_scales(weight).contiguous(),
+            _static_scale(weight),
+            tile_configs(section, weight.N, weight.K, TileConfig),
+            spec.output_dtype,
+        )
+
+    def workspace_bytes(self, spec: LayerSpec, max_m: int) -> int:
+        return max_m * spec.K_part + 4 * max_m * (spec.N_part + 1)
+
+    def strategy(self, state: Int8State, m: int) -> str:
+        return "triton quant + " + describe(pick(state.configs, m))
+
+    def apply(
+        self,
+        state: Int8State,
+        x: torch.Tensor,
+        bias: torch.Tensor | None = None,
+        out: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        from quantrt.backends.triton import act_quant
+        from quantrt.backends.triton.int8_mm import int8_matmul
+
+        if state.in_scale is None:
+            xq, a_scale = act_quant.quantize_per_token(x, "int8")
+        else:
+            a_scale = state.in_scale
+            xq = act_quant.quantize_static(x, a_scale, "int8")
+        c = pick(state.configs, x.shape[0])
+        return int8_matmul(xq, a_scale, state.w, state.w_scale, bias, state.out_dtype, c, out)

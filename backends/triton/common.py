@@ -1,0 +1,163 @@
+"""Launch plumbing shared by the portable Triton GEMMs (:mod:`.w4a16`, :mod:`.fp8_mm`,
+:mod:`.fp8_weight_only`, :mod:`.int8_mm`).
+
+Every one of them tiles the output [M, N] in ``block_m`` x ``block_n`` tiles and may split K over
+``split_k`` programs per tile. ``split_k`` = 1 stores the output dtype directly; ``split_k`` > 1 adds
+fp32 partial sums with atomics into a zeroed fp32 buffer (``out`` itself when the output is fp32),
+cast into the output afterwards. Host side: :class:`TileConfig`, the argument checks, the output
+buffers (:func:`output_buffers`, :func:`finish_output`); device side: the K-loop's operand loads
+(:func:`load_k_tiles`) and the epilogue (:func:`store_tile`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+#: activation, bias and output dtypes the kernels take
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+@dataclass(frozen=True)
+class TileConfig:
+    """One launch configuration; ``split_k`` > 1 reduces partial sums with fp32 atomics."""
+
+    block_m: int
+    block_n: int
+    block_k: int
+    split_k: int = 1
+    num_warps: int = 4
+    num_stages: int = 3
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def check_config(config: TileConfig, min_block_k: int, what: str) -> None:
+    """Raise ValueError unless the tile is a valid launch: powers of two, dot-sized, split_k >= 1.
+
+    ``tl.dot`` needs M, N >= 16 and K >= 16 (K >= 32 for 8-bit operands on NVIDIA): ``min_block_k``.
+    """
+    for field, lo in (("block_m", 16), ("block_n", 16), ("block_k", min_block_k)):
+        v = getattr(config, field)
+        if not isinstance(v, int) or v < lo or v & (v - 1):
+            raise ValueError(f"{what}: {field} must be a power of two >= {lo}, found {v!r}")
+    for field in ("split_k", "num_warps", "num_stages"):
+        v = getattr(config, field)
+        if not isinstance(v, int) or v < 1:
+            raise ValueError(f"{what}: {field} must be a positive integer, found {v!r}")
+
+
+def check_block(block: tuple[int, int], what: str) -> tuple[int, int]:
+    """The (bn, bk) of a block-scaled weight, checked: two positive ints."""
+    if len(block) != 2 or any(not isinstance(b, int) or b < 1 for b in block):
+        raise ValueError(f"{what}: block must be (bn, bk) positive ints, found {block!r}")
+    return block[0], block[1]
+
+
+def check_epilogue(
+    bias: torch.Tensor | None,
+    out: torch.Tensor | None,
+    out_dtype: torch.dtype,
+    M: int,
+    N: int,
+    device: torch.device,
+    what: str,
+    name: Callable[[torch.dtype], str] = dtype_name,
+) -> None:
+    """Validate bias [N] (float), the output dtype and ``out`` [M, N] of that dtype (``name`` spells
+    the dtypes in the messages)."""
+    if out_dtype not in FLOAT_DTYPES:
+        want = ", ".join(dtype_name(d) for d in FLOAT_DTYPES)
+        raise ValueError(f"{what}: out_dtype must be one of {want}, found {out_dtype}")
+    if bias is not None:
+        if bias.dtype not in FLOAT_DTYPES or tuple(bias.shape) != (N,) or bias.device != device:
+            raise ValueError(
+                f"{what}: bias must be a float16/bfloat16/float32 [{N}] tensor on {device}, "
+                f"found {name(bias.dtype)} {list(bias.shape)} on {bias.device}"
+            )
+    if out is not None:
+        if out.dtype != out_dtype or tuple(out.shape) != (M, N) or out.device != device:
+            raise ValueError(
+                f"{what}: out must be {name(out_dtype)} [{M}, {N}] on {device}, "
+                f"found {name(out.dtype)} {list(out.shape)} on {out.device}"
+            )
+
+
+def empty_result(
+    N: int, out_dtype: torch.dtype, out: torch.Tensor | None, device: torch.device
+) -> torch.Tensor:
+    """M = 0: nothing to launch (a zero-size grid is an error in some launchers)."""
+    return out if out is not None else torch.empty(0, N, device=device, dtype=out_dtype)
+
+
+def output_buffers(
+    M: int, N: int, out_dtype: torch.dtype, out: torch.Tensor | None, atomic: bool, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(what the kernel writes, what the caller gets). Split-K adds into fp32 zeros: ``out``
+    itself when the output is fp32, else a scratch buffer cast afterwards by :func:`finish_output`."""
+    if out is None:
+        result = torch.empty(M, N, device=device, dtype=out_dtype)
+    else:
+        result = out
+    if not atomic:
+        return result, result
+    if out_dtype == torch.float32:
+        return result.zero_(), result
+    return torch.zeros(M, N, device=device, dtype=torch.float32), result
+
+
+def finish_output(written: torch.Tensor, result: torch.Tensor) -> torch.Tensor:
+    """After the launch: cast the split-K scratch buffer into the result (nothing when it is the result)."""
+    if written is not result:
+        result.copy_(written)
+    return result
+
+
+def tile_grid(M: int, N: int, config: TileConfig) -> tuple[int, int, int]:
+    """Program ids (M-tile, N-tile, K-split), as the kernels read them with ``tl.program_id(0..2)``."""
+    return triton.cdiv(M, config.block_m), triton.cdiv(N, config.block_n), config.split_k
+
+
+@triton.jit
+def load_k_tiles(
+    X, W, kk, offs_m, offs_n, mask_m, mask_n, K, stride_xm, stride_xk, stride_wn, stride_wk,
+    EVEN_K: tl.constexpr,
+):  # fmt: skip
+    """The K-tile ``kk`` of both operands: x [BM, BK], and the weight, [N, K] as stored, read
+    transposed to [BK, BN] (``tl.dot``'s B operand) by pointer arithmetic. Rows, columns and (unless
+    ``EVEN_K``: BK divides K) k out of range read as 0."""
+    x_ptrs = X + offs_m[:, None] * stride_xm + kk[None, :] * stride_xk
+    w_ptrs = W + offs_n[None, :] * stride_wn + kk[:, None] * stride_wk
+    if EVEN_K:
+        a = tl.load(x_ptrs, mask=mask_m[:, None], other=0.0)
+        b = tl.load(w_ptrs, mask=mask_n[None, :], other=0.0)
+    else:
+        mask_k = kk < K
+        a = tl.load(x_ptrs, mask=mask_m[:, None] & mask_k[None, :], other=0.0)
+        b = tl.load(w_ptrs, mask=mask_n[None, :] & mask_k[:, None], other=0.0)
+    return a, b
+
+
+@triton.jit
+def store_tile(
+    acc, B, Y, offs_m, offs_n, mask_m, mask_n, pid_k, stride_b, stride_ym, stride_yn,
+    HAS_B: tl.constexpr, ATOMIC: tl.constexpr,
+):  # fmt: skip
+    """The epilogue after scaling: the fp32 tile ``acc`` plus bias (added once, by the ``pid_k`` = 0
+    programs), then an fp32 atomic add into the zeroed split-K buffer (``ATOMIC``) or a store in
+    Y's dtype."""
+    if HAS_B:
+        if pid_k == 0:
+            acc += tl.load(B + offs_n * stride_b, mask=mask_n, other=0.0).to(tl.float32)[None, :]
+    y_ptrs = Y + offs_m[:, None] * stride_ym + offs_n[None, :] * stride_yn
+    mask = mask_m[:, None] & mask_n[None, :]
+    if ATOMIC:
+        tl.atomic_add(y_ptrs, acc, mask=mask)
+    else:
+        tl.store(y_ptrs, acc.to(Y.dtype.element_ty), mask=mask)
