@@ -217,6 +217,22 @@ def check_finite(t: torch.Tensor, where: str) -> None:
         raise CheckpointError(f"{where}: {bad} of {t.numel()} values are NaN or infinite")
 
 
+def check_fp8_codes(t: torch.Tensor, where: str) -> None:
+    """fp8 weights holding NaN (e4m3fn's 0x7F/0xFF) or NaN/infinite codes (e5m2's all-ones
+    exponent) are refused where they are read: a kernel decoding codes by bit tricks would turn
+    them into finite numbers. Checked on the raw bytes, a slab of rows at a time."""
+    if t.dtype not in (torch.float8_e4m3fn, torch.float8_e5m2):
+        return
+    mask, bad_bits = (0x7F, 0x7F) if t.dtype == torch.float8_e4m3fn else (0x7C, 0x7C)
+    u8 = t.reshape(t.shape[0] if t.dim() else 1, -1).view(torch.uint8)
+    bad = 0
+    for s in range(0, u8.shape[0], CHUNK_ROWS):
+        bad += int(((u8[s : s + CHUNK_ROWS] & mask) == bad_bits).sum())
+    if bad:
+        what = "NaN" if t.dtype == torch.float8_e4m3fn else "NaN or infinite"
+        raise CheckpointError(f"{where}: {bad} of {t.numel()} fp8 codes are {what}")
+
+
 def by_rows(
     n: int, fn: Callable[[int, int], torch.Tensor], dim: int = 0, rows: int = CHUNK_ROWS
 ) -> torch.Tensor:

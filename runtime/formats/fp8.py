@@ -28,6 +28,7 @@ from .base import (
     LayerEntry,
     TensorIndex,
     check_finite,
+    check_fp8_codes,
     expect,
     match_rules,
 )
@@ -93,6 +94,7 @@ class FP8Adapter:
             s = s.reshape(-1)
         elif scheme.granularity == "channel":
             s = s.reshape(N, 1)
+        check_fp8_codes(tensors[self.weight], self.weight)
         out = {"qweight": tensors[self.weight].contiguous(), "scales": s.contiguous()}
         if scheme.act is not None and not scheme.act_dynamic:
             inp = tensors[self.input_scale].float()

@@ -149,6 +149,24 @@ def test_nan_or_infinite_scales(tmp_path: Path, value: float) -> None:
         load_everything(d)
 
 
+def test_nan_fp8_weight_codes(tmp_path: Path) -> None:
+    """e4m3fn has no infinity, and its NaN codes (0x7F, 0xFF) have no place in a weight: kernels
+    that decode codes by bit tricks would read them as +-480."""
+    d = copy(tmp_path, "ct-fp8-w-channel-a-dyntoken")
+
+    def poison(t: dict[str, torch.Tensor]) -> None:
+        w = t[f"{DOWN}.weight"].clone()
+        assert w.dtype == torch.float8_e4m3fn
+        w.view(torch.uint8)[2, 5] = 0x7F
+        w.view(torch.uint8)[7, 1] = 0xFF
+        t[f"{DOWN}.weight"] = w
+
+    edit_tensors(d, poison)
+    n = load_file(d / "model.safetensors")[f"{DOWN}.weight"].numel()
+    with pytest.raises(CheckpointError, match=rf"layer {DOWN}: weight: 2 of {n} fp8 codes are NaN"):
+        load_everything(d)
+
+
 def test_truncated_fixture(tmp_path: Path) -> None:
     d = copy(tmp_path, "bnb-int8")
     p = d / "model.safetensors"
