@@ -72,4 +72,4 @@ def test_console_script_runs() -> None:
         check=True,
         cwd="/",
     )
-    assert json.loads(out.stdout)["kernel"] == "cuda.torch_scaled_mm"
+    assert json.loads(out.stdout)["kernel"] == "cuda.triton_fp8"
