@@ -76,6 +76,11 @@ def pick(configs: tuple, m: int) -> Any:
     return configs[-1]
 
 
+def _ints(c: Any) -> list[int]:
+    """A tile configuration as the custom ops take it."""
+    return [c.block_m, c.block_n, c.block_k, c.split_k, c.num_warps, c.num_stages]
+
+
 def describe(c: Any) -> str:
     return f"{'splitk' if c.split_k > 1 else 'tile'} BM{c.block_m} BN{c.block_n} BK{c.block_k} S{c.split_k}"
 
@@ -118,12 +123,12 @@ def _static_scale(weight: CanonicalWeight) -> torch.Tensor | None:
 class Fp8State:
     w: torch.Tensor  # fp8 [N, K] as stored
     w_scale: torch.Tensor  # fp32 [N]
-    w_scale_row: torch.Tensor  # fp32 [1, N], for _scaled_mm's row-wise mode
     in_scale: torch.Tensor | None
     act_granularity: str
     configs: tuple
     scaled_mm_from: int  # batches of at least this many rows run torch._scaled_mm
     out_dtype: torch.dtype
+    forward: Any  # w8a8_ops.fp8_forward, bound at load so apply() imports nothing (triton is optional)
 
 
 class CudaTritonFp8(Kernel):
@@ -161,6 +166,8 @@ class CudaTritonFp8(Kernel):
     def prepare(self, weight: CanonicalWeight, spec: LayerSpec) -> Fp8State:
         from quantrt.backends.triton.common import TileConfig
 
+        from . import w8a8_ops  # registers the custom ops too
+
         q = weight["qweight"].contiguous()
         w_scale = per_channel_scales(weight).contiguous()
         table = _tuning(_arch(q))["fp8_rowwise"]
@@ -173,9 +180,8 @@ class CudaTritonFp8(Kernel):
         ok = weight.K % 16 == 0 and weight.N % 16 == 0 and (tensorwise or spec.output_dtype == torch.bfloat16)
         start = int(table.get("scaled_mm_from_m", 1 << 30)) if ok else 1 << 62
         gran = "static" if not s.act_dynamic else s.act_granularity
-        return Fp8State(
-            q, w_scale, w_scale.reshape(1, -1), _static_scale(weight), gran, configs, start, spec.output_dtype
-        )
+        forward = w8a8_ops.fp8_forward
+        return Fp8State(q, w_scale, _static_scale(weight), gran, configs, start, spec.output_dtype, forward)
 
     def workspace_bytes(self, spec: LayerSpec, max_m: int) -> int:
         return max_m * spec.K_part + 4 * max_m * (spec.N_part + 1)  # codes, scales, split-K sums
@@ -192,28 +198,15 @@ class CudaTritonFp8(Kernel):
         bias: torch.Tensor | None = None,
         out: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        from quantrt.backends.triton import act_quant
-        from quantrt.backends.triton.fp8_mm import fp8_rowwise_matmul
-
-        if state.act_granularity == "static":
-            a_scale = state.in_scale
-            xq = act_quant.quantize_static(x, a_scale, "fp8")
-        elif state.act_granularity == "token":
-            xq, a_scale = act_quant.quantize_per_token(x, "fp8")
-        else:
-            xq, a_scale = act_quant.quantize_per_tensor(x, "fp8")
-        m = x.shape[0]
-        if m < state.scaled_mm_from:
-            c = pick(state.configs, m)
-            return fp8_rowwise_matmul(xq, a_scale, state.w, state.w_scale, bias, state.out_dtype, c, out)
-        if state.act_granularity == "tensor" and state.w_scale.numel() == 1:
-            sa, sb = a_scale.reshape(()), state.w_scale.reshape(())
-        else:  # row-wise: a scale per token (static ones repeated) and per channel
-            sa, sb = a_scale.reshape(-1, 1).expand(m, 1).contiguous(), state.w_scale_row
-        y = torch._scaled_mm(xq, state.w.t(), sa, sb, out_dtype=state.out_dtype)
-        if bias is not None:
-            y = y + bias
-        return y if out is None else out.copy_(y)
+        c = pick(state.configs, x.shape[0])
+        if torch.compiler.is_compiling():  # traced: the registered op with its fake
+            y = torch.ops.quantrt.fp8_linear(
+                x, state.w, state.w_scale, state.in_scale, bias, state.act_granularity, state.scaled_mm_from,
+                _ints(c), state.out_dtype,
+            )  # fmt: skip
+            return y if out is None else out.copy_(y)
+        args = (state.in_scale, bias, state.act_granularity, state.scaled_mm_from, c, state.out_dtype, out)
+        return state.forward(x, state.w, state.w_scale, *args)
 
 
 # -- block fp8 --------------------------------------------------------------------------------
@@ -226,6 +219,7 @@ class BlockFp8State:
     block: tuple[int, int]
     configs: tuple
     out_dtype: torch.dtype
+    forward: Any  # w8a8_ops.block_fp8_forward
 
 
 class CudaTritonBlockFp8(Kernel):
@@ -263,6 +257,8 @@ class CudaTritonBlockFp8(Kernel):
     def prepare(self, weight: CanonicalWeight, spec: LayerSpec) -> BlockFp8State:
         from quantrt.backends.triton.common import TileConfig
 
+        from . import w8a8_ops  # registers the custom ops too
+
         bn, bk = weight.scheme.block
         q = weight["qweight"].contiguous()
         section = _tuning(_arch(q))["fp8_block"]
@@ -272,8 +268,9 @@ class CudaTritonBlockFp8(Kernel):
             while bn % bn_tile:  # a tile column block must sit inside one weight block
                 bn_tile //= 2
             configs.append(TileConfig(c.block_m, bn_tile, c.block_k, c.split_k, c.num_warps, c.num_stages))
+        scales = weight["scales"].float().contiguous()
         return BlockFp8State(
-            q, weight["scales"].float().contiguous(), (bn, bk), tuple(configs), spec.output_dtype
+            q, scales, (bn, bk), tuple(configs), spec.output_dtype, w8a8_ops.block_fp8_forward
         )
 
     def workspace_bytes(self, spec: LayerSpec, max_m: int) -> int:
@@ -290,12 +287,13 @@ class CudaTritonBlockFp8(Kernel):
         bias: torch.Tensor | None = None,
         out: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        from quantrt.backends.triton.act_quant import quantize_per_token_group
-        from quantrt.backends.triton.fp8_mm import fp8_block_matmul
-
-        xq, xs = quantize_per_token_group(x, state.block[1])
         c = pick(state.configs, x.shape[0])
-        return fp8_block_matmul(xq, xs, state.w, state.w_scale, state.block, bias, state.out_dtype, c, out)
+        if torch.compiler.is_compiling():
+            y = torch.ops.quantrt.block_fp8_linear(
+                x, state.w, state.w_scale, bias, list(state.block), _ints(c), state.out_dtype
+            )
+            return y if out is None else out.copy_(y)
+        return state.forward(x, state.w, state.w_scale, bias, state.block, c, state.out_dtype, out)
 
 
 # -- fp8 weight-only --------------------------------------------------------------------------
@@ -309,6 +307,7 @@ class Fp8WeightOnlyState:
     configs: tuple
     act: torch.dtype
     out_dtype: torch.dtype
+    forward: Any  # w8a8_ops.fp8_weight_only_forward
 
 
 class CudaTritonFp8WeightOnly(Kernel):
@@ -348,6 +347,8 @@ class CudaTritonFp8WeightOnly(Kernel):
     def prepare(self, weight: CanonicalWeight, spec: LayerSpec) -> Fp8WeightOnlyState:
         from quantrt.backends.triton.common import TileConfig
 
+        from . import w8a8_ops  # registers the custom ops too
+
         s = weight.scheme
         q = weight["qweight"].contiguous()
         section = _tuning(_arch(q))["fp8_weight_only"]
@@ -368,7 +369,8 @@ class CudaTritonFp8WeightOnly(Kernel):
         else:
             block, scale = None, per_channel_scales(weight).contiguous()
             configs = tile_configs(section, weight.N, weight.K, TileConfig)
-        return Fp8WeightOnlyState(q, scale, block, configs, spec.act_dtype, spec.output_dtype)
+        forward = w8a8_ops.fp8_weight_only_forward
+        return Fp8WeightOnlyState(q, scale, block, configs, spec.act_dtype, spec.output_dtype, forward)
 
     def workspace_bytes(self, spec: LayerSpec, max_m: int) -> int:
         return 4 * max_m * spec.N_part
@@ -383,12 +385,15 @@ class CudaTritonFp8WeightOnly(Kernel):
         bias: torch.Tensor | None = None,
         out: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        from quantrt.backends.triton.fp8_weight_only import fp8_weight_only_matmul
-
-        if x.dtype != state.act:
-            x = x.to(state.act)
         c = pick(state.configs, x.shape[0])
-        return fp8_weight_only_matmul(x, state.w, state.w_scale, state.block, bias, state.out_dtype, c, out)
+        if torch.compiler.is_compiling():
+            blk = list(state.block) if state.block else []
+            y = torch.ops.quantrt.fp8_w8a16_linear(
+                x, state.w, state.w_scale, bias, blk, state.act, _ints(c), state.out_dtype
+            )
+            return y if out is None else out.copy_(y)
+        args = (bias, state.block, state.act, c, state.out_dtype, out)
+        return state.forward(x, state.w, state.w_scale, *args)
 
 
 # -- int8 W8A8 --------------------------------------------------------------------------------
@@ -401,6 +406,7 @@ class Int8State:
     in_scale: torch.Tensor | None
     configs: tuple
     out_dtype: torch.dtype
+    forward: Any  # w8a8_ops.int8_forward
 
 
 class CudaTritonInt8(Kernel):
@@ -442,6 +448,8 @@ class CudaTritonInt8(Kernel):
     def prepare(self, weight: CanonicalWeight, spec: LayerSpec) -> Int8State:
         from quantrt.backends.triton.common import TileConfig
 
+        from . import w8a8_ops  # registers the custom ops too
+
         q = (weight["qweight"].to(torch.int16) - 128).to(torch.int8).contiguous()  # canonical offset 128
         section = _tuning(_arch(q))["int8"]
         return Int8State(
@@ -450,6 +458,7 @@ class CudaTritonInt8(Kernel):
             _static_scale(weight),
             tile_configs(section, weight.N, weight.K, TileConfig),
             spec.output_dtype,
+            w8a8_ops.int8_forward,
         )
 
     def workspace_bytes(self, spec: LayerSpec, max_m: int) -> int:
@@ -465,13 +474,10 @@ class CudaTritonInt8(Kernel):
         bias: torch.Tensor | None = None,
         out: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        from quantrt.backends.triton import act_quant
-        from quantrt.backends.triton.int8_mm import int8_matmul
-
-        if state.in_scale is None:
-            xq, a_scale = act_quant.quantize_per_token(x, "int8")
-        else:
-            a_scale = state.in_scale
-            xq = act_quant.quantize_static(x, a_scale, "int8")
         c = pick(state.configs, x.shape[0])
-        return int8_matmul(xq, a_scale, state.w, state.w_scale, bias, state.out_dtype, c, out)
+        if torch.compiler.is_compiling():
+            y = torch.ops.quantrt.int8_linear(
+                x, state.w, state.w_scale, state.in_scale, bias, _ints(c), state.out_dtype
+            )
+            return y if out is None else out.copy_(y)
+        return state.forward(x, state.w, state.w_scale, state.in_scale, bias, c, state.out_dtype, out)

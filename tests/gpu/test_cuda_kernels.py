@@ -253,3 +253,23 @@ def test_mma_launch_shapes_match_reference(scheme: str, dtype: torch.dtype) -> N
                 ref = reference.linear(x.to(dtype), canon, bias.to(dtype), out_dtype=torch.float32)
                 err = rel(y.cpu(), ref)
                 assert err < TOL[dtype], (row, wk, m, err, mk.tile_expr(dtype, state.bits, state.gpc, shape))
+
+
+@pytest.mark.parametrize(
+    "scheme,kernel",
+    [
+        ("w8a8-fp8-ch", "cuda.triton_fp8"),
+        ("w8a8-fp8-block128", "cuda.triton_block_fp8"),
+        ("w8a16-fp8-ch", "cuda.triton_fp8_w8a16"),
+        ("w8a8-int-ch-sym", "cuda.triton_int8"),
+    ],
+)
+def test_w8a8_kernels_compile_fullgraph(scheme: str, kernel: str) -> None:
+    """torch.compile traces the W8A8 kernels through their custom ops (no graph break)."""
+    layer, canon, bias = build(scheme, 512, 256, torch.bfloat16, seed=5, kernel=kernel)
+    assert layer.kernel_name == kernel
+    for m in (3, 100):
+        x = torch.randn(m, 512, device="cuda", dtype=torch.bfloat16)
+        ref = reference.linear(x.cpu(), canon, bias, out_dtype=torch.float32)
+        compiled = torch.compile(lambda t: layer(t), fullgraph=True)
+        assert rel(compiled(x).cpu(), ref) < TOL[torch.bfloat16], m

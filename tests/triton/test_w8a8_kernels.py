@@ -109,3 +109,49 @@ def test_supports_on_presets() -> None:
         layer_spec("w8a8-int-ch-sym", 4096, 4096), load_preset("mi300x").default_device
     )
     assert not v.ok  # an AMD preset has no NVIDIA sm
+
+
+@pytest.mark.parametrize(
+    "scheme,kernel",
+    [
+        ("w8a8-fp8-ch", CudaTritonFp8),
+        ("w8a8-fp8-block128", CudaTritonBlockFp8),
+        ("w8a16-fp8-block128", CudaTritonFp8WeightOnly),
+        ("w8a8-int-ch-sym-static", CudaTritonInt8),
+    ],
+)
+def test_custom_ops_for_torch_compile(scheme: str, kernel) -> None:
+    """The op torch.compile traces (schema and fake checked by torch's opcheck) computes what the
+    eager path computes."""
+    from quantrt.backends.cuda.triton_w8a8 import _ints, pick
+    from quantrt.backends.cuda.w8a8_ops import block_fp8_linear, fp8_linear, fp8_w8a16_linear, int8_linear
+
+    g = torch.Generator().manual_seed(11)
+    K, N, act = 256, 48, torch.float16
+    canon = reference.quantize(
+        torch.randn(N, K, generator=g) * 0.05, scheme, calib=torch.randn(8, K, generator=g)
+    )
+    k = kernel()
+    st = k.prepare(canon.to(DEV), layer_spec(scheme, K, N, act_dtype=act, bias=True))
+    x = torch.randn(3, K, generator=g).to(act).to(DEV)
+    bias = torch.randn(N, generator=g).to(act).to(DEV)
+    c = _ints(pick(st.configs, 3))
+    if kernel is CudaTritonFp8:
+        op, args = fp8_linear, (x, st.w, st.w_scale, st.in_scale, bias, st.act_granularity, st.scaled_mm_from)
+    elif kernel is CudaTritonBlockFp8:
+        op, args = block_fp8_linear, (x, st.w, st.w_scale, bias, list(st.block))
+    elif kernel is CudaTritonFp8WeightOnly:
+        op, args = fp8_w8a16_linear, (x, st.w, st.w_scale, bias, list(st.block), st.act)
+    else:
+        op, args = int8_linear, (x, st.w, st.w_scale, st.in_scale, bias)
+    args = (*args, c, st.out_dtype)
+    # opcheck's schema test compares inputs with arithmetic fp8 lacks on the CPU: compare bytes here
+    torch.library.opcheck(op, args, test_utils=("test_faketensor",))
+    tensors = [a for a in args if isinstance(a, torch.Tensor)]
+    before = [t.clone() for t in tensors]
+    y = op(*args)
+    raw = [
+        (t.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8)) for t, b in zip(tensors, before)
+    ]
+    assert all(torch.equal(t, b) for t, b in raw)  # no input mutated
+    assert y.dtype == st.out_dtype and torch.equal(y, k.apply(st, x, bias))
