@@ -3,7 +3,8 @@
 # record the probe, run the GPU tests (tests/gpu and the Triton kernels at full speed), the
 # quick benchmark and the embedded default, and leave everything in $OUT.
 # Usage (device tool): bash ci/gpu.sh            (bench off: QUANTRT_GPU_BENCH=0; sweep the CUDA
-# W4A16 launch shapes first and use them: QUANTRT_GPU_TUNE=1; schemes: QUANTRT_BENCH_SCHEMES)
+# W4A16 launch shapes first and use them: QUANTRT_GPU_TUNE=1; the Triton W8A8 tiles:
+# QUANTRT_GPU_TUNE_W8A8=1; bench schemes: QUANTRT_BENCH_SCHEMES)
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 OUT="${OUT:-$ROOT/out}"
@@ -24,6 +25,20 @@ if [ "${QUANTRT_GPU_TUNE:-0}" = 1 ] && [ "$status" = 0 ]; then
   if [ "$status" = 0 ]; then
     cp "$OUT/wna16_mma_${arch}.json" "backends/cuda/tunings/wna16_mma_${arch}.json"
     python3 -m pytest -q -p no:cacheprovider tests/gpu -k mma 2>&1 | tee "$OUT/gpu-tests-tuned.log" | tail -n 2
+    [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+  fi
+fi
+if [ "${QUANTRT_GPU_TUNE_W8A8:-0}" = 1 ] && [ "$status" = 0 ]; then
+  # sweep the Triton W8A8 / fp8 weight-only tiles (QUANTRT_W8A8_SECTIONS, default all), use them for
+  # the rest of this run (commit the file from $OUT afterwards) and test those kernels again
+  arch=$(python3 -c "import torch; print('sm_%d%d' % torch.cuda.get_device_capability())")
+  python3 ci/tune_w8a8.py --out "$OUT/w8a8_${arch}.json" --budget "${QUANTRT_W8A8_BUDGET:-15}" \
+    --sections "${QUANTRT_W8A8_SECTIONS:-fp8_rowwise,fp8_block,fp8_weight_only,int8}" \
+    > "$OUT/tune-w8a8.log" 2>&1 || { tail -n 5 "$OUT/tune-w8a8.log"; status=1; }
+  if [ "$status" = 0 ]; then
+    cp "$OUT/w8a8_${arch}.json" "backends/cuda/tunings/w8a8_${arch}.json"
+    python3 -m pytest -q -p no:cacheprovider tests/gpu tests/triton -k "fp8 or int8 or w8a8" 2>&1 \
+      | tee "$OUT/gpu-tests-w8a8.log" | tail -n 2
     [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
   fi
 fi
