@@ -81,7 +81,10 @@ def _fp8_rowwise_kernel(
         a, b = load_k_tiles(
             X, W, kk, offs_m, offs_n, mask_m, mask_n, K, stride_xm, stride_xk, stride_wn, stride_wk, EVEN_K
         )  # b: the w tile transposed, [BK, BN]
-        acc = tl.dot(a, b, acc)
+        # Hopper's fp8 MMA adds in reduced precision; Triton's default there keeps it over all of K
+        # (cuBLASLt's use_fast_accum). Promote into the fp32 accumulator once per K tile instead,
+        # which keeps long K as accurate as the reference (DeepSeek-V3 promotes every 128).
+        acc = tl.dot(a, b, acc, max_num_imprecise_acc=BK)
     a_s = tl.load(AS + offs_m * stride_am, mask=mask_m, other=0.0)
     w_s = tl.load(WS + offs_n * stride_wsn, mask=mask_n, other=0.0)
     acc = acc * a_s[:, None] * w_s[None, :]
