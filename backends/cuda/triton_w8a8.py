@@ -125,6 +125,7 @@ class Fp8State:
     w_scale: torch.Tensor  # fp32 [N]
     in_scale: torch.Tensor | None
     act_granularity: str
+    tensorwise: bool  # one weight scale and one activation scale: _scaled_mm's per-tensor mode
     configs: tuple
     scaled_mm_from: int  # batches of at least this many rows run torch._scaled_mm
     out_dtype: torch.dtype
@@ -181,7 +182,9 @@ class CudaTritonFp8(Kernel):
         start = int(table.get("scaled_mm_from_m", 1 << 30)) if ok else 1 << 62
         gran = "static" if not s.act_dynamic else s.act_granularity
         forward = w8a8_ops.fp8_forward
-        return Fp8State(q, w_scale, _static_scale(weight), gran, configs, start, spec.output_dtype, forward)
+        return Fp8State(
+            q, w_scale, _static_scale(weight), gran, tensorwise, configs, start, spec.output_dtype, forward
+        )
 
     def workspace_bytes(self, spec: LayerSpec, max_m: int) -> int:
         return max_m * spec.K_part + 4 * max_m * (spec.N_part + 1)  # codes, scales, split-K sums
@@ -201,11 +204,13 @@ class CudaTritonFp8(Kernel):
         c = pick(state.configs, x.shape[0])
         if torch.compiler.is_compiling():  # traced: the registered op with its fake
             y = torch.ops.quantrt.fp8_linear(
-                x, state.w, state.w_scale, state.in_scale, bias, state.act_granularity, state.scaled_mm_from,
+                x, state.w, state.w_scale, state.in_scale, bias, state.act_granularity, state.tensorwise,
+                state.scaled_mm_from,
                 _ints(c), state.out_dtype,
             )  # fmt: skip
             return y if out is None else out.copy_(y)
-        args = (state.in_scale, bias, state.act_granularity, state.scaled_mm_from, c, state.out_dtype, out)
+        args = (state.in_scale, bias, state.act_granularity, state.tensorwise, state.scaled_mm_from, c)
+        args = (*args, state.out_dtype, out)
         return state.forward(x, state.w, state.w_scale, *args)
 
 

@@ -32,18 +32,21 @@ def fp8_forward(
     in_scale: torch.Tensor | None,
     bias: torch.Tensor | None,
     act: str,
+    tensorwise: bool,
     scaled_mm_from: int,
     tile: TileConfig,
     out_dtype: torch.dtype,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """fp8 W8A8, tensor or channel weights: Triton below ``scaled_mm_from`` rows, cuBLASLt above."""
+    """fp8 W8A8, tensor or channel weights: Triton below ``scaled_mm_from`` rows, cuBLASLt above
+    (``tensorwise``: one weight scale and one activation scale, its only mode with a 16-bit output
+    other than bf16; otherwise row-wise)."""
     xq, a_scale = quantize(x, "fp8", act, in_scale)
     m = x.shape[0]
     if m < scaled_mm_from:
         return fp8_rowwise_matmul(xq, a_scale, w, w_scale, bias, out_dtype, tile, out)
-    if act == "tensor" and w_scale.numel() == 1:
-        sa, sb = a_scale.reshape(()), w_scale.reshape(())
+    if tensorwise:
+        sa, sb = a_scale.reshape(()), w_scale[:1].reshape(())
     else:  # row-wise: a scale per token (a static one repeated) and per channel
         sa, sb = a_scale.reshape(-1, 1).expand(m, 1).contiguous(), w_scale.reshape(1, -1)
     y = torch._scaled_mm(xq, w.t(), sa, sb, out_dtype=out_dtype)
@@ -104,11 +107,13 @@ def fp8_linear(
     in_scale: torch.Tensor | None,
     bias: torch.Tensor | None,
     act: str,
+    tensorwise: bool,
     scaled_mm_from: int,
     tile: list[int],
     out_dtype: torch.dtype,
 ) -> torch.Tensor:
-    return fp8_forward(x, w, w_scale, in_scale, bias, act, scaled_mm_from, TileConfig(*tile), out_dtype)
+    tc = TileConfig(*tile)
+    return fp8_forward(x, w, w_scale, in_scale, bias, act, tensorwise, scaled_mm_from, tc, out_dtype)
 
 
 @torch.library.custom_op("quantrt::block_fp8_linear", mutates_args=())

@@ -61,6 +61,9 @@ def test_fp8_w8a8_every_strategy(scheme: str) -> None:
     # K not a multiple of 16, fp16 output: Triton at every M
     seen = check(CudaTritonFp8, scheme, 200, 77, (1, 70), torch.float16, 3e-3)
     assert not any("_scaled_mm" in s for s in seen), seen
+    # fp16 output: _scaled_mm only where both scales are per tensor (its row-wise mode is bf16-only)
+    seen = check(CudaTritonFp8, scheme, 256, 96, (70,), torch.float16, 3e-3)
+    assert any("_scaled_mm" in s for s in seen) == (scheme == "w8a8-fp8-tensor-static"), seen
 
 
 def test_block_fp8_ragged_blocks() -> None:
@@ -137,7 +140,8 @@ def test_custom_ops_for_torch_compile(scheme: str, kernel) -> None:
     bias = torch.randn(N, generator=g).to(act).to(DEV)
     c = _ints(pick(st.configs, 3))
     if kernel is CudaTritonFp8:
-        op, args = fp8_linear, (x, st.w, st.w_scale, st.in_scale, bias, st.act_granularity, st.scaled_mm_from)
+        fields = (st.in_scale, bias, st.act_granularity, st.tensorwise, st.scaled_mm_from)
+        op, args = fp8_linear, (x, st.w, st.w_scale, *fields)
     elif kernel is CudaTritonBlockFp8:
         op, args = block_fp8_linear, (x, st.w, st.w_scale, bias, list(st.block))
     elif kernel is CudaTritonFp8WeightOnly:
@@ -155,3 +159,26 @@ def test_custom_ops_for_torch_compile(scheme: str, kernel) -> None:
     ]
     assert all(torch.equal(t, b) for t, b in raw)  # no input mutated
     assert y.dtype == st.out_dtype and torch.equal(y, k.apply(st, x, bias))
+
+
+def test_scaled_mm_gets_what_cuda_accepts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CPU _scaled_mm takes any output dtype with row-wise scales; cuBLASLt only bf16. Hold the
+    calls to CUDA's rule: a 16-bit output other than bf16 only with per-tensor (0-dim) scales."""
+    real = torch._scaled_mm
+    seen = []
+
+    def cuda_rule(a, b, scale_a, scale_b, out_dtype=None, **kw):
+        rowwise = scale_a.numel() > 1 or scale_b.numel() > 1
+        assert not rowwise or out_dtype == torch.bfloat16, (
+            tuple(scale_a.shape),
+            tuple(scale_b.shape),
+            out_dtype,
+        )
+        seen.append(rowwise)
+        return real(a, b, scale_a, scale_b, out_dtype=out_dtype, **kw)
+
+    monkeypatch.setattr(torch, "_scaled_mm", cuda_rule)
+    for scheme in ("w8a8-fp8-tensor-static", "w8a8-fp8-ch", "w8a8-fp8-tensor"):
+        for act in (torch.float16, torch.bfloat16):
+            check(CudaTritonFp8, scheme, 256, 96, (70,), act, 1e-2)
+    assert True in seen and False in seen  # both modes ran
