@@ -17,7 +17,9 @@ import sys
 
 import torch
 
-from quantrt.backends.triton.w4a16 import TileConfig, w4a16_matmul
+from quantrt.backends.cuda.tile_table import KEYS, tile_configs
+from quantrt.backends.triton.common import TileConfig
+from quantrt.backends.triton.w4a16 import w4a16_matmul
 from quantrt.bench import median_us
 from quantrt.reference import quantize
 
@@ -41,11 +43,8 @@ def candidates(m: int) -> list[dict[str, int]]:
 
 
 def concrete(c: dict[str, int], N: int, K: int) -> TileConfig:
-    c = dict(c)
-    target = c.pop("split_k_target", None)
-    if target:
-        c["split_k"] = max(1, min(K // c["block_k"], -(-target // -(-N // c["block_n"]))))
-    return TileConfig(**c)
+    """The table row as prepare resolves it for this layer (split K from split_k_target)."""
+    return tile_configs(dict.fromkeys(KEYS, c), N, K, TileConfig, block=(None, 128))[0]
 
 
 def main() -> int:

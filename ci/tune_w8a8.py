@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from quantrt.backends.cuda.triton_w8a8 import tile_configs
+from quantrt.backends.cuda.tile_table import tile_configs
 from quantrt.backends.triton.common import TileConfig
 from quantrt.backends.triton.fp8_mm import fp8_block_matmul, fp8_rowwise_matmul
 from quantrt.backends.triton.fp8_weight_only import fp8_weight_only_matmul

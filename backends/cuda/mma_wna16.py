@@ -14,9 +14,7 @@ takes over come from ``tunings/wna16_mma_<arch>.json``; ``prepare`` compiles wha
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
-from importlib import resources
 from typing import Any
 
 import torch
@@ -25,6 +23,7 @@ from quantrt.canonical import CanonicalWeight, act_order_perm
 from quantrt.kernels import Kernel, Verdict, check
 from quantrt.specs import LayerSpec
 
+from . import tile_table
 from .cupy_kernels import Launch, compile_all, function, stream
 from .wna16_layout import KC, TG, group_params, repack_codes, wgmma_x_order
 from .wna16_rules import wna16_conditions
@@ -39,17 +38,6 @@ SMEM_LIMIT = 48 * 1024
 MAX_SWAP_M = 64  # x rows as the mma's B operand: up to 8 n8 parts
 MAX_WN = 16  # warps side by side over N per block
 CT = {torch.float16: "__half", torch.bfloat16: "__nv_bfloat16"}
-
-
-def tuning(arch: str) -> dict[str, Any]:
-    base = resources.files("quantrt.backends.cuda") / "tunings"
-    for name in (f"wna16_mma_{arch}.json", "wna16_mma_default.json"):
-        path = base / name
-        if path.is_file():
-            return json.loads(path.read_text())
-    raise FileNotFoundError(
-        "quantrt.backends.cuda.tunings/wna16_mma_default.json is missing from the install"
-    )
 
 
 def groups_per_chunk(bits: int, group: int | None) -> int:
@@ -147,7 +135,7 @@ class CudaMmaWNA16(Kernel):
         n_pad = packed.shape[0] * TG * 8
         gpc = groups_per_chunk(bits, group)
         cap = torch.cuda.get_device_capability(dev)
-        table = tuning(f"sm_{cap[0]}{cap[1]}")
+        table = tile_table.load("wna16_mma", f"sm_{cap[0]}{cap[1]}")
         sms = torch.cuda.get_device_properties(dev).multi_processor_count
         limit = smem_limit(dev)
         szb = sz_bytes(act, bits)

@@ -7,9 +7,7 @@ for this architecture; ``apply`` picks a bucket by comparing M. Nothing autotune
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
-from importlib import resources
 from typing import Any
 
 import torch
@@ -18,19 +16,8 @@ from quantrt.canonical import CanonicalWeight, act_order_perm, int_codes, pack_i
 from quantrt.kernels import Kernel, Verdict, check
 from quantrt.specs import LayerSpec
 
+from . import tile_table
 from .wna16_rules import wna16_conditions
-
-#: M buckets: a batch of m rows uses the first bucket whose bound is >= m
-BUCKETS = (1, 16, 64, 256, 1 << 62)
-
-
-def _tuning(arch: str) -> dict[str, Any]:
-    base = resources.files("quantrt.backends.cuda") / "tunings"
-    for name in (f"w4a16_{arch}.json", "w4a16_default.json"):
-        path = base / name
-        if path.is_file():
-            return json.loads(path.read_text())
-    raise FileNotFoundError("quantrt.backends.cuda.tunings/w4a16_default.json is missing from the install")
 
 
 def _block_k(group: int) -> int:
@@ -83,33 +70,22 @@ class CudaTritonWNA16(Kernel):
             perm = perm.to(torch.int32).contiguous()
         act = spec.act_dtype
         zeros = weight.get("zeros")
-        arch = (
-            f"sm_{torch.cuda.get_device_capability(q.device)[0]}{torch.cuda.get_device_capability(q.device)[1]}"
-            if q.is_cuda
-            else "default"
-        )
-        table = _tuning(arch)
-        bk = _block_k(G)
-        configs = []
-        for bound in BUCKETS:
-            key = str(bound) if bound in (1, 16, 64, 256) else "large"
-            c = dict(table[key])
-            c["block_k"] = min(c.get("block_k", bk), bk)
-            if c["block_m"] < 16 and (self.bits != 4 or bound > 1):
-                c["block_m"] = 16  # the GEMV kernel (block_m 1) serves int4 at M=1; tiles need 16 rows
-            split = c.pop("split_k_target", None)
-            if split is not None:  # enough programs to fill the GPU: split K until N/BN * split >= target
-                n_tiles = -(-weight.N // c["block_n"])
-                k_tiles = weight.K // c["block_k"]
-                c["split_k"] = max(1, min(k_tiles, -(-int(split) // n_tiles)))
-            configs.append(TileConfig(**c))
+        table = tile_table.load("w4a16", tile_table.arch_of(q))
+        # the GEMV kernel (block_m 1) serves int4 at M=1 only; tiles need 16 rows
+        section = {
+            k: table[k]
+            if (k == "1" and self.bits == 4)
+            else {**table[k], "block_m": max(16, table[k]["block_m"])}
+            for k in tile_table.KEYS
+        }
+        configs = tile_table.tile_configs(section, weight.N, weight.K, TileConfig, block=(None, G))
         return W4A16State(
             q.contiguous(),
             weight["scales"].to(act).contiguous(),
             None if zeros is None else zeros.to(act).contiguous(),
             perm,
             G,
-            tuple(configs),
+            configs,
             spec.output_dtype,
             w4a16_matmul,
             self.bits,
@@ -119,17 +95,7 @@ class CudaTritonWNA16(Kernel):
         return 4 * max_m * spec.N_part  # the fp32 split-K accumulator
 
     def strategy(self, state: W4A16State, m: int) -> str:
-        c = self._config(state, m)
-        return (
-            f"{'splitk' if c.split_k > 1 else 'tile'} BM{c.block_m} BN{c.block_n} BK{c.block_k} S{c.split_k}"
-        )
-
-    @staticmethod
-    def _config(state: W4A16State, m: int) -> Any:
-        for bound, c in zip(BUCKETS, state.configs):
-            if m <= bound:
-                return c
-        return state.configs[-1]
+        return tile_table.describe(tile_table.pick(state.configs, m))
 
     def apply(
         self,
@@ -138,7 +104,7 @@ class CudaTritonWNA16(Kernel):
         bias: torch.Tensor | None = None,
         out: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        c = self._config(state, x.shape[0])
+        c = tile_table.pick(state.configs, x.shape[0])
         if torch.compiler.is_compiling():  # traced: the registered op with its fake implementation
             y = torch.ops.quantrt.wna16_mm(
                 x,

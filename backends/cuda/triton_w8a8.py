@@ -14,14 +14,12 @@
   in the GEMM's epilogue instead of extra passes over an int32 product.
 
 Tile configurations per M bucket come from ``tunings/w8a8_<arch>.json`` (``w8a8_default.json``
-otherwise); ``prepare`` fixes them, nothing tunes at run time.
+otherwise, see ``tile_table``); ``prepare`` fixes them, nothing tunes at run time.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
-from importlib import resources
 from typing import Any
 
 import torch
@@ -31,58 +29,21 @@ from quantrt.kernels import Kernel, Verdict, check
 from quantrt.specs import LayerSpec
 from quantrt.torchops import per_channel_scales
 
-#: M buckets: a batch of m rows uses the first bucket whose bound is >= m
-BUCKETS = (1, 16, 64, 256, 1 << 62)
+from .tile_table import arch_of, describe, load, pick, tile_configs
+
 Condition = tuple[bool, str, dict[str, Any]]
 
 
-def _tuning(arch: str) -> dict[str, Any]:
-    base = resources.files("quantrt.backends.cuda") / "tunings"
-    for name in (f"w8a8_{arch}.json", "w8a8_default.json"):
-        path = base / name
-        if path.is_file():
-            return json.loads(path.read_text())
-    raise FileNotFoundError("quantrt.backends.cuda.tunings/w8a8_default.json is missing from the install")
-
-
-def _arch(t: torch.Tensor) -> str:
-    if not t.is_cuda:
-        return "default"
-    major, minor = torch.cuda.get_device_capability(t.device)
-    return f"sm_{major}{minor}"
-
-
-def tile_configs(section: dict[str, Any], N: int, K: int, make: Any, block_k: int | None = None) -> tuple:
-    """One launch configuration per M bucket. ``split_k_target``: programs to aim for at small M
-    (K is split until N/BN * split reaches it); ``block_k``, when given, caps the table's."""
-    configs = []
-    for bound in BUCKETS:
-        c = dict(section[str(bound) if bound in (1, 16, 64, 256) else "large"])
-        if block_k is not None:
-            c["block_k"] = block_k
-        target = c.pop("split_k_target", None)
-        if target is not None:
-            n_tiles = -(-N // c["block_n"])
-            k_tiles = max(1, -(-K // c["block_k"]))
-            c["split_k"] = max(1, min(k_tiles, -(-int(target) // n_tiles)))
-        configs.append(make(**c))
-    return tuple(configs)
-
-
-def pick(configs: tuple, m: int) -> Any:
-    for bound, c in zip(BUCKETS, configs):
-        if m <= bound:
-            return c
-    return configs[-1]
-
-
-def _ints(c: Any) -> list[int]:
-    """A tile configuration as the custom ops take it."""
-    return [c.block_m, c.block_n, c.block_k, c.split_k, c.num_warps, c.num_stages]
-
-
-def describe(c: Any) -> str:
-    return f"{'splitk' if c.split_k > 1 else 'tile'} BM{c.block_m} BN{c.block_n} BK{c.block_k} S{c.split_k}"
+def run(
+    op: str, forward: Any, args: tuple, tile: Any, out_dtype: torch.dtype, out: torch.Tensor | None
+) -> torch.Tensor:
+    """Eager calls and CUDA-graph capture: the forward bound at load (no op layer, no import).
+    Traced by torch.compile: the registered op ``quantrt::<op>`` (w8a8_ops) with its fake."""
+    if torch.compiler.is_compiling():
+        ints = [tile.block_m, tile.block_n, tile.block_k, tile.split_k, tile.num_warps, tile.num_stages]
+        y = getattr(torch.ops.quantrt, op)(*args, ints, out_dtype)
+        return y if out is None else out.copy_(y)
+    return forward(*args, tile, out_dtype, out)
 
 
 def _common(spec: LayerSpec, caps: Any, act_dtypes: tuple[torch.dtype, ...]) -> list[Condition]:
@@ -171,7 +132,7 @@ class CudaTritonFp8(Kernel):
 
         q = weight["qweight"].contiguous()
         w_scale = per_channel_scales(weight).contiguous()
-        table = _tuning(_arch(q))["fp8_rowwise"]
+        table = load("w8a8", arch_of(q))["fp8_rowwise"]
         configs = tile_configs(table, weight.N, weight.K, TileConfig)
         # _scaled_mm needs K and N multiples of 16 and, with row-wise scales, a bf16 output
         s = weight.scheme
@@ -201,17 +162,9 @@ class CudaTritonFp8(Kernel):
         bias: torch.Tensor | None = None,
         out: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        fields = (state.in_scale, bias, state.act_granularity, state.tensorwise, state.scaled_mm_from)
         c = pick(state.configs, x.shape[0])
-        if torch.compiler.is_compiling():  # traced: the registered op with its fake
-            y = torch.ops.quantrt.fp8_linear(
-                x, state.w, state.w_scale, state.in_scale, bias, state.act_granularity, state.tensorwise,
-                state.scaled_mm_from,
-                _ints(c), state.out_dtype,
-            )  # fmt: skip
-            return y if out is None else out.copy_(y)
-        args = (state.in_scale, bias, state.act_granularity, state.tensorwise, state.scaled_mm_from, c)
-        args = (*args, state.out_dtype, out)
-        return state.forward(x, state.w, state.w_scale, *args)
+        return run("fp8_linear", state.forward, (x, state.w, state.w_scale, *fields), c, state.out_dtype, out)
 
 
 # -- block fp8 --------------------------------------------------------------------------------
@@ -266,17 +219,10 @@ class CudaTritonBlockFp8(Kernel):
 
         bn, bk = weight.scheme.block
         q = weight["qweight"].contiguous()
-        section = _tuning(_arch(q))["fp8_block"]
-        configs = []
-        for c in tile_configs(section, weight.N, weight.K, TileConfig, block_k=bk):
-            bn_tile = min(c.block_n, bn)
-            while bn % bn_tile:  # a tile column block must sit inside one weight block
-                bn_tile //= 2
-            configs.append(TileConfig(c.block_m, bn_tile, c.block_k, c.split_k, c.num_warps, c.num_stages))
+        section = load("w8a8", arch_of(q))["fp8_block"]
+        configs = tile_configs(section, weight.N, weight.K, TileConfig, block=(bn, bk))  # tiles inside blocks
         scales = weight["scales"].float().contiguous()
-        return BlockFp8State(
-            q, scales, (bn, bk), tuple(configs), spec.output_dtype, w8a8_ops.block_fp8_forward
-        )
+        return BlockFp8State(q, scales, (bn, bk), configs, spec.output_dtype, w8a8_ops.block_fp8_forward)
 
     def workspace_bytes(self, spec: LayerSpec, max_m: int) -> int:
         bk = spec.scheme.block[1] if spec.scheme.block else 128
@@ -292,13 +238,10 @@ class CudaTritonBlockFp8(Kernel):
         bias: torch.Tensor | None = None,
         out: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        c = pick(state.configs, x.shape[0])
-        if torch.compiler.is_compiling():
-            y = torch.ops.quantrt.block_fp8_linear(
-                x, state.w, state.w_scale, bias, list(state.block), _ints(c), state.out_dtype
-            )
-            return y if out is None else out.copy_(y)
-        return state.forward(x, state.w, state.w_scale, bias, state.block, c, state.out_dtype, out)
+        args = (x, state.w, state.w_scale, bias, state.block)
+        return run(
+            "block_fp8_linear", state.forward, args, pick(state.configs, x.shape[0]), state.out_dtype, out
+        )
 
 
 # -- fp8 weight-only --------------------------------------------------------------------------
@@ -308,7 +251,7 @@ class CudaTritonBlockFp8(Kernel):
 class Fp8WeightOnlyState:
     w: torch.Tensor  # fp8 [N, K]
     w_scale: torch.Tensor  # fp32 [N], or [ceil(N/bn), ceil(K/bk)] with block
-    block: tuple[int, int] | None
+    block: tuple[int, ...]  # (bn, bk) of block scales, () for tensor/channel scales
     configs: tuple
     act: torch.dtype
     out_dtype: torch.dtype
@@ -356,24 +299,14 @@ class CudaTritonFp8WeightOnly(Kernel):
 
         s = weight.scheme
         q = weight["qweight"].contiguous()
-        section = _tuning(_arch(q))["fp8_weight_only"]
-        if s.granularity == "block":
-            bn, bk = s.block
-            block: tuple[int, int] | None = (bn, bk)
-            scale = weight["scales"].float().contiguous()
-            configs = []
-            for c in tile_configs(section, weight.N, weight.K, TileConfig):
-                bk_tile = min(c.block_k, bk)
-                while bk % bk_tile:
-                    bk_tile //= 2
-                bn_tile = min(c.block_n, bn)
-                while bn % bn_tile:
-                    bn_tile //= 2
-                configs.append(TileConfig(c.block_m, bn_tile, bk_tile, c.split_k, c.num_warps, c.num_stages))
-            configs = tuple(configs)
+        section = load("w8a8", arch_of(q))["fp8_weight_only"]
+        if s.granularity == "block":  # k tiles inside scale blocks (scales are read per column)
+            block, scale = tuple(s.block), weight["scales"].float().contiguous()
         else:
-            block, scale = None, per_channel_scales(weight).contiguous()
-            configs = tile_configs(section, weight.N, weight.K, TileConfig)
+            block, scale = (), per_channel_scales(weight).contiguous()
+        configs = tile_configs(
+            section, weight.N, weight.K, TileConfig, block=(None, block[1] if block else None)
+        )
         forward = w8a8_ops.fp8_weight_only_forward
         return Fp8WeightOnlyState(q, scale, block, configs, spec.act_dtype, spec.output_dtype, forward)
 
@@ -390,15 +323,10 @@ class CudaTritonFp8WeightOnly(Kernel):
         bias: torch.Tensor | None = None,
         out: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        c = pick(state.configs, x.shape[0])
-        if torch.compiler.is_compiling():
-            blk = list(state.block) if state.block else []
-            y = torch.ops.quantrt.fp8_w8a16_linear(
-                x, state.w, state.w_scale, bias, blk, state.act, _ints(c), state.out_dtype
-            )
-            return y if out is None else out.copy_(y)
-        args = (bias, state.block, state.act, c, state.out_dtype, out)
-        return state.forward(x, state.w, state.w_scale, *args)
+        args = (x, state.w, state.w_scale, bias, state.block, state.act)
+        return run(
+            "fp8_w8a16_linear", state.forward, args, pick(state.configs, x.shape[0]), state.out_dtype, out
+        )
 
 
 # -- int8 W8A8 --------------------------------------------------------------------------------
@@ -456,7 +384,7 @@ class CudaTritonInt8(Kernel):
         from . import w8a8_ops  # registers the custom ops too
 
         q = (weight["qweight"].to(torch.int16) - 128).to(torch.int8).contiguous()  # canonical offset 128
-        section = _tuning(_arch(q))["int8"]
+        section = load("w8a8", arch_of(q))["int8"]
         return Int8State(
             q,
             per_channel_scales(weight).contiguous(),
@@ -479,10 +407,5 @@ class CudaTritonInt8(Kernel):
         bias: torch.Tensor | None = None,
         out: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        c = pick(state.configs, x.shape[0])
-        if torch.compiler.is_compiling():
-            y = torch.ops.quantrt.int8_linear(
-                x, state.w, state.w_scale, state.in_scale, bias, _ints(c), state.out_dtype
-            )
-            return y if out is None else out.copy_(y)
-        return state.forward(x, state.w, state.w_scale, state.in_scale, bias, c, state.out_dtype, out)
+        args = (x, state.w, state.w_scale, state.in_scale, bias)
+        return run("int8_linear", state.forward, args, pick(state.configs, x.shape[0]), state.out_dtype, out)

@@ -1,11 +1,13 @@
 """The forwards of the Triton W8A8 / fp8 weight-only kernels (``triton_w8a8.py``), twice: as plain
 functions, which eager calls and CUDA-graph capture use (the op layer costs host time, see
 DESIGN.md's hot path), and as ``torch.library`` custom ops with fake implementations, which
-``torch.compile`` traces through. A tile configuration travels as the six ints of
-``TileConfig``; ``block`` as ``[bn, bk]`` or ``[]``.
+``torch.compile`` traces through. Both take the same arguments except the tile configuration,
+which an op receives as the six ints of ``TileConfig``; ``block`` is ``(bn, bk)`` or ``()``.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import torch
 
@@ -60,13 +62,13 @@ def block_fp8_forward(
     w: torch.Tensor,
     w_scale: torch.Tensor,
     bias: torch.Tensor | None,
-    block: tuple[int, int],
+    block: Sequence[int],
     tile: TileConfig,
     out_dtype: torch.dtype,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     xq, xs = act_quant.quantize_per_token_group(x, block[1])
-    return fp8_block_matmul(xq, xs, w, w_scale, block, bias, out_dtype, tile, out)
+    return fp8_block_matmul(xq, xs, w, w_scale, (block[0], block[1]), bias, out_dtype, tile, out)
 
 
 def fp8_weight_only_forward(
@@ -74,7 +76,7 @@ def fp8_weight_only_forward(
     w: torch.Tensor,
     w_scale: torch.Tensor,
     bias: torch.Tensor | None,
-    block: tuple[int, int] | None,
+    block: Sequence[int],
     act_dtype: torch.dtype,
     tile: TileConfig,
     out_dtype: torch.dtype,
@@ -82,7 +84,8 @@ def fp8_weight_only_forward(
 ) -> torch.Tensor:
     if x.dtype != act_dtype:
         x = x.to(act_dtype)
-    return fp8_weight_only_matmul(x, w, w_scale, block, bias, out_dtype, tile, out)
+    blk = (block[0], block[1]) if block else None
+    return fp8_weight_only_matmul(x, w, w_scale, blk, bias, out_dtype, tile, out)
 
 
 def int8_forward(
@@ -126,7 +129,7 @@ def block_fp8_linear(
     tile: list[int],
     out_dtype: torch.dtype,
 ) -> torch.Tensor:
-    return block_fp8_forward(x, w, w_scale, bias, (block[0], block[1]), TileConfig(*tile), out_dtype)
+    return block_fp8_forward(x, w, w_scale, bias, block, TileConfig(*tile), out_dtype)
 
 
 @torch.library.custom_op("quantrt::fp8_w8a16_linear", mutates_args=())
@@ -140,8 +143,7 @@ def fp8_w8a16_linear(
     tile: list[int],
     out_dtype: torch.dtype,
 ) -> torch.Tensor:
-    blk = (block[0], block[1]) if block else None
-    return fp8_weight_only_forward(x, w, w_scale, bias, blk, act_dtype, TileConfig(*tile), out_dtype)
+    return fp8_weight_only_forward(x, w, w_scale, bias, block, act_dtype, TileConfig(*tile), out_dtype)
 
 
 @torch.library.custom_op("quantrt::int8_linear", mutates_args=())

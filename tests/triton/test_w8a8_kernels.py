@@ -126,7 +126,7 @@ def test_supports_on_presets() -> None:
 def test_custom_ops_for_torch_compile(scheme: str, kernel) -> None:
     """The op torch.compile traces (schema and fake checked by torch's opcheck) computes what the
     eager path computes."""
-    from quantrt.backends.cuda.triton_w8a8 import _ints, pick
+    from quantrt.backends.cuda.tile_table import pick
     from quantrt.backends.cuda.w8a8_ops import block_fp8_linear, fp8_linear, fp8_w8a16_linear, int8_linear
 
     g = torch.Generator().manual_seed(11)
@@ -138,7 +138,8 @@ def test_custom_ops_for_torch_compile(scheme: str, kernel) -> None:
     st = k.prepare(canon.to(DEV), layer_spec(scheme, K, N, act_dtype=act, bias=True))
     x = torch.randn(3, K, generator=g).to(act).to(DEV)
     bias = torch.randn(N, generator=g).to(act).to(DEV)
-    c = _ints(pick(st.configs, 3))
+    t = pick(st.configs, 3)
+    c = [t.block_m, t.block_n, t.block_k, t.split_k, t.num_warps, t.num_stages]
     if kernel is CudaTritonFp8:
         fields = (st.in_scale, bias, st.act_granularity, st.tensorwise, st.scaled_mm_from)
         op, args = fp8_linear, (x, st.w, st.w_scale, *fields)
