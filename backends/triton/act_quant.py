@@ -34,6 +34,8 @@ import triton.language as tl
 
 from quantrt.torchops import SCHEME_FP8_MAX
 
+from .launch import Launcher, cdiv, next_power_of_2
+
 INT8_QMAX = 127.0
 _X_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 #: a row up to this long is held in registers (one read of x); longer rows loop twice over K
@@ -173,6 +175,9 @@ def _per_token_kernel(
             tl.store(q_row + kk[None, :], q, mask=mask)
 
 
+_per_token_launch = Launcher(_per_token_kernel)
+
+
 @triton.jit
 def _per_group_kernel(
     X, Q, S,
@@ -198,6 +203,9 @@ def _per_group_kernel(
     tl.store(Q + row * K + k, q, mask=mask)
 
 
+_per_group_launch = Launcher(_per_group_kernel)
+
+
 @triton.jit
 def _amax_kernel(
     X, A, M, K, stride_xm, stride_xk,
@@ -218,6 +226,9 @@ def _amax_kernel(
         ptrs = X + rows.to(tl.int64)[:, None] * stride_xm + cols[None, :] * stride_xk
         acc = tl.maximum(acc, tl.abs(tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)))
     tl.atomic_max(A, tl.max(tl.max(acc, axis=1), axis=0))
+
+
+_amax_launch = Launcher(_amax_kernel)
 
 
 @triton.jit
@@ -247,6 +258,9 @@ def _per_tensor_kernel(
     x = tl.load(X + rows64[:, None] * stride_xm + cols[None, :] * stride_xk, mask=mask, other=0.0)
     q = _encode(x.to(tl.float32), s, INT8, HW_FP8, FMAX, MANT, EMIN, NAN, NEG_ZERO, QTY)
     tl.store(Q + rows64[:, None] * K + cols[None, :], q, mask=mask)
+
+
+_per_tensor_launch = Launcher(_per_tensor_kernel)
 
 
 # -- launchers ------------------------------------------------------------------------------------
@@ -347,11 +361,11 @@ def quantize_per_token(
         return q, s
     if K == 0:
         return q, s.fill_(scale_mult)  # an empty row's amax is 0: the scale of zeros
-    p2 = triton.next_power_of_2(K)
+    p2 = next_power_of_2(K)
     single = p2 <= _SINGLE_PASS_MAX
     BK = p2 if single else _LOOP_BLOCK
     BM = max(1, min(_TILE // BK, 64)) if single else 1  # from K only: one compile per K
-    _per_token_kernel[(triton.cdiv(M, BM),)](
+    _per_token_launch((cdiv(M, BM),),
         x, _kernel_out(q, meta), s, M, K, x.stride(0), x.stride(1), qm, float(scale_mult),
         BM=BM, BK=BK, SINGLE=single, K64=_k64(x), num_warps=_warps(BM * BK), **meta,
     )  # fmt: skip
@@ -383,9 +397,9 @@ def quantize_per_token_group(
     s = torch.empty(M, ng, dtype=torch.float32, device=x.device)
     if M == 0 or K == 0:
         return q, s
-    GP = triton.next_power_of_2(group)
-    GB = max(1, min(_TILE // GP, triton.next_power_of_2(ng)))
-    _per_group_kernel[(M, triton.cdiv(ng, GB))](
+    GP = next_power_of_2(group)
+    GB = max(1, min(_TILE // GP, next_power_of_2(ng)))
+    _per_group_launch((M, cdiv(ng, GB)),
         x, out, s, K, ng, x.stride(0), x.stride(1), qm,
         GROUP=group, GP=GP, GB=GB, K64=_k64(x), num_warps=_warps(GB * GP), **meta,
     )  # fmt: skip
@@ -393,7 +407,7 @@ def quantize_per_token_group(
 
 
 def _tensor_tiles(K: int) -> tuple[int, int]:
-    BK = min(triton.next_power_of_2(K), 1024)
+    BK = min(next_power_of_2(K), 1024)
     return max(1, _TILE // BK), BK
 
 
@@ -418,7 +432,7 @@ def quantize_static(
     if q.numel() == 0:
         return q
     BM, BK = _tensor_tiles(K)
-    _per_tensor_kernel[(triton.cdiv(M, BM), triton.cdiv(K, BK))](
+    _per_tensor_launch((cdiv(M, BM), cdiv(K, BK)),
         x, _kernel_out(q, meta), scale, scale, M, K, x.stride(0), x.stride(1), 1.0, 1.0,
         BM=BM, BK=BK, K64=_k64(x), FROM_AMAX=False, num_warps=_warps(BM * BK), **meta,
     )  # fmt: skip
@@ -446,13 +460,23 @@ def quantize_per_tensor(
     amax = torch.zeros(1, dtype=torch.float32, device=x.device)
     BM, BK = _tensor_tiles(K)
     k64 = _k64(x)
-    grid_k = triton.cdiv(K, BK)
+    grid_k = cdiv(K, BK)
     # enough programs to fill a GPU, each reducing several row tiles before its one atomic
-    grid_m = min(triton.cdiv(M, BM), max(1, _AMAX_PROGRAMS // grid_k))
-    _amax_kernel[(grid_m, grid_k)](
-        x, amax, M, K, x.stride(0), x.stride(1), BM=BM, BK=BK, K64=k64, num_warps=_warps(BM * BK)
+    grid_m = min(cdiv(M, BM), max(1, _AMAX_PROGRAMS // grid_k))
+    _amax_launch(
+        (grid_m, grid_k),
+        x,
+        amax,
+        M,
+        K,
+        x.stride(0),
+        x.stride(1),
+        BM=BM,
+        BK=BK,
+        K64=k64,
+        num_warps=_warps(BM * BK),
     )
-    _per_tensor_kernel[(triton.cdiv(M, BM), grid_k)](
+    _per_tensor_launch((cdiv(M, BM), grid_k),
         x, _kernel_out(q, meta), s, amax, M, K, x.stride(0), x.stride(1), qm, float(scale_mult),
         BM=BM, BK=BK, K64=k64, FROM_AMAX=True, num_warps=_warps(BM * BK), **meta,
     )  # fmt: skip

@@ -18,6 +18,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .launch import cdiv
+
 #: activation, bias and output dtypes the kernels take
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -121,7 +123,7 @@ def finish_output(written: torch.Tensor, result: torch.Tensor) -> torch.Tensor:
 
 def tile_grid(M: int, N: int, config: TileConfig) -> tuple[int, int, int]:
     """Program ids (M-tile, N-tile, K-split), as the kernels read them with ``tl.program_id(0..2)``."""
-    return triton.cdiv(M, config.block_m), triton.cdiv(N, config.block_n), config.split_k
+    return cdiv(M, config.block_m), cdiv(N, config.block_n), config.split_k
 
 
 @triton.jit

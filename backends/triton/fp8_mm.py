@@ -38,6 +38,7 @@ from .common import (
     output_buffers,
     store_tile,
 )
+from .launch import Launcher, cdiv
 
 #: fp8 flavours the kernels read: OCP (NVIDIA Ada/Hopper/Blackwell, AMD gfx950) and fnuz (AMD gfx942)
 OCP_FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
@@ -93,6 +94,9 @@ def _fp8_rowwise_kernel(
     )
 
 
+_fp8_rowwise_launch = Launcher(_fp8_rowwise_kernel)
+
+
 @triton.jit
 def _fp8_block_kernel(
     X, XS, W, WS, B, Y,
@@ -124,6 +128,9 @@ def _fp8_block_kernel(
     store_tile(
         acc, B, Y, offs_m, offs_n, mask_m, mask_n, pid_k, stride_b, stride_ym, stride_yn, HAS_B, ATOMIC
     )
+
+
+_fp8_block_launch = Launcher(_fp8_block_kernel)
 
 
 def _check_operands(
@@ -177,7 +184,7 @@ def _check_scale(
 
 def _grid(M: int, N: int, config: TileConfig) -> tuple[int, int]:
     """Program ids (tile in :func:`_tile_ids` order, K-split)."""
-    return (triton.cdiv(M, config.block_m) * triton.cdiv(N, config.block_n), config.split_k)
+    return (cdiv(M, config.block_m) * cdiv(N, config.block_n), config.split_k)
 
 
 def fp8_rowwise_matmul(
@@ -196,8 +203,8 @@ def fp8_rowwise_matmul(
     [N, K] as checkpoints store it; w_scale: fp32 [N] or [N, 1] (per channel; per-tensor weights pass
     it expanded); bias: [N] float16/bfloat16/float32 or None. The result is ``out_dtype`` [M, N] (fp16,
     bf16 or fp32), written into ``out`` when given. Scales are applied once, in the epilogue: they do
-    not depend on k. On Hopper the tensor cores accumulate fp8 products with Triton's default
-    (fast, cuBLASLt's ``use_fast_accum``) precision across the whole K.
+    not depend on k. On Hopper the tensor cores' reduced-precision fp8 sums are promoted into the
+    fp32 accumulator once per K tile, so long K stays as accurate as the reference.
     """
     what = "fp8_rowwise_matmul"
     M, N, K = _check_operands(xq, w, bias, out_dtype, out, config, what)
@@ -213,7 +220,7 @@ def fp8_rowwise_matmul(
         return empty_result(N, out_dtype, out, dev)
     atomic = config.split_k > 1
     y, result = output_buffers(M, N, out_dtype, out, atomic, dev)
-    _fp8_rowwise_kernel[_grid(M, N, config)](
+    _fp8_rowwise_launch(_grid(M, N, config),
         xq, w, a_scale, w_scale, bias if bias is not None else w_scale, y,
         M, N, K,
         xq.stride(0), xq.stride(1), w.stride(0), w.stride(1), stride_am, w_scale.stride(0),
@@ -253,14 +260,14 @@ def fp8_block_matmul(
             f"config.block_n={config.block_n} must divide bn={bn} (one weight scale per tile and K-tile)"
         )
     dev = xq.device
-    nkb = triton.cdiv(K, bk)
-    _check_scale(w_scale, "w_scale", ((triton.cdiv(N, bn), nkb),), dev, what)
+    nkb = cdiv(K, bk)
+    _check_scale(w_scale, "w_scale", ((cdiv(N, bn), nkb),), dev, what)
     _check_scale(x_scale, "x_scale", ((M, nkb),), dev, what)
     if M == 0:
         return empty_result(N, out_dtype, out, dev)
     atomic = config.split_k > 1
     y, result = output_buffers(M, N, out_dtype, out, atomic, dev)
-    _fp8_block_kernel[_grid(M, N, config)](
+    _fp8_block_launch(_grid(M, N, config),
         xq, x_scale, w, w_scale, bias if bias is not None else w_scale, y,
         M, N, K,
         xq.stride(0), xq.stride(1), x_scale.stride(0), x_scale.stride(1), w.stride(0), w.stride(1),

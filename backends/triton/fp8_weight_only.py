@@ -50,6 +50,7 @@ from .common import (
     store_tile,
     tile_grid,
 )
+from .launch import Launcher, cdiv
 
 FP8_WEIGHT_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 
@@ -74,6 +75,9 @@ def _decode_kernel(C, Y, n, E5M2: tl.constexpr, BLOCK: tl.constexpr):
     tl.store(Y + offs, _decode_fp8(c, Y.dtype.element_ty, E5M2), mask=mask)
 
 
+_decode_launch = Launcher(_decode_kernel)
+
+
 def decode_fp8_codes(codes: torch.Tensor, fp8_dtype: torch.dtype, dtype: torch.dtype) -> torch.Tensor:
     """The kernel's in-register decode on its own: contiguous uint8 codes -> values in ``dtype``.
 
@@ -88,7 +92,7 @@ def decode_fp8_codes(codes: torch.Tensor, fp8_dtype: torch.dtype, dtype: torch.d
     y = torch.empty(codes.shape, dtype=dtype, device=codes.device)
     n = codes.numel()
     if n:
-        _decode_kernel[(triton.cdiv(n, 256),)](codes, y, n, E5M2=fp8_dtype == torch.float8_e5m2, BLOCK=256)
+        _decode_launch((cdiv(n, 256),), codes, y, n, E5M2=fp8_dtype == torch.float8_e5m2, BLOCK=256)
     return y
 
 
@@ -132,6 +136,9 @@ def _fp8_wo_kernel(
     store_tile(
         acc, B, Y, offs_m, offs_n, mask_m, mask_n, pid_k, stride_b, stride_ym, stride_yn, HAS_B, ATOMIC
     )
+
+
+_fp8_wo_launch = Launcher(_fp8_wo_kernel)
 
 
 def fp8_weight_only_matmul(
@@ -187,7 +194,7 @@ def fp8_weight_only_matmul(
     y, result = output_buffers(M, N, out_dtype, out, atomic, x.device)
     codes = w.view(torch.uint8)
     s_strides = (w_scale.stride(0), 0) if block is None else (w_scale.stride(0), w_scale.stride(1))
-    _fp8_wo_kernel[tile_grid(M, N, config)](
+    _fp8_wo_launch(tile_grid(M, N, config),
         x, codes, w_scale, bias if bias is not None else w_scale, y,
         M, N, K,
         x.stride(0), x.stride(1), codes.stride(0), codes.stride(1), *s_strides,

@@ -30,6 +30,7 @@ from .common import (
     store_tile,
     tile_grid,
 )
+from .launch import Launcher
 
 __all__ = ["int8_matmul"]
 
@@ -64,6 +65,9 @@ def _int8_mm_kernel(
     s = tl.load(S + offs_n, mask=mask_n, other=0.0)
     y = acc.to(tl.float32) * a * s[None, :]
     store_tile(y, B, Y, offs_m, offs_n, mask_m, mask_n, pid_k, stride_b, stride_ym, stride_yn, HAS_B, ATOMIC)
+
+
+_int8_mm_launch = Launcher(_int8_mm_kernel)
 
 
 def int8_matmul(
@@ -117,7 +121,7 @@ def int8_matmul(
         return empty_result(N, out_dtype, out, dev)
     atomic = config.split_k > 1
     y, result = output_buffers(M, N, out_dtype, out, atomic, dev)
-    _int8_mm_kernel[tile_grid(M, N, config)](
+    _int8_mm_launch(tile_grid(M, N, config),
         xq, w, a_scale, w_scale, bias if bias is not None else w_scale, y,
         M, N, K,
         xq.stride(0), xq.stride(1), w.stride(0), w.stride(1), a_scale.stride(0) if per_token else 0,

@@ -18,6 +18,7 @@ import triton
 import triton.language as tl
 
 from .common import TileConfig, empty_result, finish_output, output_buffers, store_tile, tile_grid
+from .launch import Launcher, cdiv
 
 
 @triton.jit
@@ -89,6 +90,9 @@ def _w4a16_kernel(
     )
 
 
+_w4a16_launch = Launcher(_w4a16_kernel)
+
+
 @triton.jit
 def _w4_gemv_kernel(
     X, W, S, Z, P, B, Y,
@@ -133,6 +137,9 @@ def _w4_gemv_kernel(
         tl.store(Y + offs_n * stride_yn, acc.to(Y.dtype.element_ty), mask=mask_n)
 
 
+_w4_gemv_launch = Launcher(_w4_gemv_kernel)
+
+
 def w4a16_matmul(
     x: torch.Tensor,
     qweight: torch.Tensor,
@@ -155,7 +162,7 @@ def w4a16_matmul(
     atomic = config.split_k > 1
     y, result = output_buffers(M, N, x.dtype, out, atomic, x.device)
     if M == 1 and bits == 4 and config.block_m == 1:
-        _w4_gemv_kernel[(triton.cdiv(N, config.block_n), config.split_k)](
+        _w4_gemv_launch((cdiv(N, config.block_n), config.split_k),
             x, qweight, scales, zeros if zeros is not None else scales, perm if perm is not None else qweight,
             bias if bias is not None else scales, y, N, K,
             x.stride(1), qweight.stride(0), scales.stride(0), zeros.stride(0) if zeros is not None else 0,
@@ -184,7 +191,7 @@ def _launch_tiles(
 ) -> None:
     M, K = x.shape
     N = qweight.shape[0]
-    _w4a16_kernel[tile_grid(M, N, config)](
+    _w4a16_launch(tile_grid(M, N, config),
         x, qweight, scales, zeros if zeros is not None else scales, perm if perm is not None else qweight,
         bias if bias is not None else scales, y,
         M, N, K,

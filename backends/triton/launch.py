@@ -1,0 +1,101 @@
+"""Launching a compiled Triton kernel again without Triton's per-call machinery.
+
+``fn[grid](*args, **meta)`` in Triton 3.6 binds every argument, builds a cache key from the
+specialization and the options (a string), looks the kernel up, asks the driver for the device and
+stream, computes launch metadata and runs the hooks, each call: tens of microseconds of host time,
+per launch, which an eager decode step pays for every layer (``quantrt bench``'s host figure; the
+hot-path rule in DESIGN.md). :class:`Launcher` keeps the compiled kernel per specialization key and
+calls its launcher directly from the second call on.
+
+The key is exactly Triton's own specialization of the runtime arguments (``native_specialize_impl``,
+the function Triton's binder calls: dtype, 16-byte alignment, ints equal to 1 or divisible by 16,
+32 or 64 bits) plus every constexpr and option, so a hit always runs the binary Triton itself would
+have picked. Anything unusual takes Triton's own path: the interpreter (``TRITON_INTERPRET=1``),
+launch hooks (profilers) being set, or a Triton without this launcher layout.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from triton import knobs
+
+try:  # the binder's own specialization function (Triton >= 3.4)
+    from triton._C.libtriton import native_specialize_impl
+    from triton.backends.compiler import BaseBackend
+except ImportError:  # pragma: no cover - older or newer Triton: every call takes Triton's path
+    native_specialize_impl = None
+
+
+def cdiv(a: int, b: int) -> int:
+    """``triton.cdiv`` for host code: Triton 3.6 makes it a constexpr function, microseconds a call."""
+    return -(-a // b)
+
+
+def next_power_of_2(n: int) -> int:
+    """``triton.next_power_of_2`` for host code (the same reason as :func:`cdiv`)."""
+    return 1 if n <= 1 else 1 << (n - 1).bit_length()
+
+
+class Launcher:
+    """``launcher(grid, *args, **meta)`` launches ``fn`` as ``fn[grid](*args, **meta)`` does.
+
+    ``args`` are the kernel's runtime parameters in order; ``meta`` its constexprs (all of them,
+    by name) and Triton options (``num_warps``, ``num_stages``)."""
+
+    def __init__(self, fn: Any) -> None:
+        self.fn = fn
+        self._hits: dict[tuple, tuple[Any, Any, Any, tuple]] = {}
+        self._direct = native_specialize_impl is not None and hasattr(fn, "params")  # not interpreted
+        if not self._direct:
+            return
+        names = fn.arg_names
+        self._nargs = len(names) - sum(p.is_constexpr for p in fn.params)
+        if any(p.is_constexpr for p in fn.params[: self._nargs]):
+            raise TypeError(
+                f"Launcher: {fn.__name__} must declare its constexprs after its runtime parameters"
+            )
+        self._consts = [(p.name, p.default) for p in fn.params[self._nargs :]]
+        self._flags = [
+            (p.is_const, not p.do_not_specialize, not p.do_not_specialize_on_alignment) for p in fn.params
+        ]
+        self._hits: dict[tuple, tuple[Any, Any, Any, tuple]] = {}
+
+    def __call__(self, grid: tuple[int, ...], *args: Any, **meta: Any) -> None:
+        if not self._direct or knobs.runtime.interpret or len(args) != self._nargs:
+            self.fn[grid](*args, **meta)
+            return
+        spec = tuple(
+            native_specialize_impl(BaseBackend, a, c, s, al) for a, (c, s, al) in zip(args, self._flags)
+        )
+        device = torch.cuda.current_device()  # Triton launches on the current device, as here
+        key = (device, spec, tuple(meta.items()))
+        hit = self._hits.get(key)
+        if (
+            hit is None
+            or knobs.runtime.launch_enter_hook is not None
+            or knobs.runtime.launch_exit_hook is not None
+        ):
+            kernel = self.fn[grid](*args, **meta)
+            if hasattr(kernel, "result"):
+                kernel = kernel.result()
+            consts = tuple(meta[n] if n in meta else d for n, d in self._consts)
+            self._hits[key] = (kernel.run, kernel.function, kernel.packed_metadata, consts)
+            return
+        run, function, packed, consts = hit
+        g1 = grid[1] if len(grid) > 1 else 1
+        g2 = grid[2] if len(grid) > 2 else 1
+        run(
+            grid[0],
+            g1,
+            g2,
+            torch.cuda.current_stream(device).cuda_stream,
+            function,
+            packed,
+            None,
+            None,
+            None,
+            *args,
+            *consts,
+        )
