@@ -33,6 +33,7 @@ if [ "${QUANTRT_GPU_TUNE_W8A8:-0}" = 1 ] && [ "$status" = 0 ]; then
   # the rest of this run (commit the file from $OUT afterwards) and test those kernels again
   arch=$(python3 -c "import torch; print('sm_%d%d' % torch.cuda.get_device_capability())")
   python3 ci/tune_w8a8.py --out "$OUT/w8a8_${arch}.json" --budget "${QUANTRT_W8A8_BUDGET:-15}" \
+    --seconds "${QUANTRT_W8A8_SECONDS:-inf}" \
     --sections "${QUANTRT_W8A8_SECTIONS:-fp8_rowwise,fp8_block,fp8_weight_only,int8}" \
     > "$OUT/tune-w8a8.log" 2>&1 || { tail -n 5 "$OUT/tune-w8a8.log"; status=1; }
   if [ "$status" = 0 ]; then

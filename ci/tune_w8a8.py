@@ -19,6 +19,7 @@ import itertools
 import json
 import math
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -39,10 +40,11 @@ BASE = Path(__file__).resolve().parents[1] / "backends" / "cuda" / "tunings" / "
 
 def candidates(section: str, m: int) -> list[dict[str, int]]:
     bms = (16,) if m <= 16 else ((16, 32, 64) if m <= 64 else (64, 128))
+    bns = (32, 64, 128) if m <= 256 else (64, 128, 256)
     bks = (128,) if section == "fp8_block" else ((64, 128) if section == "fp8_weight_only" else (128, 256))
     out = []
-    for bm, bn, bk, warps, stages in itertools.product(bms, (32, 64, 128), bks, (4, 8), (3, 4, 5)):
-        if bm * bn > 128 * 128 or (bm * bn <= 16 * 64 and warps == 8):
+    for bm, bn, bk, warps, stages in itertools.product(bms, bns, bks, (4, 8), (3, 4, 5)):
+        if bm * bn > 128 * 256 or (bm * bn <= 16 * 64 and warps == 8) or (bm * bn > 128 * 128 and warps == 4):
             continue
         for target in (0, 132, 264, 528) if m <= 64 else (0,):
             c = {"block_m": bm, "block_n": bn, "block_k": bk, "num_warps": warps, "num_stages": stages}
@@ -79,6 +81,14 @@ def call(section: str, ops: dict[str, torch.Tensor], m: int, K: int, tc: TileCon
     return lambda: fp8_rowwise_matmul(xq, a_scale, ops["w"], ops["ws"], None, torch.bfloat16, tc)
 
 
+def int_mm_us(K: int, N: int, m: int, ops: dict[str, torch.Tensor]) -> float:
+    """The bare ``torch._int_mm`` (no scales): what the int8 kernel's scaling must not slow down
+    (at least 17 rows, the op's minimum on CUDA)."""
+    xq = torch.randint(-127, 128, (max(m, 17), K), device=ops["w"].device, dtype=torch.int8)
+    wt = ops["w"].t()
+    return median_us(lambda: torch._int_mm(xq, wt))
+
+
 def scaled_mm_us(K: int, N: int, m: int, ops: dict[str, torch.Tensor]) -> float:
     xq = torch.randn(m, K, device=ops["w"].device).to(torch.float8_e4m3fn)
     sa, sb = torch.ones(m, 1, device=xq.device), ops["ws"].reshape(1, -1)
@@ -95,7 +105,9 @@ def main() -> int:
     ap.add_argument("--sections", default=",".join(SECTIONS))
     ap.add_argument("--budget", type=int, default=15, help="configurations tried per section and bucket")
     ap.add_argument("--base", default=str(BASE), help="the table whose other sections are kept")
+    ap.add_argument("--seconds", type=float, default=math.inf, help="stop sweeping after this long")
     args = ap.parse_args()
+    deadline = time.monotonic() + args.seconds
     dev = "cuda"
     table = json.loads(Path(args.base).read_text())
     arch = "sm_{}{}".format(*torch.cuda.get_device_capability())
@@ -110,10 +122,13 @@ def main() -> int:
         layers = [(K, N, operands(section, K, N, dev)) for K, N in SHAPES]
         for key, m in BUCKETS.items():
             cands = candidates(section, m)
-            chosen = torch.randperm(len(cands), generator=gen)[: args.budget].tolist()
+            chosen = [cands[i] for i in torch.randperm(len(cands), generator=gen)[: args.budget].tolist()]
+            base = {k: v for k, v in table[section][key].items() if not k.startswith("_")}
             best = (math.inf, None)
-            for i in chosen:
-                cfg = cands[i]
+            for cfg in [base, *(c for c in chosen if c != base)]:  # the committed tile is always timed
+                if time.monotonic() > deadline:
+                    print(f"{section}/{key}: out of time, kept the best so far", file=sys.stderr)
+                    break
                 times = []
                 try:
                     for K, N, ops in layers:
@@ -133,6 +148,11 @@ def main() -> int:
             if section == "fp8_rowwise":
                 cublas = geomean([scaled_mm_us(K, N, m, ops) for K, N, ops in layers])
                 table[section][f"_{key}_scaled_mm_us"] = round(cublas, 2)
+            if section == "int8":
+                table[section][f"_{key}_int_mm_us"] = round(
+                    geomean([int_mm_us(K, N, m, ops) for K, N, ops in layers]), 2
+                )
+            write(args.out, table, sweep, arch)  # a run cut short keeps what it measured
         if section == "fp8_rowwise":  # cuBLASLt from the first bucket after which it always wins
             sec = table[section]
             start = 1 << 30
@@ -141,10 +161,14 @@ def main() -> int:
                     break
                 start = LOWEST[key]
             sec["scaled_mm_from_m"] = start
-    table["arch"] = arch
-    Path(args.out).write_text(json.dumps(table, indent=1))
-    Path(args.out).with_suffix(".sweep.json").write_text(json.dumps(sweep, indent=1))
+    write(args.out, table, sweep, arch)
     return 0
+
+
+def write(out: str, table: dict, sweep: dict, arch: str) -> None:
+    table["arch"] = arch
+    Path(out).write_text(json.dumps(table, indent=1))
+    Path(out).with_suffix(".sweep.json").write_text(json.dumps(sweep, indent=1))
 
 
 if __name__ == "__main__":
