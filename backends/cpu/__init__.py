@@ -1,7 +1,10 @@
 """CPU backend: x86 and Arm CPUs, chosen by the probe's ISA features.
 
-Today it runs torch's packed CPU ops (int4 weight-only, int8 weight-only, int8 W8A8);
-native AVX-512/AMX kernels arrive with the CPU-backend issue.
+- ``torch_packed``: torch's packed CPU ops (int4 weight-only, int8 weight-only, int8 W8A8).
+- ``native/``: C++ kernels with AVX-512/AVX2 intrinsics built on first use (``native/build.py``);
+  the kernel classes that call them live beside this file, one module per family:
+  ``gguf_native`` (llama.cpp's block types), ``wint_native`` (integer weight-only and int8 W8A8),
+  ``lut_native`` (code-book and float formats: NF4/FP4, fp8, NVFP4/MXFP4).
 """
 
 from __future__ import annotations
@@ -11,7 +14,11 @@ from typing import Any
 
 def register(registry: Any) -> None:
     """Entry point of the ``quantrt.backends`` group."""
+    from . import gguf_native, lut_native, wint_native
     from .torch_packed import CpuInt4Pack, CpuInt8Pack, CpuIntMM
 
     for kernel in (CpuInt4Pack, CpuInt8Pack, CpuIntMM):
         registry.register(kernel)
+    for module in (gguf_native, wint_native, lut_native):
+        for kernel in module.KERNELS:
+            registry.register(kernel)
