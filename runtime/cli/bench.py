@@ -1,6 +1,7 @@
-"""Benchmark QuantLinear (the dispatcher's choice) against cuBLAS bf16, torch's tinygemm and, for
-W8A8 schemes, the bare ``_scaled_mm`` / ``_int_mm``, in one run: medians with the L2 flushed, eager
-and CUDA-graph replay, host cost, load figures."""
+"""Benchmark QuantLinear (the dispatcher's choice) in one run beside what users run today. GPU:
+cuBLAS bf16, torch's tinygemm and, for W8A8 schemes, the bare ``_scaled_mm`` / ``_int_mm``, medians
+with the L2 flushed, eager and CUDA-graph replay, host cost, load figures. CPU (``--device cpu``):
+dense fp32/bf16 ``F.linear`` and torch's packed int4/int8 ops on the threads asked for."""
 
 from __future__ import annotations
 
@@ -12,14 +13,20 @@ from pathlib import Path
 from ..errors import ConfigError
 
 NAME = "bench"
-HELP = "time quantrt's kernels beside cuBLAS bf16, torch's int4 op and the bare W8A8 ops (GPU)"
+HELP = "time quantrt's kernels beside cuBLAS bf16 and torch's ops (GPU) or dense and packed ops (CPU)"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--device", default="cuda", help="cuda (the CPU benchmark arrives with the CPU backend)")
-    p.add_argument("--quick", action="store_true", help="three shapes and five batch sizes: a few minutes")
+    p.add_argument("--device", default="cuda", choices=("cuda", "cpu"), help="which device to benchmark")
     p.add_argument(
-        "--schemes", default="w4a16-int-g128-asym,w8a16-int-ch-sym", help="comma-separated schemes"
+        "--quick", action="store_true", help="GPU: three shapes and five batch sizes; CPU: one shape"
+    )
+    p.add_argument("--schemes", help="comma-separated schemes (default: per device, see quantrt.bench*)")
+    p.add_argument("--shapes", help="comma-separated KxN shapes (default: per device and --quick)")
+    p.add_argument("--ms", help="comma-separated batch sizes M (default: per device and --quick)")
+    p.add_argument("--threads", type=int, help="CPU: torch threads (default: torch's current setting)")
+    p.add_argument(
+        "--act-dtype", default="bf16", choices=("bf16", "fp16", "fp32"), help="CPU: activation dtype"
     )
     p.add_argument("--out", help="write the results JSON to this file")
     p.add_argument("--markdown", help="write the results as a markdown table to this file")
@@ -31,21 +38,53 @@ def handle(args: argparse.Namespace) -> int:
     from ..bench import MS, QUICK_MS, QUICK_SHAPES, SHAPES, markdown, run_gpu
     from . import emit
 
-    if args.device != "cuda":
-        raise ConfigError(f"quantrt bench --device {args.device}: only cuda is benchmarked so far")
-    if not torch.cuda.is_available():
-        raise ConfigError("quantrt bench: no CUDA device here")
-    shapes, ms = (QUICK_SHAPES, QUICK_MS) if args.quick else (SHAPES, MS)
-    doc = run_gpu(
-        args.schemes.split(","), shapes, ms, progress=lambda s: print(s, file=sys.stderr, flush=True)
-    )
+    progress = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
+    if args.device == "cpu":
+        from .. import bench_cpu
+
+        if args.threads:
+            torch.set_num_threads(args.threads)
+        act = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.act_dtype]
+        schemes = args.schemes.split(",") if args.schemes else list(bench_cpu.SCHEMES)
+        shapes = _shapes(args.shapes) or (bench_cpu.SHAPES[1:2] if args.quick else bench_cpu.SHAPES)
+        ms = _ms(args.ms) or bench_cpu.MS
+        doc = bench_cpu.run_cpu(schemes, shapes, ms, act, progress=progress)
+        table = bench_cpu.markdown_cpu(doc)
+    else:
+        if not torch.cuda.is_available():
+            raise ConfigError("quantrt bench: no CUDA device here (--device cpu benchmarks the CPU)")
+        shapes, ms = (QUICK_SHAPES, QUICK_MS) if args.quick else (SHAPES, MS)
+        shapes, ms = _shapes(args.shapes) or shapes, _ms(args.ms) or ms
+        schemes = args.schemes.split(",") if args.schemes else ["w4a16-int-g128-asym", "w8a16-int-ch-sym"]
+        doc = run_gpu(schemes, shapes, ms, progress=progress)
+        table = markdown(doc)
     doc["command"] = "quantrt bench " + " ".join(a for a in sys.argv[2:])
     if args.out:
         Path(args.out).write_text(json.dumps(doc, indent=1))
     if args.markdown:
-        Path(args.markdown).write_text(markdown(doc) + "\n")
+        Path(args.markdown).write_text(table + "\n")
     if args.json:
         emit(doc)
     else:
-        print(markdown(doc))
+        print(table)
     return 0
+
+
+def _shapes(text: str | None) -> list[tuple[int, int]] | None:
+    if not text:
+        return None
+    try:
+        return [(int(k), int(n)) for k, n in (part.lower().split("x") for part in text.split(","))]
+    except ValueError:
+        raise ConfigError(
+            f"quantrt bench --shapes {text!r}: expected KxN[,KxN...], e.g. 4096x14336"
+        ) from None
+
+
+def _ms(text: str | None) -> list[int] | None:
+    if not text:
+        return None
+    try:
+        return [int(m) for m in text.split(",")]
+    except ValueError:
+        raise ConfigError(f"quantrt bench --ms {text!r}: expected integers, e.g. 1,8,64") from None
