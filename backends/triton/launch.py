@@ -47,6 +47,7 @@ class Launcher:
     def __init__(self, fn: Any) -> None:
         self.fn = fn
         self._hits: dict[tuple, tuple[Any, Any, Any, tuple]] = {}
+        self.direct_launches = 0  # calls served from the cache (tests check the fast path runs)
         self._direct = native_specialize_impl is not None and hasattr(fn, "params")  # not interpreted
         if not self._direct:
             return
@@ -72,11 +73,7 @@ class Launcher:
         device = torch.cuda.current_device()  # Triton launches on the current device, as here
         key = (device, spec, tuple(meta.items()))
         hit = self._hits.get(key)
-        if (
-            hit is None
-            or knobs.runtime.launch_enter_hook is not None
-            or knobs.runtime.launch_exit_hook is not None
-        ):
+        if hit is None or _hooked(knobs.runtime.launch_enter_hook) or _hooked(knobs.runtime.launch_exit_hook):
             kernel = self.fn[grid](*args, **meta)
             if hasattr(kernel, "result"):
                 kernel = kernel.result()
@@ -84,13 +81,15 @@ class Launcher:
             self._hits[key] = (kernel.run, kernel.function, kernel.packed_metadata, consts)
             return
         run, function, packed, consts = hit
+        self.direct_launches += 1
         g1 = grid[1] if len(grid) > 1 else 1
         g2 = grid[2] if len(grid) > 2 else 1
+        stream = torch._C._cuda_getCurrentRawStream(device)  # Triton's driver asks the same, without a Stream
         run(
             grid[0],
             g1,
             g2,
-            torch.cuda.current_stream(device).cuda_stream,
+            stream,
             function,
             packed,
             None,
@@ -99,3 +98,10 @@ class Launcher:
             *args,
             *consts,
         )
+
+
+def _hooked(hook: Any) -> bool:
+    """A launch hook is installed. Triton 3.6 keeps an always-present chain (``HookChain``) whose
+    ``calls`` are the hooks, so ``is not None`` is always true there; older Triton keeps None or a
+    function."""
+    return hook is not None and bool(getattr(hook, "calls", True))

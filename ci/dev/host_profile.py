@@ -16,9 +16,9 @@ import triton.language as tl
 from quantrt.backends.triton import act_quant
 from quantrt.backends.triton.common import TileConfig
 from quantrt.backends.triton.fp8_mm import fp8_rowwise_matmul
+from quantrt.bench import host_us
 from quantrt.layers import QuantLinear
 from quantrt.reference import quantize
-from quantrt.runtime.bench import host_us
 
 
 @triton.jit
@@ -71,7 +71,7 @@ def main() -> None:
     )
     from quantrt.backends.triton import fp8_mm
 
-    args = (
+    kargs = (
         xq,
         w,
         s,
@@ -104,8 +104,8 @@ def main() -> None:
         num_stages=3,
     )
     grid = (N // 64, 1)
-    out["rowwise_kernel_triton_launch_us"] = host_us(lambda: fp8_mm._fp8_rowwise_kernel[grid](*args, **meta))
-    out["rowwise_kernel_fast_launch_us"] = host_us(lambda: fp8_mm._fp8_rowwise_launch(grid, *args, **meta))
+    out["rowwise_kernel_triton_launch_us"] = host_us(lambda: fp8_mm._fp8_rowwise_kernel[grid](*kargs, **meta))
+    out["rowwise_kernel_fast_launch_us"] = host_us(lambda: fp8_mm._fp8_rowwise_launch(grid, *kargs, **meta))
     for scheme in ("w8a8-fp8-ch", "w8a8-fp8-block128", "w8a8-int-ch-sym", "w4a16-int-g128-asym"):
         canon = quantize(torch.randn(N, K, device=dev) * 0.02, scheme)
         layer = QuantLinear.from_canonical(canon, device=dev, act_dtype=torch.bfloat16)

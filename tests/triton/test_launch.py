@@ -41,7 +41,9 @@ def test_launcher_matches_torch_across_specializations():
         (base, 1, 1000, 2.0, 0.0, 64, 2),  # another block and option
         (base, 1, 1, 1.5, 1.0, 128, 4),  # n == 1
     ]
-    for _ in range(2):  # the second round runs every case from the launcher's cache
+    for rnd in range(2):  # the second round runs every case from the launcher's cache
+        if rnd == 1:
+            direct = _axpb.direct_launches
         for x, stride, n, a, b, block, warps in cases:
             y = torch.full((n,), float("nan"), device=DEV)
             _axpb((cdiv(n, block),), x, y, n, stride, a, B=b, BLOCK=block, num_warps=warps)
@@ -50,3 +52,4 @@ def test_launcher_matches_torch_across_specializations():
     if DEV == "cuda":
         # one binary per distinct specialization: the float and a repeated case add none
         assert len(_axpb._hits) == len(cases) - 1
+        assert _axpb.direct_launches - direct == len(cases)  # no launch went back through Triton
