@@ -61,7 +61,6 @@ class Launcher:
         self._flags = [
             (p.is_const, not p.do_not_specialize, not p.do_not_specialize_on_alignment) for p in fn.params
         ]
-        self._hits: dict[tuple, tuple[Any, Any, Any, tuple]] = {}
 
     def __call__(self, grid: tuple[int, ...], *args: Any, **meta: Any) -> None:
         if not self._direct or knobs.runtime.interpret or len(args) != self._nargs:
