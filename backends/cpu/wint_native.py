@@ -1,3 +1,406 @@
-"""Native CPU kernels of this family (see backends/cpu/__init__.py); none registered yet."""
+"""Native integer kernels for x86 CPUs (``native/csrc/wint.cpp``): weight-only int2/3/4/8 and W8A8 int8.
 
-KERNELS: tuple = ()
+Why they exist: torch's packed int4 op is twice as slow as dense bf16 at M=64 on Zen 4 and has no
+int2/int3 or zero-point int8 path; here one prepared layout per weight (the canonical bytes
+re-tiled, the same size) serves every batch size, through a fused decode-and-dot GEMV for small M
+and a decode-a-panel-then-GEMM path for large M. The layouts are documented in ``wint.cpp``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from quantrt.canonical import CanonicalWeight, act_order_perm, int_codes
+from quantrt.kernels import Kernel, Verdict, check
+from quantrt.specs import LayerSpec
+from quantrt.torchops import per_channel_scales
+
+from .native import build
+
+CPU_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+#: dtype codes of csrc/common.h
+DTYPE_CODE = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+TILE = 16  # output rows per tile of the prepared layouts
+#: codes per row and step of the wint layout, by bits (a step holds 16 rows)
+STEP_CODES = {8: 2, 4: 4, 3: 8, 2: 8}
+#: fold length (codes between fp32 scale applications) for channel scales
+CHANNEL_FOLD = 256
+#: codes per K chunk of the large-M panel (64 rows x 2048 bf16 = 256 KiB, within Zen 4's L2)
+PANEL_CODES = 2048
+#: batch sizes from which the large-M strategy runs, by weight bits (measured on Zen 4: the GEMV's
+#: decode is cheap for 4 bits, so it wins longer; W8A8 has no decode and blocks 4 tiles from M=2)
+WINT_LARGE_M = {2: 12, 3: 12, 4: 16, 8: 10}
+W8A8_LARGE_M = 2
+WINT_FEATURES = ("avx512f", "avx512bw", "avx512vl", "avx512_bf16")
+W8A8_FEATURES = ("avx512f", "avx512bw", "avx512vl", "avx512_vnni")
+#: field order of the int64 descriptors read by wint.cpp (enum WintField / A8Field)
+WINT_FIELDS = ("q", "scales", "zeros", "perm", "N", "K", "Kp", "T", "ng", "bits", "fold", "sstride", "kc")
+W8A8_FIELDS = ("q", "scales", "N", "K", "Kp", "T")
+
+
+def _round_up(a: int, b: int) -> int:
+    return -(-a // b) * b
+
+
+def native_verdict(caps: Any, features: tuple[str, ...]) -> Verdict:
+    """The library can be built here and the CPU has the instructions it is compiled for."""
+    ok, why = build.status()
+    missing = [f for f in features if f not in caps.features]
+    return check(
+        (ok, "native CPU kernels can be built", {"build": why}),
+        (not missing, "CPU features " + " ".join(features), {"missing": " ".join(missing)}),
+    )
+
+
+def _library() -> ctypes.CDLL:
+    lib = build.library("wint")
+    if not getattr(lib, "_quantrt_typed", False):
+        i64, i32, ptr = ctypes.c_int64, ctypes.c_int32, ctypes.c_void_p
+        desc = ctypes.POINTER(ctypes.c_int64)
+        lib.quantrt_wint_isa.restype = i32
+        lib.quantrt_wint_linear.restype = i32
+        lib.quantrt_wint_linear.argtypes = [desc, ptr, i32, i64, i64, i64, ptr, i32, ptr, i32, i64, i32, i32]
+        lib.quantrt_w8a8_linear.restype = i32
+        lib.quantrt_w8a8_linear.argtypes = [
+            desc, ptr, i32, i64, i64, i64, ctypes.c_float, ptr, i32, ptr, i32, i64, i32, i32,
+        ]  # fmt: skip
+        lib.quantrt_w8a8_quantize.restype = i32
+        lib.quantrt_w8a8_quantize.argtypes = [ptr, i32, i64, i64, i64, i64, ctypes.c_float, ptr, ptr, i32]
+        lib._quantrt_typed = True
+    return lib
+
+
+def _descriptor(fields: tuple[str, ...], values: dict[str, Any]) -> ctypes.Array:
+    """The int64 array a C function reads its prepared weight from (tensors as data pointers)."""
+    row = [
+        values[f].data_ptr() if isinstance(values[f], torch.Tensor) else int(values[f] or 0) for f in fields
+    ]
+    return (ctypes.c_int64 * len(row))(*row)
+
+
+def _check_call(x: torch.Tensor, K: int, bias: torch.Tensor | None, N: int) -> int:
+    """M, after the checks that keep the C code inside its buffers (shapes, dtypes, device)."""
+    if x.dim() != 2 or x.shape[1] != K or x.dtype not in DTYPE_CODE or x.device.type != "cpu":
+        raise ValueError(
+            f"expected CPU activations [M, {K}] in fp32, bf16 or fp16, found {x.dtype} {list(x.shape)} on {x.device}"
+        )
+    if bias is not None and (bias.shape != (N,) or bias.dtype not in DTYPE_CODE or bias.device.type != "cpu"):
+        raise ValueError(
+            f"expected a CPU bias [{N}] in fp32, bf16 or fp16, found {bias.dtype} {list(bias.shape)}"
+        )
+    return x.shape[0]
+
+
+def _output(out: torch.Tensor | None, M: int, N: int, dtype: torch.dtype) -> torch.Tensor:
+    """``out`` itself when the kernel can write it (dtype, unit column stride), else a fresh tensor."""
+    if out is None:
+        return torch.empty((M, N), dtype=dtype)
+    if out.shape != (M, N):
+        raise ValueError(f"out must have shape [{M}, {N}], found {list(out.shape)}")
+    if out.dtype == dtype and out.stride(1) == 1 and out.device.type == "cpu":
+        return out
+    return torch.empty((M, N), dtype=dtype)
+
+
+def _finish(y: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
+    if out is None or y is out:
+        return y
+    return out.copy_(y)
+
+
+def _check_rc(rc: int, name: str) -> None:
+    if rc:
+        why = "the library was built without the instructions it needs" if rc == 1 else "out of memory"
+        raise RuntimeError(f"{name}: native kernel failed ({why})")
+
+
+# -- the wint layout ---------------------------------------------------------------------------
+
+
+def tile_codes(codes: torch.Tensor, bits: int, Np: int, Kp: int) -> torch.Tensor:
+    """Unsigned codes [N, K] (uint8) in the tiled layout of wint.cpp: uint8 [T, steps, bytes].
+
+    Padding rows and columns hold 2^(b-1), which decodes to 0.
+    """
+    N, K = codes.shape
+    half = 1 << (bits - 1)
+    c = torch.full((Np, Kp), half, dtype=torch.uint8)
+    c[:N, :K] = codes
+    T = Np // TILE
+    if bits == 8:
+        steps = (c ^ 0x80).view(T, TILE, Kp // 2, 2)
+        return steps.permute(0, 2, 1, 3).reshape(T, Kp // 2, 32).contiguous()
+    if bits == 4:
+        q = c.view(T, TILE, Kp // 4, 2, 2)  # [..., pair, e]
+        b = q[..., 0, :] | (q[..., 1, :] << 4)
+        return b.permute(0, 2, 1, 3).reshape(T, Kp // 4, 32).contiguous()
+    q = c.view(T, TILE, Kp // 8, 4, 2)  # [..., pair f, e]
+    low = q & 3
+    b = low[..., 0, :] | (low[..., 1, :] << 2) | (low[..., 2, :] << 4) | (low[..., 3, :] << 6)
+    low_bytes = b.permute(0, 2, 1, 3).reshape(T, Kp // 8, 32)
+    if bits == 2:
+        return low_bytes.contiguous()
+    hi = ((q >> 2) & 1).permute(0, 2, 3, 1, 4).reshape(T, Kp // 8, 4, 4, 8)  # bit 2r+e of mask f
+    masks = (hi << torch.arange(8, dtype=torch.uint8)).sum(dim=-1, dtype=torch.uint8).reshape(T, Kp // 8, 16)
+    return torch.cat([low_bytes, masks], dim=-1).contiguous()
+
+
+def tile_columns(t: torch.Tensor, Np: int) -> torch.Tensor:
+    """Per-row scale/zero columns [N, ng] as [T, ng, 16] (padding rows 0)."""
+    N, ng = t.shape
+    padded = torch.zeros((Np, ng), dtype=t.dtype)
+    padded[:N] = t
+    return padded.view(Np // TILE, TILE, ng).permute(0, 2, 1).contiguous()
+
+
+@dataclass
+class WintState:
+    tensors: dict[str, torch.Tensor]  # the prepared layout (kept alive: the descriptor points into it)
+    desc: ctypes.Array
+    N: int
+    K: int
+    large_m: int
+    out_dtype: torch.dtype
+    fn: Any
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.untyped_storage().nbytes() for t in self.tensors.values())
+
+
+class NativeWint(Kernel):
+    """Integer weight-only layers (int2/3/4/8, symmetric or zero-point, group/channel/tensor scales,
+    act-order) on AVX-512 BF16: exact integer codes times bf16 parts of x, fp32 sums and scales."""
+
+    name = "cpu.native_wint"
+    backend = "cpu"
+    device_kinds = ("cpu",)
+    priority = 40
+    description = "native AVX-512 BF16 int2/3/4/8 weight-only GEMV (small M) and panel GEMM (large M)"
+
+    @classmethod
+    def supports(cls, spec: LayerSpec, caps: Any) -> Verdict:
+        s = spec.scheme
+        G = s.group_size if s.granularity == "group" else None
+        return check(
+            (
+                s.weight == "int" and s.bits in STEP_CODES,
+                "integer weights of 2, 3, 4 or 8 bits",
+                {"weight": s.weight, "bits": s.bits},
+            ),
+            (s.weight_only, "weight-only scheme", {"act": s.act}),
+            (
+                s.granularity in ("group", "channel", "tensor"),
+                "group, channel or tensor scales",
+                {"granularity": s.granularity},
+            ),
+            (G is None or G % 16 == 0, "group size % 16 == 0", {"G": G}),
+            (spec.op == "linear", "op == 'linear'", {"op": spec.op}),
+            (
+                not s.act_order or spec.k_full,
+                "act-order with the full K on this rank",
+                {"K_part": spec.K_part, "K": spec.K},
+            ),
+            (spec.act_dtype in CPU_DTYPES, "activations fp32, bf16 or fp16", {"act_dtype": spec.act_dtype}),
+            (spec.output_dtype in CPU_DTYPES, "output fp32, bf16 or fp16", {"out_dtype": spec.output_dtype}),
+        ) and native_verdict(caps, WINT_FEATURES)
+
+    def prepare(self, weight: CanonicalWeight, spec: LayerSpec) -> WintState:
+        s = weight.scheme
+        bits, N, K = s.bits, weight.N, weight.K
+        Np, Kp = _round_up(N, TILE), _round_up(K, STEP_CODES[bits])
+        codes = int_codes(weight).to(torch.uint8)
+        perm = None
+        if s.granularity == "group":
+            G = s.group_size
+            assert G is not None
+            scales, fold, sstride = weight["scales"].float(), G, 1
+            perm = act_order_perm(weight, G)
+            if perm is not None:
+                codes = codes[:, perm]
+                perm = perm.to(torch.int32).contiguous()
+        else:
+            scales, fold, sstride = per_channel_scales(weight).reshape(N, 1), CHANNEL_FOLD, 0
+        tensors = {"q": tile_codes(codes, bits, Np, Kp), "scales": tile_columns(scales, Np)}
+        if not s.symmetric:
+            z = weight["zeros"].to(torch.int16)
+            if s.granularity == "tensor":
+                z = z[weight.slice_index().to(z.device)]
+            z = z.reshape(N, -1) if s.granularity != "group" else z
+            tensors["zeros"] = tile_columns(z - (1 << (bits - 1)), Np)
+        if perm is not None:
+            tensors["perm"] = perm
+        values = {
+            **tensors,
+            "zeros": tensors.get("zeros"),
+            "perm": tensors.get("perm"),
+            "N": N,
+            "K": K,
+            "Kp": Kp,
+            "T": Np // TILE,
+            "ng": scales.shape[1],
+            "bits": bits,
+            "fold": fold,
+            "sstride": sstride,
+            "kc": fold * max(1, PANEL_CODES // fold),
+        }
+        fn = _library().quantrt_wint_linear
+        return WintState(
+            tensors, _descriptor(WINT_FIELDS, values), N, K, WINT_LARGE_M[bits], spec.output_dtype, fn
+        )
+
+    def strategy(self, state: WintState, m: int) -> str:
+        return "panel-gemm" if m >= state.large_m else "gemv"
+
+    def workspace_bytes(self, spec: LayerSpec, max_m: int) -> int:
+        K, threads = spec.K_part, torch.get_num_threads()
+        xb = 3 * 2 * max_m * _round_up(K, 16) + 4 * max_m * (K // 16 + 1)
+        return xb + threads * (2 * 64 * PANEL_CODES + 4 * 64 * max_m)
+
+    def apply(
+        self,
+        state: WintState,
+        x: torch.Tensor,
+        bias: torch.Tensor | None = None,
+        out: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        M = _check_call(x, state.K, bias, state.N)
+        y = _output(out, M, state.N, state.out_dtype)
+        if M:
+            if bias is not None and bias.stride(0) != 1:
+                bias = bias.contiguous()
+            rc = state.fn(
+                state.desc, x.data_ptr(), DTYPE_CODE[x.dtype], M, x.stride(0), x.stride(1),
+                0 if bias is None else bias.data_ptr(), 0 if bias is None else DTYPE_CODE[bias.dtype],
+                y.data_ptr(), DTYPE_CODE[y.dtype], y.stride(0), torch.get_num_threads(), M >= state.large_m,
+            )  # fmt: skip
+            _check_rc(rc, self.name)
+        return _finish(y, out)
+
+
+# -- W8A8 --------------------------------------------------------------------------------------
+
+
+@dataclass
+class W8A8State:
+    tensors: dict[str, torch.Tensor]
+    desc: ctypes.Array
+    N: int
+    K: int
+    in_scale: float  # static activation scale, 0 for dynamic per-token scales
+    large_m: int
+    out_dtype: torch.dtype
+    fn: Any
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.untyped_storage().nbytes() for t in self.tensors.values())
+
+
+class NativeW8A8Int8(Kernel):
+    """W8A8 int8 (per-channel/tensor weights, per-token dynamic or static per-tensor activations)
+    with AVX-512 VNNI: activation codes as torchops makes them, exact int32 sums, fp32 scales."""
+
+    name = "cpu.native_w8a8_int8"
+    backend = "cpu"
+    device_kinds = ("cpu",)
+    priority = 40
+    description = "native AVX-512 VNNI int8 x int8 GEMV/GEMM, per-token or static activation scales"
+
+    @classmethod
+    def supports(cls, spec: LayerSpec, caps: Any) -> Verdict:
+        s = spec.scheme
+        per_token = s.act_granularity == "token" and s.act_dynamic
+        static = s.act_granularity == "tensor" and not s.act_dynamic
+        return check(
+            (
+                s.weight == "int" and s.bits == 8 and s.symmetric,
+                "symmetric int8 weights",
+                {"weight": s.weight, "bits": s.bits, "symmetric": s.symmetric},
+            ),
+            (s.act == "int8", "scheme.act == 'int8'", {"act": s.act}),
+            (
+                s.granularity in ("channel", "tensor"),
+                "channel or tensor weight scales",
+                {"granularity": s.granularity},
+            ),
+            (
+                per_token or static,
+                "dynamic per-token or static per-tensor activations",
+                {"act_granularity": s.act_granularity, "act_dynamic": s.act_dynamic},
+            ),
+            (spec.op == "linear", "op == 'linear'", {"op": spec.op}),
+            # |sum of K products| <= K * 255 * 128 must fit int32
+            (spec.K_part <= 65536, "K <= 65536", {"K": spec.K_part}),
+            (spec.act_dtype in CPU_DTYPES, "activations fp32, bf16 or fp16", {"act_dtype": spec.act_dtype}),
+            (spec.output_dtype in CPU_DTYPES, "output fp32, bf16 or fp16", {"out_dtype": spec.output_dtype}),
+        ) and native_verdict(caps, W8A8_FEATURES)
+
+    def prepare(self, weight: CanonicalWeight, spec: LayerSpec) -> W8A8State:
+        N, K = weight.N, weight.K
+        Np, Kp = _round_up(N, TILE), _round_up(K, 4)
+        c = torch.full((Np, Kp), 128, dtype=torch.uint8)
+        c[:N, :K] = weight["qweight"]
+        q = c.view(Np // TILE, TILE, Kp // 4, 4).permute(0, 2, 1, 3).contiguous()
+        scales = torch.zeros(Np, dtype=torch.float32)
+        scales[:N] = per_channel_scales(weight)
+        in_scale = weight.get("input_scale")
+        tensors = {"q": q, "scales": scales}
+        values = {**tensors, "N": N, "K": K, "Kp": Kp, "T": Np // TILE}
+        fn = _library().quantrt_w8a8_linear
+        return W8A8State(
+            tensors,
+            _descriptor(W8A8_FIELDS, values),
+            N,
+            K,
+            0.0 if in_scale is None else float(in_scale.float().max()),
+            W8A8_LARGE_M,
+            spec.output_dtype,
+            fn,
+        )
+
+    def strategy(self, state: W8A8State, m: int) -> str:
+        return "gemm" if m >= state.large_m else "gemv"
+
+    def workspace_bytes(self, spec: LayerSpec, max_m: int) -> int:
+        return max_m * (_round_up(spec.K_part, 64) + 8) + 64 + torch.get_num_threads() * 4 * 64 * max_m
+
+    def apply(
+        self,
+        state: W8A8State,
+        x: torch.Tensor,
+        bias: torch.Tensor | None = None,
+        out: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        M = _check_call(x, state.K, bias, state.N)
+        y = _output(out, M, state.N, state.out_dtype)
+        if M:
+            if bias is not None and bias.stride(0) != 1:
+                bias = bias.contiguous()
+            rc = state.fn(
+                state.desc, x.data_ptr(), DTYPE_CODE[x.dtype], M, x.stride(0), x.stride(1), state.in_scale,
+                0 if bias is None else bias.data_ptr(), 0 if bias is None else DTYPE_CODE[bias.dtype],
+                y.data_ptr(), DTYPE_CODE[y.dtype], y.stride(0), torch.get_num_threads(), M >= state.large_m,
+            )  # fmt: skip
+            _check_rc(rc, self.name)
+        return _finish(y, out)
+
+
+def quantize_activations(x: torch.Tensor, in_scale: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """The W8A8 kernel's activation codes [M, K] int8 and scales [M] fp32 (tests compare them with torch's)."""
+    M, K = x.shape
+    q = torch.empty((M, K), dtype=torch.int8)
+    a = torch.empty(M, dtype=torch.float32)
+    rc = _library().quantrt_w8a8_quantize(
+        x.data_ptr(), DTYPE_CODE[x.dtype], M, x.stride(0), x.stride(1), K, in_scale, q.data_ptr(), a.data_ptr(),
+        torch.get_num_threads(),
+    )  # fmt: skip
+    _check_rc(rc, "w8a8 activation quantization")
+    return q, a
+
+
+KERNELS: tuple[type[Kernel], ...] = (NativeWint, NativeW8A8Int8)

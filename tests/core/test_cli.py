@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from quantrt.capability import probe
+
 
 def quantrt(*args: str, env: dict[str, str] | None = None, cwd: str = "/") -> subprocess.CompletedProcess:
     full = {k: v for k, v in os.environ.items() if not k.startswith("QUANTRT_")}
@@ -111,8 +113,12 @@ def test_run_embedded_default_checks_against_reference() -> None:
     ]
     got = {(row["scheme"], row["M"]): row for row in doc["results"]}
     assert set(got) == {(s, m) for s in ("w8a16-int-ch-sym", "w4a16-int-g128-asym") for m in (1, 5)}
-    assert got[("w4a16-int-g128-asym", 1)]["kernel"] == "cpu.torch_int4pack"
-    assert got[("w8a16-int-ch-sym", 5)]["kernel"] == "cpu.torch_int8pack"
+    # the native CPU kernels where this CPU has AVX-512 BF16 (the CI machines do), torch's packed ops otherwise
+    native = probe().cpu.has("avx512f", "avx512bw", "avx512vl", "avx512_bf16")
+    assert got[("w4a16-int-g128-asym", 1)]["kernel"] == (
+        "cpu.native_wint" if native else "cpu.torch_int4pack"
+    )
+    assert got[("w8a16-int-ch-sym", 5)]["kernel"] == ("cpu.native_wint" if native else "cpu.torch_int8pack")
     for row in doc["results"]:
         assert row["ok"] and 0 < max(row["errors"].values()) < doc["tolerance"]
         assert row["ms"] > 0 and row["dense_ms"] > 0

@@ -79,13 +79,12 @@ def test_mi300x_plans_fnuz_fp8_and_explains_int4() -> None:
 def test_spr_amx_plans_cpu_kernels() -> None:
     caps = load_preset("spr-amx")
     assert caps.cpu.has("amx_int8", "amx_bf16")
-    assert (
-        select(layer_spec("w4a16-int-g128-sym", 4096, 4096), "cpu", caps, ov()).kernel.name
-        == "cpu.torch_int4pack"
-    )
-    assert (
-        select(layer_spec("w8a8-int-ch-sym", 4096, 4096), "cpu", caps, ov()).kernel.name == "cpu.torch_int_mm"
-    )
+    # AVX-512 BF16 / VNNI: the native kernels; torch's packed ops stay as the next candidates
+    sel = select(layer_spec("w4a16-int-g128-sym", 4096, 4096), "cpu", caps, ov())
+    assert sel.kernel.name == "cpu.native_wint" and cands(sel)["cpu.torch_int4pack"][0] != SKIPPED
+    sel = select(layer_spec("w8a8-int-ch-sym", 4096, 4096), "cpu", caps, ov())
+    assert sel.kernel.name == "cpu.native_w8a8_int8"
+    assert "cpu.torch_int_mm" in cands(sel)
 
 
 def test_backend_override() -> None:
@@ -177,7 +176,7 @@ def test_planned_cpu_kernel_refused_when_this_cpu_cannot_run_it(tmp_path: Path) 
     path = tmp_path / "caps.json"
     path.write_text(json.dumps(doc))
     w = reference.quantize(torch.randn(64, 256) * 0.02, "w4a16-int-g128-asym")
-    plan_env = Overrides(capabilities=str(path))
+    plan_env = Overrides(capabilities=str(path), disabled=frozenset({"cpu.native_wint"}))
     assert (
         select(layer_spec(w.scheme, 256, 64), "cpu", overrides=plan_env).kernel.name == "cpu.torch_int4pack"
     )

@@ -92,7 +92,7 @@ def test_out_of_tree_backend_is_picked(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr
     doc = json.loads(out.stdout)
     assert doc["kernel"] == "oot.dense_after_load" and doc["err"] < 1e-5
-    assert doc["other"] == "cpu.torch_int8pack"  # schemes it does not support stay with the in-tree kernels
+    assert doc["other"] == "cpu.native_wint"  # schemes it does not support stay with the in-tree kernels
     assert "oot" in doc["backends"]
     ex = subprocess.run(
         [
