@@ -349,7 +349,9 @@ class CudaTritonInt8(Kernel):
     name = "cuda.triton_int8"
     backend = "cuda"
     device_kinds = ("cuda",)
-    priority = 45  # ahead of torch._int_mm: 1.37-1.39x the bare op at M=4096 on the H200 (docs/performance.md)
+    priority = (
+        45  # ahead of torch._int_mm: 1.37-1.39x the bare op at M=4096 on the H200 (docs/performance.md)
+    )
     description = (
         "int8 W8A8: fused Triton activation quantization, Triton int8 GEMM with scales in the epilogue"
     )
