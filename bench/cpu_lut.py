@@ -1,0 +1,114 @@
+"""Micro-benchmark of the native code-book/float CPU kernels (``cpu.native_lut``) against dense bf16.
+
+Every method of one (shape, M) row runs in the same process, interleaved repeat by repeat so that
+noise from other work on the machine hits them alike; the table shows medians in ms and the ratio
+dense / method (above 1 is faster than dense bf16 ``F.linear``).
+
+    python bench/cpu_lut.py [--threads 2] [--repeats 15] [--rounds 1] [--shapes 4096x4096,...] [--m 1,8,64]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+from quantrt import reference
+from quantrt.backends.cpu.lut_native import NativeLut
+from quantrt.schemes import parse_scheme
+from quantrt.specs import LayerSpec
+
+#: (label, scheme)
+METHODS = (
+    ("nf4 g64", "w4a16-nf4-g64"),
+    ("nf4 g64 dq", "w4a16-nf4-g64-dq"),
+    ("bnbfp4 g64 dq", "w4a16-bnbfp4-g64-dq"),
+    ("nvfp4", "w4a16-nvfp4"),
+    ("mxfp4", "w4a16-mxfp4"),
+    ("fp8 ch", "w8a16-fp8-ch"),
+    ("fp8 block128", "w8a16-fp8-block128"),
+    ("fp8e5m2 tensor", "w8a16-fp8e5m2-tensor"),
+)
+
+
+def median_ms(fns: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:
+    """Median wall time of each function, run round-robin ``repeats`` times after two warm-ups."""
+    for f in fns.values():
+        f()
+        f()
+    times: dict[str, list[float]] = {k: [] for k in fns}
+    for _ in range(repeats):
+        for k, f in fns.items():
+            t = time.perf_counter()
+            f()
+            times[k].append(time.perf_counter() - t)
+    return {k: 1e3 * statistics.median(v) for k, v in times.items()}
+
+
+def build_methods(K: int, N: int, only: set[str] | None) -> dict[str, tuple[object, object]]:
+    """Every method's prepared state for one weight shape (K = in_features, N = out_features)."""
+    torch.manual_seed(0)
+    w = torch.randn(N, K) * 0.02
+    layers: dict[str, tuple[object, object]] = {"dense bf16": (None, w.to(torch.bfloat16))}
+    for label, scheme in METHODS:
+        if only and label not in only:
+            continue
+        canon = reference.quantize(w, scheme)
+        spec = LayerSpec(parse_scheme(scheme), K, N, act_dtype=torch.bfloat16)
+        k = NativeLut()
+        layers[label] = (k, k.prepare(canon, spec))
+    return layers
+
+
+def time_row(layers: dict[str, tuple[object, object]], K: int, M: int, repeats: int) -> dict[str, float]:
+    """Median ms of every method on one batch of M rows, run side by side."""
+    x = torch.randn(M, K).to(torch.bfloat16)
+    fns: dict[str, Callable[[], object]] = {}
+    for name, (k, st) in layers.items():
+        if k is None:
+            fns[name] = lambda st=st: F.linear(x, st)
+        else:
+            fns[name] = lambda k=k, st=st: k.apply(st, x)
+    return median_ms(fns, repeats)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=15)
+    ap.add_argument("--rounds", type=int, default=1, help="sweeps over every row; the median over them")
+    ap.add_argument("--shapes", default="4096x4096,4096x14336,14336x4096", help="KxN list")
+    ap.add_argument("--m", default="1,8,64")
+    ap.add_argument("--only", default="", help="comma-separated method labels (default: all)")
+    ap.add_argument("--json", help="also write the rows here")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    ms = [int(m) for m in args.m.split(",")]
+    shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
+    only = {s.strip() for s in args.only.split(",") if s.strip()} or None
+    samples: dict[tuple[int, int, int], list[dict[str, float]]] = {}
+    for K, N in shapes:
+        layers = build_methods(K, N, only)
+        for _ in range(args.rounds):
+            for M in ms:
+                samples.setdefault((K, N, M), []).append(time_row(layers, K, M, args.repeats))
+        del layers
+    rows = []
+    for (K, N, M), runs in samples.items():
+        times = {name: statistics.median(r[name] for r in runs) for name in runs[0]}
+        for name, t in times.items():
+            r = {"K": K, "N": N, "M": M, "method": name, "ms": t, "vs_dense": times["dense bf16"] / t}
+            rows.append(r)
+            print(f"{K:>6}x{N:<6} M={M:<3} {name:<16} {t:8.3f} ms  x{r['vs_dense']:.2f}", flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"threads": args.threads, "torch": torch.__version__, "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
