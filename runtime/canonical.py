@@ -345,3 +345,36 @@ def pack_int_codes(codes: torch.Tensor, bits: int) -> torch.Tensor:
     from .reference.packing import pack_codes
 
     return pack_codes(codes, bits)
+
+
+# -- layout helpers shared by the references and the kernels (the layouts above, decoded) ----------
+
+#: e2m1 (fp4) code -> value, for the nvfp4 and mxfp4 layouts (code 8 is -0)
+E2M1_VALUES = torch.tensor(
+    [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0],
+    dtype=torch.float32,
+)
+#: double-quant absmax: nested scales per this many absmax codes (bitsandbytes' fixed block)
+NESTED_BLOCK = 256
+
+
+def unpack_fp4(packed: torch.Tensor) -> torch.Tensor:
+    """Inverse of :func:`pack_fp4`: uint8 [..., B] -> codes uint8 [..., 2B]."""
+    return torch.stack([packed & 0xF, packed >> 4], dim=-1).flatten(-2)
+
+
+def unpack_bnb4(packed: torch.Tensor, n: int) -> torch.Tensor:
+    """The first ``n`` 4-bit codes of a bnb packed buffer (uint8), high nibble first."""
+    return torch.stack([packed.reshape(-1) >> 4, packed.reshape(-1) & 0xF], dim=-1).flatten()[:n]
+
+
+def dequantize_absmax(
+    codes: torch.Tensor, nested_absmax: torch.Tensor, nested_code: torch.Tensor, offset: torch.Tensor
+) -> torch.Tensor:
+    """fp32 absmax from double-quant codes: ``nested_code[c] * nested_absmax[i // 256] + offset``."""
+    n = codes.numel()
+    nb = -(-n // NESTED_BLOCK)
+    vals = torch.nn.functional.pad(nested_code[codes.long()], (0, nb * NESTED_BLOCK - n)).view(
+        nb, NESTED_BLOCK
+    )
+    return ((vals * nested_absmax.unsqueeze(1)).reshape(-1)[:n] + offset).to(torch.float32)

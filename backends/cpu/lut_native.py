@@ -1,10 +1,10 @@
 """Native code-book and float weight-only kernels for x86 CPUs (``native/csrc/lut.cpp``).
 
 Covers NF4 and bitsandbytes FP4 (with or without double quant), fp8 e4m3/e5m2 (tensor, channel or
-block scales), NVFP4 and MXFP4. W8A8 fp8 and W4A4 NVFP4 schemes run here too, with the scheme's
-activation quantization applied as the reference does it (quantize, dequantize to fp32: this CPU has
-no fp8/fp4 arithmetic) and the fp32 activations split exactly into bf16 parts, so the numbers are the
-scheme's, not a weight-only substitute's. Why: every one of these formats decodes through a small
+block scales), NVFP4 and MXFP4. W8A8 fp8 schemes run here too, with the scheme's activation
+quantization applied (e4m3 codes times their scales, in fp32: this CPU has no fp8 arithmetic) and
+the fp32 activations split exactly into bf16 parts, so the numbers are the scheme's, not a
+weight-only substitute's. W4A4 NVFP4 stays on the reference. Why: every one of these formats decodes through a small
 table (16 code values, or 128 fp8 magnitudes) into exact bf16 words, so the integer kernels' design
 carries over: one re-tiled layout per weight, a fused decode-and-dot GEMV for small M and a
 decode-a-panel-then-GEMM path for large M. The layouts are documented in ``lut.cpp``.
@@ -22,12 +22,17 @@ from typing import Any
 
 import torch
 
-from quantrt.canonical import FP8_DTYPES, CanonicalWeight
+from quantrt.canonical import (
+    E2M1_VALUES,
+    FP8_DTYPES,
+    CanonicalWeight,
+    dequantize_absmax,
+    unpack_bnb4,
+    unpack_fp4,
+)
 from quantrt.kernels import Kernel, Verdict, check
-from quantrt.reference.activations import fake_quantize
-from quantrt.reference.bnb import dequantize_absmax, unpack_bnb4
-from quantrt.reference.fp4 import E2M1_VALUES, unpack_fp4
 from quantrt.specs import LayerSpec
+from quantrt.torchops import SCHEME_FP8_MAX, dynamic_scale, quantize_fp8
 
 from .native import build
 
@@ -240,6 +245,33 @@ def _output(out: torch.Tensor | None, M: int, N: int, dtype: torch.dtype) -> tor
     return torch.empty((M, N), dtype=dtype)
 
 
+@dataclass(frozen=True)
+class Fp8Acts:
+    """A W8A8 fp8 scheme's activation quantization: per token, per token group of ``group``
+    channels, per tensor (dynamic) or with the static ``scale``."""
+
+    granularity: str
+    group: int | None
+    scale: torch.Tensor | None  # static: fp32 scalar (the max over fused slices, as the reference)
+
+    def apply(self, x: torch.Tensor) -> torch.Tensor:
+        """x quantized to e4m3 and dequantized (fp32 [M, K]): the activations the scheme multiplies.
+        Scales from torchops (amax / 448, 1 for all-zero rows), codes by its saturating cast."""
+        x = x.float()
+        if self.scale is not None:
+            return quantize_fp8(x, torch.float8_e4m3fn, self.scale).float() * self.scale
+        if self.granularity == "token_group":
+            M, K = x.shape
+            g = self.group or K
+            ng = -(-K // g)
+            xg = torch.nn.functional.pad(x, (0, ng * g - K)).view(M, ng, g)
+            sg = dynamic_scale(xg.abs().amax(dim=2, keepdim=True), SCHEME_FP8_MAX)
+            return (quantize_fp8(xg, torch.float8_e4m3fn, sg).float() * sg).view(M, ng * g)[:, :K]
+        amax = x.abs().amax(dim=1, keepdim=True) if self.granularity == "token" else x.abs().amax()
+        sx = dynamic_scale(amax, SCHEME_FP8_MAX)
+        return quantize_fp8(x, torch.float8_e4m3fn, sx).float() * sx
+
+
 @dataclass
 class LutState:
     tensors: dict[str, torch.Tensor]  # the prepared layout (kept alive: the descriptor points into it)
@@ -249,7 +281,7 @@ class LutState:
     large_m: int
     out_dtype: torch.dtype
     fn: Any
-    acts: CanonicalWeight | None = None  # W8A8 / W4A4: the scheme and activation scales to quantize with
+    acts: Fp8Acts | None = None  # W8A8 fp8: how activations are quantized
 
     @property
     def nbytes(self) -> int:
@@ -279,6 +311,11 @@ class NativeLut(Kernel):
                 {"weight": s.weight},
             ),
             (spec.op == "linear", "op == 'linear'", {"op": spec.op}),
+            (
+                s.act in (None, "fp8_e4m3"),
+                "weight-only or fp8 activations (no fp4 activation quantization here)",
+                {"act": s.act},
+            ),
             (
                 fam != "fp8" or s.granularity != "block" or (bn % 16 == 0 and bk % 16 == 0),
                 "fp8 blocks whose rows and columns are multiples of 16",
@@ -333,16 +370,18 @@ class NativeLut(Kernel):
         desc = (ctypes.c_int64 * len(row))(*row)
         fn = _library().quantrt_lut_linear
         acts = None
-        if weight.scheme.act is not None:
-            names = ("input_scale", "input_global_scale")
-            kept = {n: weight[n] for n in names if weight.get(n) is not None}
-            acts = CanonicalWeight(weight.scheme, N, K, kept, weight.output_sizes)
+        sch = weight.scheme
+        if sch.act is not None:
+            static = None if sch.act_dynamic else weight["input_scale"].float().amax()
+            acts = Fp8Acts(sch.act_granularity, sch.act_group, static)
         return LutState(tensors, desc, N, K, LARGE_M[bits], spec.output_dtype, fn, acts)
 
     def strategy(self, state: LutState, m: int) -> str:
         path = "panel-gemm" if m >= state.large_m else "gemv"
         if state.acts is not None:
-            return f"{state.acts.scheme.act} activations quantized as the scheme says (fp32 math) + {path}"
+            return (
+                f"fp8 activations ({state.acts.granularity}) quantized as the scheme says, fp32 math + {path}"
+            )
         return path
 
     def workspace_bytes(self, spec: LayerSpec, max_m: int) -> int:
@@ -358,7 +397,7 @@ class NativeLut(Kernel):
     ) -> torch.Tensor:
         M = _check_call(x, state.K, bias, state.N)
         if state.acts is not None:
-            x = fake_quantize(x, state.acts)  # fp32 [M, K]: the codes times their scales
+            x = state.acts.apply(x)  # fp32 [M, K]: the codes times their scales
         y = _output(out, M, state.N, state.out_dtype)
         if M:
             if bias is not None and bias.stride(0) != 1:

@@ -27,7 +27,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from ..canonical import CanonicalWeight
+from ..canonical import NESTED_BLOCK, CanonicalWeight, dequantize_absmax, unpack_bnb4
 from ..errors import ReferenceInputError
 from ..schemes import Scheme
 from .fp4 import check_weight
@@ -54,7 +54,6 @@ FP4_BNB_CODE = (
     / 12.0
 )
 #: absmax values per nested block of double quant (bitsandbytes' ``nested_blocksize``)
-NESTED_BLOCK = 256
 
 
 def code_table(weight: str) -> torch.Tensor:
@@ -86,11 +85,6 @@ def pack_bnb4(codes: torch.Tensor) -> torch.Tensor:
     c = codes.reshape(-1).to(torch.uint8)
     c = F.pad(c, (0, c.numel() % 2))
     return ((c[0::2] & 0xF) << 4) | (c[1::2] & 0xF)
-
-
-def unpack_bnb4(packed: torch.Tensor, n: int) -> torch.Tensor:
-    """The first ``n`` 4-bit codes of a bnb packed buffer (uint8), high nibble first."""
-    return torch.stack([packed.reshape(-1) >> 4, packed.reshape(-1) & 0xF], dim=-1).flatten()[:n]
 
 
 def nearest_code(x: torch.Tensor, code: torch.Tensor) -> torch.Tensor:
@@ -127,16 +121,6 @@ def double_quantize_absmax(absmax: torch.Tensor) -> dict[str, torch.Tensor]:
         "nested_code": nested_code,
         "offset": offset.reshape(1),
     }
-
-
-def dequantize_absmax(
-    codes: torch.Tensor, nested_absmax: torch.Tensor, nested_code: torch.Tensor, offset: torch.Tensor
-) -> torch.Tensor:
-    """fp32 absmax from double-quant codes: ``nested_code[c] * nested_absmax[i // 256] + offset``."""
-    n = codes.numel()
-    nb = -(-n // NESTED_BLOCK)
-    vals = F.pad(nested_code[codes.long()], (0, nb * NESTED_BLOCK - n)).view(nb, NESTED_BLOCK)
-    return ((vals * nested_absmax.unsqueeze(1)).reshape(-1)[:n] + offset).to(torch.float32)
 
 
 def quantize(

@@ -22,15 +22,11 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..canonical import CanonicalWeight
+from ..canonical import E2M1_VALUES, CanonicalWeight, unpack_fp4
 from ..errors import ReferenceInputError
 from ..schemes import Scheme
 
 #: e2m1 value of each 4-bit code: bit 3 is the sign, bits 0-2 index the magnitudes; 0x8 is -0.
-E2M1_VALUES = torch.tensor(
-    [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0],
-    dtype=torch.float32,
-)
 E2M1_MAX = 6.0
 E2M1_EMAX = 2
 E4M3_MAX = 448.0
@@ -75,11 +71,6 @@ def pack_fp4(codes: torch.Tensor) -> torch.Tensor:
         )
     c = codes.to(torch.uint8)
     return (c[..., 0::2] & 0xF) | ((c[..., 1::2] & 0xF) << 4)
-
-
-def unpack_fp4(packed: torch.Tensor) -> torch.Tensor:
-    """Inverse of :func:`pack_fp4`: uint8 [..., B] -> codes uint8 [..., 2B]."""
-    return torch.stack([packed & 0xF, packed >> 4], dim=-1).flatten(-2)
 
 
 def e8m0_decode(exponents: torch.Tensor) -> torch.Tensor:
