@@ -156,6 +156,15 @@ class Registry:
         self._names: dict[str, type[Kernel]] = {}
         self.backends: dict[str, str] = {}  # backend name -> where it came from
         self.load_errors: dict[str, str] = {}
+        #: device kind -> factory(weight, bias, act_dtype) -> nn.Module for dense (unquantized)
+        #: linears; a backend with a faster dense path than torch's registers one
+        self.dense_linear: dict[str, Callable[..., Any]] = {}
+
+    def register_dense(self, kind: str, factory: Callable[..., Any]) -> None:
+        """Serve dense float linears on ``kind`` devices with ``factory(weight, bias, act_dtype)``."""
+        if kind in self.dense_linear and self.dense_linear[kind] is not factory:
+            raise ValueError(f"a dense linear factory for {kind!r} is registered twice")
+        self.dense_linear[kind] = factory
 
     def register(self, kernel: type[Kernel]) -> type[Kernel]:
         """Add a kernel class (usable as a decorator). Names are unique."""

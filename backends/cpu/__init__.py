@@ -4,7 +4,9 @@
 - ``native/``: C++ kernels with AVX-512/AVX2 intrinsics built on first use (``native/build.py``);
   the kernel classes that call them live beside this file, one module per family:
   ``gguf_native`` (llama.cpp's block types), ``wint_native`` (integer weight-only and int8 W8A8),
-  ``lut_native`` (code-book and float formats: NF4/FP4, fp8, NVFP4/MXFP4).
+  ``lut_native`` (code-book and float formats: NF4/FP4, fp8, NVFP4/MXFP4), ``dense_native`` (a
+  GEMV for the dense bf16/fp16 layers a checkpoint leaves unquantized, registered with
+  ``register_dense``).
 """
 
 from __future__ import annotations
@@ -22,3 +24,6 @@ def register(registry: Any) -> None:
     for module in (gguf_native, wint_native, lut_native):
         for kernel in module.KERNELS:
             registry.register(kernel)
+    from .dense_native import make_dense_linear
+
+    registry.register_dense("cpu", make_dense_linear)

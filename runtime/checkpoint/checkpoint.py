@@ -272,6 +272,11 @@ class Checkpoint:
             elif parallel == "row":
                 w = w.chunk(world, 1)[rank]
                 b = b if rank == 0 else None
+        from ..kernels import registry
+
+        factory = registry().dense_linear.get(torch.device(device).type)
+        if factory is not None:  # a backend's dense path (the CPU's native GEMV for 16-bit weights)
+            return factory(w.to(device), b.to(device) if b is not None else None, act)
         lin = nn.Linear(w.shape[1], w.shape[0], bias=b is not None, device=device, dtype=act)
         with torch.no_grad():
             lin.weight.copy_(w)
