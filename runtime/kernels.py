@@ -109,6 +109,9 @@ class Kernel(ABC):
     #: lower runs first among one device kind's candidates
     priority: ClassVar[int] = 100
     emulated: ClassVar[bool] = False
+    #: the kernel quantizes a weight-only scheme's activations to 8-bit blocks (llama.cpp's way for
+    #: GGUF): it declares so, and matches the reference within that quantization's error (< 1e-2)
+    quantizes_activations: ClassVar[bool] = False
     description: ClassVar[str] = ""
 
     @classmethod

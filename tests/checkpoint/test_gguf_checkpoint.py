@@ -314,8 +314,11 @@ def test_every_layer_runs_through_quantlinear(file: str) -> None:
     for prefix, qw in ck.weights():
         x = torch.randn(5, qw.shape[1], generator=g)
         ref = reference.linear(x, qw.canonical())
-        y = ck.linear(prefix, act_dtype=torch.float32)(x)
-        assert rel(y, ref) < 1e-5, (prefix, rel(y, ref))
+        lin = ck.linear(prefix, act_dtype=torch.float32)
+        y = lin(x)
+        # a kernel that quantizes activations to 8-bit blocks (llama.cpp's way) says so
+        tol = 1e-2 if lin._kernel.quantizes_activations else 1e-5
+        assert rel(y, ref) < tol, (prefix, rel(y, ref))
 
 
 @pytest.mark.parametrize("file", FILES)
@@ -367,7 +370,8 @@ def test_column_ranks_hold_slices_of_the_unpermuted_rows(tp: int) -> None:
             tp_rank=r,
             tp_size=tp,
         )
-        assert rel(lin(x), x @ w[r * part : (r + 1) * part].T) < 1e-5, r
+        tol = 1e-2 if lin._kernel.quantizes_activations else 1e-5
+        assert rel(lin(x), x @ w[r * part : (r + 1) * part].T) < tol, r
 
 
 def test_fused_layers_equal_their_shards() -> None:

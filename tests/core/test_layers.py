@@ -65,7 +65,10 @@ def test_two_ranks_equal_one(scheme: Scheme, parallel: str) -> None:
     x = torch.randn(5, K, generator=g)
     one = QuantLinear.from_canonical(canon, bias=bias, act_dtype=torch.float32)
     y_one = one(x)
-    assert rel(y_one, reference.linear(x, canon, bias)) < 1e-5
+    # kernels that quantize activations to 8-bit blocks (GGUF, llama.cpp's way) declare it
+    assert rel(y_one, reference.linear(x, canon, bias)) < (
+        1e-2 if one._kernel.quantizes_activations else 1e-5
+    )
 
     if parallel == "row" and not splittable_rows(scheme):
         with pytest.raises(ShardError, match="flattened weight"):

@@ -1,0 +1,861 @@
+// GGUF linear layers on x86 CPUs: y = x @ W^T + bias with W in one of llama.cpp's block types (Q4_0,
+// Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K), computed the way llama.cpp computes it: every
+// activation row is first quantized to 8-bit blocks, then each weight block meets them in integer dot
+// products that are scaled per block in fp32.
+//
+// Activation blocks (the workspace, see XLayout):
+//   legacy types  Q8_0-style blocks of 32: d = max|x| / 127, q = round_half_even(x * (1/d)), fp32 d
+//   K-quants      Q8_K-style blocks of 256: max = the first element of largest |x|, iscale = -127 / max,
+//                 q = min(127, round_half_even(iscale * x)), d = 1 / iscale (llama.cpp's
+//                 quantize_row_q8_K_ref), fp32 d
+//   both also keep the integer sum of every 16 and every 32 codes (llama.cpp's bsums): they turn a
+//   weight code offset (Q4_0's -8) or a sub-block min (Q4_K's dmin * m) into one product per block.
+//
+// Weight layout (prepared once by backends/cpu/gguf_native.py): rows [0, 16*G) form G groups of 16
+// rows. Every field of a group block is transposed so that the 16 rows' values sit side by side:
+//   code bytes                    64-byte "planes": plane w holds word w (bytes 4w..4w+3 of the
+//                                 canonical field) of rows 0..15, row r in 32-bit lane r
+//   f16 fields (d, m, dmin)       16 consecutive f16, row r at index r
+//   byte fields (sub-block scales) [byte][row]: byte t of the 16 rows is 16 consecutive bytes
+// A plane thus holds 4 consecutive K elements (or a bit field of them) of each of 16 rows, one row per
+// 32-bit lane: one VPDPBUSD against those 4 activation bytes, broadcast, gives 16 rows' partial sums
+// with no horizontal reduction. The buffer holds, in order: the planes of every group (group after
+// group, block after block: one dense stream, every plane 64-byte aligned), the fields of every group
+// (same order: a second, small stream), then rows [16*G, N) in llama.cpp's canonical blocks, which run
+// the scalar code, as every row does when this library was built without AVX-512 VNNI (then G = 0).
+// The 6-bit packed scales of Q3_K, Q4_K and Q5_K are unpacked to one byte each (4 more bytes per row
+// and super-block: at most 1.036x the canonical size).
+#include "common.h"
+
+#include <algorithm>
+#include <cmath>
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512VNNI__)
+#define QRT_GGUF_SIMD 1
+#else
+#define QRT_GGUF_SIMD 0
+#endif
+
+namespace {
+
+enum GType : int32_t { Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, NTYPES };
+
+// elements per block, canonical bytes per block; per row and block in a 16-row group: code (plane)
+// bytes and field bytes (more than T - P where 6-bit scales are unpacked)
+struct TypeInfo {
+  int32_t B, T, P, F;
+};
+constexpr TypeInfo kInfo[NTYPES] = {
+    {32, 18, 16, 2},     {32, 20, 16, 4},     {32, 22, 20, 2},     {32, 24, 20, 4},    {32, 34, 32, 2},
+    {256, 84, 64, 20},   {256, 110, 96, 18},  {256, 144, 128, 20}, {256, 176, 160, 20}, {256, 210, 192, 18},
+};
+constexpr int64_t kGroup = 16;
+
+inline bool is_k(int32_t t) { return t >= Q2_K; }
+inline int64_t align64(int64_t n) { return (n + 63) & ~int64_t(63); }
+
+inline float f16(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return qrt::f16_to_f32(h);
+}
+inline uint32_t u32(const uint8_t* p) {
+  uint32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+
+// ---- activation workspace ------------------------------------------------------------------------
+
+// One quantized activation row: K codes, a scale per activation block, sums of every 16 and 32 codes.
+struct XRow {
+  const int8_t* q;
+  const float* d;
+  const int32_t* s16;
+  const int32_t* s32;
+};
+
+// Byte offsets inside one row's workspace (each part 64-byte aligned), and the row's size.
+struct XLayout {
+  int64_t d, s16, s32, row;
+};
+
+inline XLayout x_layout(int32_t t, int64_t K) {
+  const int64_t ab = is_k(t) ? 256 : 32;
+  XLayout l;
+  l.d = align64(K);
+  l.s16 = l.d + align64(4 * (K / ab));
+  l.s32 = l.s16 + align64(4 * (K / 16));
+  l.row = l.s32 + align64(4 * (K / 32));
+  return l;
+}
+
+inline XRow x_row(uint8_t* ws, const XLayout& l, int64_t m) {
+  uint8_t* r = ws + m * l.row;
+  return {reinterpret_cast<const int8_t*>(r), reinterpret_cast<const float*>(r + l.d),
+          reinterpret_cast<const int32_t*>(r + l.s16), reinterpret_cast<const int32_t*>(r + l.s32)};
+}
+
+// n activations starting at element k0 of one row (element stride sk) as fp32
+inline void load_block(const void* row, int64_t sk, int32_t dt, int64_t k0, int n, float* buf) {
+  if (sk == 1 && dt == qrt::F32) {
+    std::memcpy(buf, static_cast<const float*>(row) + k0, sizeof(float) * n);
+    return;
+  }
+#if QRT_GGUF_SIMD
+  if (sk == 1) {
+    const uint16_t* h = static_cast<const uint16_t*>(row) + k0;
+    for (int i = 0; i < n; i += 16) {
+      __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(h + i));
+      __m512 f = dt == qrt::F16 ? _mm512_cvtph_ps(v)
+                                : _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(v), 16));
+      _mm512_storeu_ps(buf + i, f);
+    }
+    return;
+  }
+#endif
+  for (int i = 0; i < n; ++i) buf[i] = qrt::load_act(row, (k0 + i) * sk, dt);
+}
+
+// llama.cpp's nearest_int: round half to even (the default rounding mode); finite codes lie in
+// [-127, 127], and the clamp keeps NaN/Inf inputs from undefined float-to-int conversions
+inline int32_t rne(float v) {
+  return static_cast<int32_t>(std::nearbyint(std::fmax(std::fmin(v, 127.f), -128.f)));
+}
+
+// codes (x * mul rounded, at most 127) and the sum of every 16 codes of one block
+inline void store_codes(const float* x, int n, float mul, int8_t* q, int32_t* s16) {
+#if QRT_GGUF_SIMD
+  const __m512 vm = _mm512_set1_ps(mul);
+  const __m512i top = _mm512_set1_epi32(127);
+  for (int i = 0; i < n; i += 16) {
+    __m512i c = _mm512_min_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x + i), vm)), top);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(q + i), _mm512_cvtepi32_epi8(c));
+    s16[i / 16] = _mm512_reduce_add_epi32(c);
+  }
+#else
+  for (int i = 0; i < n; i += 16) {
+    int32_t s = 0;
+    for (int j = i; j < i + 16; ++j) {
+      int32_t c = std::min(rne(x[j] * mul), 127);
+      q[j] = static_cast<int8_t>(c);
+      s += c;
+    }
+    s16[i / 16] = s;
+  }
+#endif
+}
+
+inline float abs_max(const float* x, int n) {
+#if QRT_GGUF_SIMD
+  __m512 a = _mm512_setzero_ps();
+  for (int i = 0; i < n; i += 16) a = _mm512_max_ps(a, _mm512_abs_ps(_mm512_loadu_ps(x + i)));
+  return _mm512_reduce_max_ps(a);
+#else
+  float a = 0.f;
+  for (int i = 0; i < n; ++i) a = std::max(a, std::fabs(x[i]));
+  return a;
+#endif
+}
+
+// the first index whose |x| equals amax (0 when none does: NaN inputs)
+inline int first_abs(const float* x, int n, float amax) {
+#if QRT_GGUF_SIMD
+  const __m512 a = _mm512_set1_ps(amax);
+  for (int i = 0; i < n; i += 16) {
+    const __mmask16 k = _mm512_cmp_ps_mask(_mm512_abs_ps(_mm512_loadu_ps(x + i)), a, _CMP_EQ_OQ);
+    if (k) return i + __builtin_ctz(k);
+  }
+#else
+  for (int i = 0; i < n; ++i)
+    if (std::fabs(x[i]) == amax) return i;
+#endif
+  return 0;
+}
+
+// Q8_0-style: d = max|x| / 127, q = round(x * (1/d))
+inline void quant_block32(const float* x, int8_t* q, float* d, int32_t* s16) {
+  const float dd = abs_max(x, 32) / 127.f;
+  *d = dd;
+  store_codes(x, 32, dd != 0.f ? 1.f / dd : 0.f, q, s16);
+}
+
+// Q8_K-style (quantize_row_q8_K_ref): the scale is set by the first element of largest magnitude
+inline void quant_block256(const float* x, int8_t* q, float* d, int32_t* s16) {
+  const float amax = abs_max(x, 256);
+  if (amax == 0.f) {
+    *d = 0.f;
+    std::memset(q, 0, 256);
+    std::memset(s16, 0, 16 * sizeof(int32_t));
+    return;
+  }
+  const float iscale = -127.f / x[first_abs(x, 256, amax)];
+  *d = 1.f / iscale;
+  store_codes(x, 256, iscale, q, s16);
+}
+
+// quantizes activation block i of row m (ab = 32 or 256 elements)
+inline void quantize_x_block(const void* x, int64_t sxm, int64_t sk, int32_t dt, int32_t t, uint8_t* ws,
+                             const XLayout& l, int64_t m, int64_t i) {
+  const int ab = is_k(t) ? 256 : 32;
+  const int64_t esz = dt == qrt::F32 ? 4 : 2;
+  const void* row = static_cast<const uint8_t*>(x) + m * sxm * esz;
+  alignas(64) float buf[256];
+  load_block(row, sk, dt, i * ab, ab, buf);
+  uint8_t* r = ws + m * l.row;
+  int8_t* q = reinterpret_cast<int8_t*>(r) + i * ab;
+  float* d = reinterpret_cast<float*>(r + l.d) + i;
+  int32_t* s16 = reinterpret_cast<int32_t*>(r + l.s16) + i * (ab / 16);
+  if (ab == 32)
+    quant_block32(buf, q, d, s16);
+  else
+    quant_block256(buf, q, d, s16);
+  int32_t* s32 = reinterpret_cast<int32_t*>(r + l.s32) + i * (ab / 32);
+  for (int j = 0; j < ab / 32; ++j) s32[j] = s16[2 * j] + s16[2 * j + 1];
+}
+
+// ---- scalar path: canonical blocks, one row at a time -----------------------------------------------
+
+// A legacy block decoded: 32 signed codes (offset applied), w = d * q + m.
+struct Legacy {
+  int32_t q[32];
+  float d, m;
+};
+
+// Canonical legacy blocks (llama.cpp's block_q4_0 ... block_q8_0):
+//   Q4_0 {f16 d; u8 qs[16]}                 q = nibble - 8, element j in qs[j] low, j + 16 high
+//   Q4_1 {f16 d, m; u8 qs[16]}              q = nibble, w = d * q + m
+//   Q5_0 {f16 d; u32 qh; u8 qs[16]}         q = (nibble | bit j of qh << 4) - 16
+//   Q5_1 {f16 d, m; u32 qh; u8 qs[16]}      q = nibble | bit j of qh << 4, w = d * q + m
+//   Q8_0 {f16 d; i8 qs[32]}
+inline void decode_legacy(int32_t t, const uint8_t* b, Legacy& o) {
+  o.d = f16(b);
+  o.m = 0.f;
+  if (t == Q8_0) {
+    for (int j = 0; j < 32; ++j) o.q[j] = static_cast<int8_t>(b[2 + j]);
+    return;
+  }
+  const bool asym = t == Q4_1 || t == Q5_1;
+  if (asym) o.m = f16(b + 2);
+  const bool five = t == Q5_0 || t == Q5_1;
+  const int off = (asym ? 4 : 2) + (five ? 4 : 0);
+  const uint32_t qh = five ? u32(b + (asym ? 4 : 2)) : 0;
+  const int32_t zero = asym ? 0 : (five ? 16 : 8);
+  for (int j = 0; j < 16; ++j) {
+    o.q[j] = int32_t(b[off + j] & 15) + int32_t(((qh >> j) & 1) << 4) - zero;
+    o.q[j + 16] = int32_t(b[off + j] >> 4) + int32_t(((qh >> (j + 16)) & 1) << 4) - zero;
+  }
+}
+
+// A K-quant super-block decoded: 256 codes (signed where the type has an offset), a scale and a min
+// per sub-block (16 sub-blocks of 16, or 8 of 32), w = d * sc * q - dmin * mn.
+struct KQuant {
+  int32_t q[256];
+  int32_t sc[16], mn[16];
+  int32_t nsub;
+  float d, dmin;
+};
+
+// Q4_K/Q5_K: 12 bytes -> 8 six-bit scales and 8 six-bit mins (llama.cpp's get_scale_min_k4)
+inline void k4_scales(const uint8_t* s, int32_t* sc, int32_t* mn) {
+  for (int j = 0; j < 4; ++j) {
+    sc[j] = s[j] & 63;
+    mn[j] = s[j + 4] & 63;
+    sc[j + 4] = (s[j + 8] & 15) | ((s[j] >> 6) << 4);
+    mn[j + 4] = (s[j + 8] >> 4) | ((s[j + 4] >> 6) << 4);
+  }
+}
+
+// Q3_K: 12 bytes -> 16 six-bit scales minus 32
+inline void k3_scales(const uint8_t* s, int32_t* sc) {
+  for (int i = 0; i < 16; ++i) {
+    const int32_t low = i < 8 ? (s[i] & 15) : (s[i - 8] >> 4);
+    const int32_t high = (s[8 + i % 4] >> (2 * (i / 4))) & 3;
+    sc[i] = (low | (high << 4)) - 32;
+  }
+}
+
+// Canonical K-quant super-blocks (llama.cpp's block_q2_K ... block_q6_K), element e = 128n + 32s + l:
+//   Q2_K {u8 scales[16] (sc | mn << 4); u8 qs[64]; f16 d, dmin}
+//        q = qs[32n + l] >> 2s & 3
+//   Q3_K {u8 hmask[32]; u8 qs[64]; u8 scales[12]; f16 d}
+//        q = (qs[32n + l] >> 2s & 3) - 4 * !(hmask[l] >> (4n + s) & 1)
+//   Q4_K {f16 d, dmin; u8 scales[12]; u8 qs[128]}
+//        element 64j + 32f + l: q = qs[32j + l] >> 4f & 15
+//   Q5_K {f16 d, dmin; u8 scales[12]; u8 qh[32]; u8 qs[128]}
+//        as Q4_K, plus bit (2j + f) of qh[l] as bit 4
+//   Q6_K {u8 ql[128]; u8 qh[64]; i8 scales[16]; f16 d}
+//        low 4 bits of element 128n + 64f + i: ql[64n + i] >> 4f & 15,
+//        high 2 bits of element 128n + 32s + l: qh[32n + l] >> 2s & 3; minus 32
+inline void decode_k(int32_t t, const uint8_t* b, KQuant& o) {
+  o.dmin = 0.f;
+  o.nsub = 16;
+  for (int i = 0; i < 16; ++i) o.mn[i] = 0;
+  switch (t) {
+    case Q2_K:
+      o.d = f16(b + 80);
+      o.dmin = f16(b + 82);
+      for (int i = 0; i < 16; ++i) {
+        o.sc[i] = b[i] & 15;
+        o.mn[i] = b[i] >> 4;
+      }
+      for (int e = 0; e < 256; ++e) o.q[e] = (b[16 + 32 * (e / 128) + e % 32] >> (2 * (e % 128 / 32))) & 3;
+      break;
+    case Q3_K:
+      o.d = f16(b + 108);
+      k3_scales(b + 96, o.sc);
+      for (int e = 0; e < 256; ++e) {
+        const int n = e / 128, s = e % 128 / 32, l = e % 32;
+        const int32_t low = (b[32 + 32 * n + l] >> (2 * s)) & 3;
+        o.q[e] = low - (((b[l] >> (4 * n + s)) & 1) ? 0 : 4);
+      }
+      break;
+    case Q4_K:
+    case Q5_K: {
+      o.d = f16(b);
+      o.dmin = f16(b + 2);
+      o.nsub = 8;
+      k4_scales(b + 4, o.sc, o.mn);
+      const bool five = t == Q5_K;
+      const uint8_t* qs = b + (five ? 48 : 16);
+      for (int e = 0; e < 256; ++e) {
+        const int j = e / 64, f = e % 64 / 32, l = e % 32;
+        int32_t q = (qs[32 * j + l] >> (4 * f)) & 15;
+        if (five) q |= ((b[16 + l] >> (2 * j + f)) & 1) << 4;
+        o.q[e] = q;
+      }
+      break;
+    }
+    default: {  // Q6_K
+      o.d = f16(b + 208);
+      for (int i = 0; i < 16; ++i) o.sc[i] = static_cast<int8_t>(b[192 + i]);
+      for (int e = 0; e < 256; ++e) {
+        const int n = e / 128, f = e % 128 / 64, i = e % 64, s = e % 128 / 32, l = e % 32;
+        const int32_t low = (b[64 * n + i] >> (4 * f)) & 15;
+        const int32_t high = (b[128 + 32 * n + l] >> (2 * s)) & 3;
+        o.q[e] = (low | (high << 4)) - 32;
+      }
+    }
+  }
+}
+
+// One canonical row (nb blocks) against one quantized activation row.
+float row_dot_scalar(int32_t t, const uint8_t* row, int64_t nb, const XRow& x) {
+  const int B = kInfo[t].B, T = kInfo[t].T;
+  float acc = 0.f;
+  for (int64_t i = 0; i < nb; ++i) {
+    const uint8_t* b = row + i * T;
+    const int8_t* xq = x.q + i * B;
+    if (!is_k(t)) {
+      Legacy o;
+      decode_legacy(t, b, o);
+      int32_t s = 0;
+      for (int j = 0; j < 32; ++j) s += o.q[j] * xq[j];
+      acc += o.d * x.d[i] * float(s) + o.m * x.d[i] * float(x.s32[i]);
+      continue;
+    }
+    KQuant o;
+    decode_k(t, b, o);
+    const int len = 256 / o.nsub;
+    int32_t sumi = 0, summ = 0;
+    for (int u = 0; u < o.nsub; ++u) {
+      int32_t s = 0;
+      for (int j = u * len; j < (u + 1) * len; ++j) s += o.q[j] * xq[j];
+      sumi += o.sc[u] * s;
+      summ += o.mn[u] * (len == 16 ? x.s16[i * 16 + u] : x.s32[i * 8 + u]);
+    }
+    acc += o.d * x.d[i] * float(sumi) - o.dmin * x.d[i] * float(summ);
+  }
+  return acc;
+}
+
+// ---- AVX-512 VNNI path: 16-row groups ------------------------------------------------------------
+#if QRT_GGUF_SIMD
+
+// the fixed-count loops below must unroll: their indices pick shifts, masks and registers
+#define QRT_UNROLL _Pragma("GCC unroll 16")
+// and the helpers must inline: a call inside a block loop costs more than the block
+#define QRT_INLINE inline __attribute__((always_inline))
+
+QRT_INLINE __m512i ld(const uint8_t* p) { return _mm512_loadu_si512(p); }
+QRT_INLINE __m512 f16x16(const uint8_t* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+QRT_INLINE __m512i bytes_u32(const uint8_t* p) {
+  return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+QRT_INLINE __m512i bytes_i32(const uint8_t* p) {
+  return _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+// acc += 4 codes of each row (u8 lanes of u) times the 4 activation codes at p, broadcast. Written out
+// because GCC emits _mm512_dpbusd_epi32(acc, u, _mm512_set1_epi32(v)) as a separate broadcast: the
+// embedded {1to16} memory operand makes it one instruction.
+QRT_INLINE __m512i dp(__m512i acc, __m512i u, const int8_t* p) {
+  __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(u), "m"(*reinterpret_cast<const int32_t*>(p)));
+  return acc;
+}
+// acc += the 16 rows' 4 codes of each of 4 planes against 16 consecutive activation codes at p
+QRT_INLINE __m512i dp4(__m512i acc, const __m512i* u, const int8_t* p) {
+  QRT_UNROLL
+  for (int c = 0; c < 4; ++c) acc = dp(acc, u[c], p + 4 * c);
+  return acc;
+}
+QRT_INLINE __m512i mask4() { return _mm512_set1_epi8(0x0F); }
+
+// Each block asks for the code planes kPrefetch bytes ahead of it, into L2. The K-quant blocks are
+// 1-3 KB and several hundred instructions long, so the out-of-order window alone holds too few cache
+// misses to keep DRAM busy (Q6_K streamed at half the speed without this); past the end it is harmless.
+#ifndef QRT_GGUF_PREFETCH  // overridable for tuning builds, as is the hint
+#define QRT_GGUF_PREFETCH 8192
+#endif
+#ifndef QRT_GGUF_PREFETCH_HINT
+#define QRT_GGUF_PREFETCH_HINT _MM_HINT_T1
+#endif
+constexpr int64_t kPrefetch = QRT_GGUF_PREFETCH;
+QRT_INLINE void prefetch(const uint8_t* p, int64_t bytes) {
+  for (int64_t off = 0; off < bytes; off += 64)
+    _mm_prefetch(reinterpret_cast<const char*>(p + kPrefetch + off), QRT_GGUF_PREFETCH_HINT);
+}
+
+// Q5_0/Q5_1 high bits: the qh plane holds each row's u32; bit e0 + i of row r goes to byte 4r + i
+QRT_INLINE __mmask64 qh_bits(__m512i qh, int e0) {
+  const int k = e0 >> 3, s = e0 & 7;
+  const __m512i idx = _mm512_set4_epi32((12 + k) * 0x01010101, (8 + k) * 0x01010101, (4 + k) * 0x01010101,
+                                        k * 0x01010101);
+  const uint32_t bits = (1u << s) | (2u << (s + 8)) | (4u << (s + 16)) | (8u << (s + 24));
+  const __m512i pat = _mm512_set1_epi32(int32_t(bits));
+  return _mm512_test_epi8_mask(_mm512_shuffle_epi8(qh, idx), pat);
+}
+QRT_INLINE __m512i add16(__m512i u, __mmask64 k) {
+  return _mm512_mask_add_epi8(u, k, u, _mm512_set1_epi8(16));
+}
+
+// Group block layouts (16 rows; byte offsets into the block's planes p and fields f):
+//   Q4_0 p: 4 planes, plane c = qs[4c..4c+3]: low nibbles k = 4c.., high nibbles k = 16 + 4c..
+//        f: d[16] f16 @0
+//   Q4_1 p: as Q4_0                      f: d @0, m @32
+//   Q5_0 p: qh plane @0 (each row's u32: bit k = high bit of element k), 4 qs planes @64
+//        f: d @0
+//   Q5_1 p: as Q5_0                      f: d @0, m @32
+//   Q8_0 p: 8 planes, plane c = qs[4c..4c+3] (k = 4c..)
+//        f: d @0
+// High nibbles are used in place (16x the code, AND 0xF0) where no fifth bit joins them: their sums are
+// exact multiples of 16 and shifted back once per block.
+template <int MR, bool asym>
+void grp_q4(const uint8_t* p, const uint8_t* f, int64_t nb, const XRow* x, __m512* acc) {
+  const __m512i m4 = mask4(), mf0 = _mm512_set1_epi8(static_cast<char>(0xF0));
+  for (int64_t b = 0; b < nb; ++b, p += 256, f += asym ? 64 : 32) {
+    prefetch(p, 256);
+    __m512i lo[4], hi[4];
+    QRT_UNROLL
+    for (int c = 0; c < 4; ++c) {
+      const __m512i v = ld(p + 64 * c);
+      lo[c] = _mm512_and_si512(v, m4);
+      hi[c] = _mm512_and_si512(v, mf0);
+    }
+    const __m512 dw = f16x16(f);
+    QRT_UNROLL
+    for (int m = 0; m < MR; ++m) {
+      const int8_t* q = x[m].q + 32 * b;
+      const int32_t sx = x[m].s32[b];
+      __m512i a = _mm512_set1_epi32(asym ? 0 : -8 * sx);
+      __m512i h = dp4(_mm512_setzero_si512(), hi, q + 16);
+      a = _mm512_add_epi32(dp4(a, lo, q), _mm512_srai_epi32(h, 4));
+      const float dx = x[m].d[b];
+      acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a), _mm512_mul_ps(dw, _mm512_set1_ps(dx)), acc[m]);
+      if constexpr (asym) acc[m] = _mm512_fmadd_ps(f16x16(f + 32), _mm512_set1_ps(dx * float(sx)), acc[m]);
+    }
+  }
+}
+
+template <int MR, bool asym>
+void grp_q5(const uint8_t* p, const uint8_t* f, int64_t nb, const XRow* x, __m512* acc) {
+  const __m512i m4 = mask4();
+  for (int64_t b = 0; b < nb; ++b, p += 320, f += asym ? 64 : 32) {
+    prefetch(p, 320);
+    const __m512i qh = ld(p);
+    __m512i lo[4], hi[4];
+    QRT_UNROLL
+    for (int c = 0; c < 4; ++c) {
+      const __m512i v = ld(p + 64 + 64 * c);
+      lo[c] = add16(_mm512_and_si512(v, m4), qh_bits(qh, 4 * c));
+      hi[c] = add16(_mm512_and_si512(_mm512_srli_epi16(v, 4), m4), qh_bits(qh, 16 + 4 * c));
+    }
+    const __m512 dw = f16x16(f);
+    QRT_UNROLL
+    for (int m = 0; m < MR; ++m) {
+      const int8_t* q = x[m].q + 32 * b;
+      const int32_t sx = x[m].s32[b];
+      __m512i a = dp4(dp4(_mm512_set1_epi32(asym ? 0 : -16 * sx), lo, q), hi, q + 16);
+      const float dx = x[m].d[b];
+      acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a), _mm512_mul_ps(dw, _mm512_set1_ps(dx)), acc[m]);
+      if constexpr (asym) acc[m] = _mm512_fmadd_ps(f16x16(f + 32), _mm512_set1_ps(dx * float(sx)), acc[m]);
+    }
+  }
+}
+
+// Q8_0: codes are signed; XOR 0x80 makes them unsigned (q + 128) for VPDPBUSD, -128 * sum(x) undoes it
+template <int MR>
+void grp_q8_0(const uint8_t* p, const uint8_t* f, int64_t nb, const XRow* x, __m512* acc) {
+  const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
+  for (int64_t b = 0; b < nb; ++b, p += 512, f += 32) {
+    prefetch(p, 512);
+    __m512i u[8];
+    QRT_UNROLL
+    for (int c = 0; c < 8; ++c) u[c] = _mm512_xor_si512(ld(p + 64 * c), flip);
+    const __m512 dw = f16x16(f);
+    QRT_UNROLL
+    for (int m = 0; m < MR; ++m) {
+      const int8_t* q = x[m].q + 32 * b;
+      __m512i a = dp4(_mm512_set1_epi32(-128 * x[m].s32[b]), u, q);
+      a = dp4(a, u + 4, q + 16);
+      acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a), _mm512_mul_ps(dw, _mm512_set1_ps(x[m].d[b])), acc[m]);
+    }
+  }
+}
+
+// K-quant group block layouts (16 rows; byte offsets into planes p and fields f), e = 128n + 32s + l:
+//   Q2_K p: 16 qs planes; plane 8n + l / 4 holds qs[32n + l], bits 2s give element e
+//        f: d @0, dmin @32, scales @64 [16][16] (sc | mn << 4)
+//   Q3_K p: 8 hmask planes @0 (plane l / 4, bit 4n + s: the high bit, set: +0, clear: -4),
+//           16 qs planes @512 as Q2_K
+//        f: d @0, sc @32 [16][16] int8 (minus 32 applied)
+//   Q4_K p: 32 qs planes; plane 8j + c holds qs[32j + 4c..]: low nibbles k = 64j + 4c..,
+//           high nibbles k = 64j + 32 + 4c..
+//        f: d @0, dmin @32, sc @64 [8][16], mn @192 [8][16]
+//   Q5_K p: 8 qh planes @0 (plane c, bit 2j, +1 for high nibbles), 32 qs planes @512 as Q4_K
+//        f: as Q4_K
+//   Q6_K p: 48 planes in the order they are read (a purely sequential stream is 20 % faster here
+//           than the canonical order): for (n, h) in (0,0), (0,1), (1,0), (1,1), 12 planes @768(2n + h):
+//           ql words 16n + 4h + c, ql words 16n + 8 + 4h + c, qh words 8n + 4h + c (c = 0..3),
+//           where ql word w' = ql[4w'..4w'+3] and qh word v = qh[4v..4v+3] = qh[32n + l] for l / 4 = v - 8n
+//           (ql low nibbles: s = 0, 1 from the two ql runs; high nibbles: s = 2, 3; qh bits 2s)
+//        f: d @0, sc @32 [16][16] int8
+// Per sub-block, 16 rows' integer sums are multiplied by their sub-block scales in integers
+// (VPDPWSSD where both fit 16 bits, VPMULLD otherwise) and summed over the super-block; the fp32
+// scales d * dx and dmin * dx are applied once per super-block.
+template <int MR>
+void grp_q2_k(const uint8_t* p, const uint8_t* f, int64_t nb, const XRow* x, __m512* acc) {
+  const __m512i three = _mm512_set1_epi8(3), m4 = _mm512_set1_epi32(15);
+  for (int64_t b = 0; b < nb; ++b, p += 1024, f += 320) {
+    prefetch(p, 1024);
+    const uint8_t* sc = f + 64;
+    __m512i sumi[MR], mins[MR];
+    QRT_UNROLL
+    for (int m = 0; m < MR; ++m) sumi[m] = mins[m] = _mm512_setzero_si512();
+    QRT_UNROLL
+    for (int n = 0; n < 2; ++n) {
+      QRT_UNROLL
+      for (int h = 0; h < 2; ++h) {
+        __m512i w[4];
+        QRT_UNROLL
+        for (int c = 0; c < 4; ++c) w[c] = ld(p + 64 * (8 * n + 4 * h + c));
+        QRT_UNROLL
+        for (int s = 0; s < 4; ++s) {
+          const int t = 8 * n + 2 * s + h;
+          __m512i u[4];
+          QRT_UNROLL
+          for (int c = 0; c < 4; ++c) u[c] = _mm512_and_si512(_mm512_srli_epi16(w[c], 2 * s), three);
+          const __m512i sct = _mm512_and_si512(bytes_u32(sc + 16 * t), m4);
+          QRT_UNROLL
+          for (int m = 0; m < MR; ++m) {
+            const __m512i dot = dp4(_mm512_setzero_si512(), u, x[m].q + 256 * b + 16 * t);
+            sumi[m] = _mm512_dpwssd_epi32(sumi[m], dot, sct);
+          }
+        }
+      }
+    }
+    QRT_UNROLL
+    for (int t = 0; t < 16; ++t) {
+      const __m512i mt = _mm512_srli_epi32(bytes_u32(sc + 16 * t), 4);
+      QRT_UNROLL
+      for (int m = 0; m < MR; ++m)
+        mins[m] = _mm512_dpwssd_epi32(mins[m], mt, _mm512_set1_epi32(x[m].s16[16 * b + t]));
+    }
+    const __m512 dw = f16x16(f), dm = f16x16(f + 32);
+    QRT_UNROLL
+    for (int m = 0; m < MR; ++m) {
+      const __m512 dx = _mm512_set1_ps(x[m].d[b]);
+      acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sumi[m]), _mm512_mul_ps(dw, dx), acc[m]);
+      acc[m] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(mins[m]), _mm512_mul_ps(dm, dx), acc[m]);
+    }
+  }
+}
+
+template <int MR>
+void grp_q3_k(const uint8_t* p, const uint8_t* f, int64_t nb, const XRow* x, __m512* acc) {
+  const __m512i three = _mm512_set1_epi8(3), four = _mm512_set1_epi8(4), lo16 = _mm512_set1_epi32(0xFFFF);
+  for (int64_t b = 0; b < nb; ++b, p += 1536, f += 288) {
+    prefetch(p, 1536);
+    __m512i sumi[MR];
+    QRT_UNROLL
+    for (int m = 0; m < MR; ++m) sumi[m] = _mm512_setzero_si512();
+    QRT_UNROLL
+    for (int n = 0; n < 2; ++n) {
+      QRT_UNROLL
+      for (int h = 0; h < 2; ++h) {
+        __m512i w[4], hm[4];
+        QRT_UNROLL
+        for (int c = 0; c < 4; ++c) {
+          w[c] = ld(p + 512 + 64 * (8 * n + 4 * h + c));
+          hm[c] = ld(p + 64 * (4 * h + c));
+        }
+        QRT_UNROLL
+        for (int s = 0; s < 4; ++s) {
+          const int t = 8 * n + 2 * s + h;
+          const __m512i bit = _mm512_set1_epi8(static_cast<char>(1 << (4 * n + s)));
+          __m512i u[4];
+          QRT_UNROLL
+          for (int c = 0; c < 4; ++c) {
+            u[c] = _mm512_and_si512(_mm512_srli_epi16(w[c], 2 * s), three);
+            u[c] = _mm512_mask_add_epi8(u[c], _mm512_test_epi8_mask(hm[c], bit), u[c], four);
+          }
+          // signed scales, low 16 bits only: VPDPWSSD then multiplies sum by scale and adds 0 * 0
+          const __m512i sct = _mm512_and_si512(bytes_i32(f + 32 + 16 * t), lo16);
+          QRT_UNROLL
+          for (int m = 0; m < MR; ++m) {
+            const __m512i init = _mm512_set1_epi32(-4 * x[m].s16[16 * b + t]);
+            const __m512i dot = dp4(init, u, x[m].q + 256 * b + 16 * t);
+            sumi[m] = _mm512_dpwssd_epi32(sumi[m], dot, sct);
+          }
+        }
+      }
+    }
+    const __m512 dw = f16x16(f);
+    QRT_UNROLL
+    for (int m = 0; m < MR; ++m)
+      acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sumi[m]), _mm512_mul_ps(dw, _mm512_set1_ps(x[m].d[b])),
+                               acc[m]);
+  }
+}
+
+// Q4_K and Q5_K share the scale/min handling; `five` adds the qh planes
+template <int MR, bool five>
+void grp_q45_k(const uint8_t* p, const uint8_t* f, int64_t nb, const XRow* x, __m512* acc) {
+  const __m512i m4 = mask4(), mf0 = _mm512_set1_epi8(static_cast<char>(0xF0));
+  const int qs = five ? 512 : 0;
+  for (int64_t b = 0; b < nb; ++b, p += five ? 2560 : 2048, f += 320) {
+    prefetch(p, five ? 2560 : 2048);
+    __m512i sum_lo[MR], sum_hi[MR], mins[MR];
+    QRT_UNROLL
+    for (int m = 0; m < MR; ++m) sum_lo[m] = sum_hi[m] = mins[m] = _mm512_setzero_si512();
+    QRT_UNROLL
+    for (int j = 0; j < 4; ++j) {
+      __m512i lo[8], hi[8];
+      QRT_UNROLL
+      for (int c = 0; c < 8; ++c) {
+        const __m512i v = ld(p + qs + 64 * (8 * j + c));
+        if constexpr (five) {
+          const __m512i qh = ld(p + 64 * c);
+          lo[c] = add16(_mm512_and_si512(v, m4),
+                        _mm512_test_epi8_mask(qh, _mm512_set1_epi8(static_cast<char>(1 << (2 * j)))));
+          hi[c] = add16(_mm512_and_si512(_mm512_srli_epi16(v, 4), m4),
+                        _mm512_test_epi8_mask(qh, _mm512_set1_epi8(static_cast<char>(2 << (2 * j)))));
+        } else {
+          lo[c] = _mm512_and_si512(v, m4);
+          hi[c] = _mm512_and_si512(v, mf0);  // 16x the high nibble
+        }
+      }
+      const __m512i sa = bytes_u32(f + 64 + 16 * (2 * j)), sb = bytes_u32(f + 64 + 16 * (2 * j + 1));
+      QRT_UNROLL
+      for (int m = 0; m < MR; ++m) {
+        const int8_t* q = x[m].q + 256 * b + 64 * j;
+        const __m512i da = dp4(dp4(_mm512_setzero_si512(), lo, q), lo + 4, q + 16);
+        const __m512i db = dp4(dp4(_mm512_setzero_si512(), hi, q + 32), hi + 4, q + 48);
+        sum_lo[m] = _mm512_add_epi32(sum_lo[m], _mm512_mullo_epi32(da, sa));
+        sum_hi[m] = _mm512_add_epi32(sum_hi[m], _mm512_mullo_epi32(db, sb));
+      }
+    }
+    QRT_UNROLL
+    for (int t = 0; t < 8; ++t) {
+      const __m512i mt = bytes_u32(f + 192 + 16 * t);
+      QRT_UNROLL
+      for (int m = 0; m < MR; ++m)
+        mins[m] = _mm512_dpwssd_epi32(mins[m], mt, _mm512_set1_epi32(x[m].s32[8 * b + t]));
+    }
+    const __m512 dw = f16x16(f), dm = f16x16(f + 32);
+    QRT_UNROLL
+    for (int m = 0; m < MR; ++m) {
+      const __m512i hi_sum = five ? sum_hi[m] : _mm512_srai_epi32(sum_hi[m], 4);
+      const __m512i sumi = _mm512_add_epi32(sum_lo[m], hi_sum);
+      const __m512 dx = _mm512_set1_ps(x[m].d[b]);
+      acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sumi), _mm512_mul_ps(dw, dx), acc[m]);
+      acc[m] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(mins[m]), _mm512_mul_ps(dm, dx), acc[m]);
+    }
+  }
+}
+
+template <int MR>
+void grp_q6_k(const uint8_t* p, const uint8_t* f, int64_t nb, const XRow* x, __m512* acc) {
+  const __m512i m4 = mask4(), m30 = _mm512_set1_epi8(0x30);
+  for (int64_t b = 0; b < nb; ++b, p += 3072, f += 288) {
+    prefetch(p, 3072);
+    __m512i sumi[MR];
+    QRT_UNROLL
+    for (int m = 0; m < MR; ++m) sumi[m] = _mm512_setzero_si512();
+    QRT_UNROLL
+    for (int n = 0; n < 2; ++n) {
+      QRT_UNROLL
+      for (int h = 0; h < 2; ++h) {
+        __m512i w1[4], w2[4], qh[4];
+        QRT_UNROLL
+        for (int c = 0; c < 4; ++c) {
+          const uint8_t* run = p + 768 * (2 * n + h);  // the 12 planes this (n, h) reads
+          w1[c] = ld(run + 64 * c);
+          w2[c] = ld(run + 256 + 64 * c);
+          qh[c] = ld(run + 512 + 64 * c);
+        }
+        QRT_UNROLL
+        for (int s = 0; s < 4; ++s) {
+          const int t = 8 * n + 2 * s + h;
+          __m512i u[4];
+          QRT_UNROLL
+          for (int c = 0; c < 4; ++c) {
+            const __m512i src = s & 1 ? w2[c] : w1[c];
+            const __m512i nib = _mm512_and_si512(s < 2 ? src : _mm512_srli_epi16(src, 4), m4);
+            // the 2 high bits (bits 2s of qh) moved to bits 4..5
+            const __m512i hb = s == 0 ? _mm512_slli_epi16(qh[c], 4)
+                               : s == 1 ? _mm512_slli_epi16(qh[c], 2)
+                               : s == 2 ? qh[c]
+                                        : _mm512_srli_epi16(qh[c], 2);
+            u[c] = _mm512_ternarylogic_epi32(nib, hb, m30, 0xF8);  // nib | (hb & 0x30)
+          }
+          const __m512i sct = bytes_i32(f + 32 + 16 * t);
+          QRT_UNROLL
+          for (int m = 0; m < MR; ++m) {
+            const __m512i init = _mm512_set1_epi32(-32 * x[m].s16[16 * b + t]);
+            const __m512i dot = dp4(init, u, x[m].q + 256 * b + 16 * t);
+            sumi[m] = _mm512_add_epi32(sumi[m], _mm512_mullo_epi32(dot, sct));
+          }
+        }
+      }
+    }
+    const __m512 dw = f16x16(f);
+    QRT_UNROLL
+    for (int m = 0; m < MR; ++m)
+      acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sumi[m]), _mm512_mul_ps(dw, _mm512_set1_ps(x[m].d[b])),
+                               acc[m]);
+  }
+}
+
+// 16 rows of one group (planes p, fields f) against MR activation rows: res[m * 16 + r]
+template <int MR>
+void group_dot(int32_t t, const uint8_t* p, const uint8_t* f, int64_t nb, const XRow* x, float* res) {
+  __m512 acc[MR];
+  QRT_UNROLL
+  for (int m = 0; m < MR; ++m) acc[m] = _mm512_setzero_ps();
+  switch (t) {
+    case Q4_0: grp_q4<MR, false>(p, f, nb, x, acc); break;
+    case Q4_1: grp_q4<MR, true>(p, f, nb, x, acc); break;
+    case Q5_0: grp_q5<MR, false>(p, f, nb, x, acc); break;
+    case Q5_1: grp_q5<MR, true>(p, f, nb, x, acc); break;
+    case Q8_0: grp_q8_0<MR>(p, f, nb, x, acc); break;
+    case Q2_K: grp_q2_k<MR>(p, f, nb, x, acc); break;
+    case Q3_K: grp_q3_k<MR>(p, f, nb, x, acc); break;
+    case Q4_K: grp_q45_k<MR, false>(p, f, nb, x, acc); break;
+    case Q5_K: grp_q45_k<MR, true>(p, f, nb, x, acc); break;
+    default: grp_q6_k<MR>(p, f, nb, x, acc);
+  }
+  QRT_UNROLL
+  for (int m = 0; m < MR; ++m) _mm512_storeu_ps(res + 16 * m, acc[m]);
+}
+
+void group_dot_any(int32_t t, const uint8_t* p, const uint8_t* f, int64_t nb, const XRow* x, int mr,
+                   float* res) {
+  switch (mr) {
+    case 1: group_dot<1>(t, p, f, nb, x, res); break;
+    case 2: group_dot<2>(t, p, f, nb, x, res); break;
+    case 3: group_dot<3>(t, p, f, nb, x, res); break;
+    default: group_dot<4>(t, p, f, nb, x, res);
+  }
+}
+#endif  // QRT_GGUF_SIMD
+
+// y[m, n] = v + bias[n], stored in the output dtype
+inline void store(void* out, int64_t som, int32_t odt, const void* bias, int32_t bdt, int64_t m, int64_t n,
+                  float v) {
+  if (bias) v += qrt::load_act(bias, n, bdt);
+  qrt::store_out(out, m * som + n, v, odt);
+}
+
+// activation rows per pass over a weight group: they stay in L2 while the group's blocks are re-read
+inline int64_t m_tile(int64_t K) {
+  return std::max<int64_t>(4, (int64_t(256) << 10) / std::max<int64_t>(K, 1) / 4 * 4);
+}
+
+}  // namespace
+
+extern "C" {
+
+// Rows per interleaved group in the weight layout this build runs: 16 with AVX-512 VNNI, else 0
+// (every row canonical, scalar code).
+int32_t quantrt_gguf_group_rows() { return QRT_GGUF_SIMD ? int32_t(kGroup) : 0; }
+
+// Workspace bytes per activation row for weight type `type` and K inputs (-1: unknown type).
+int64_t quantrt_gguf_ws_row(int32_t type, int64_t K) {
+  if (type < 0 || type >= NTYPES) return -1;
+  return x_layout(type, K).row;
+}
+
+// y = x @ W^T (+ bias). w: the prepared layout (ngroups groups of 16 rows, then N - 16 * ngroups
+// canonical rows); x: M rows of K activations (row stride sxm, element stride sxk, dtype code xdt);
+// bias: N values (dtype bdt) or null; out: M rows (row stride som, dtype odt); ws: M *
+// quantrt_gguf_ws_row(type, K) bytes. Returns 0, or -1 for bad arguments.
+int32_t quantrt_gguf_linear(int32_t type, const uint8_t* w, int64_t N, int64_t K, int64_t ngroups,
+                            const void* x, int64_t M, int64_t sxm, int64_t sxk, int32_t xdt,
+                            const void* bias, int32_t bdt, void* out, int64_t som, int32_t odt,
+                            uint8_t* ws, int32_t threads) {
+  if (type < 0 || type >= NTYPES || K % kInfo[type].B || ngroups * kGroup > N || M < 0) return -1;
+  if (!QRT_GGUF_SIMD && ngroups) return -1;
+  const TypeInfo ti = kInfo[type];
+  const int64_t nb = K / ti.B, nab = K / (is_k(type) ? 256 : 32);
+  const int64_t pbytes = nb * kGroup * ti.P, fbytes = nb * kGroup * ti.F, rbytes = nb * ti.T;
+  const uint8_t* fields = w + ngroups * pbytes;
+  const uint8_t* tail = fields + ngroups * fbytes;
+  const int64_t ntail = N - ngroups * kGroup;
+  const XLayout xl = x_layout(type, K);
+  const int64_t mt = m_tile(K);
+  threads = std::max<int32_t>(threads, 1);
+  const int64_t chunk = std::max<int64_t>(1, ngroups / (8 * int64_t(threads)));
+
+#pragma omp parallel num_threads(threads)
+  {
+#pragma omp for schedule(static)
+    for (int64_t i = 0; i < M * nab; ++i) quantize_x_block(x, sxm, sxk, xdt, type, ws, xl, i / nab, i % nab);
+
+    for (int64_t m0 = 0; m0 < M; m0 += mt) {
+      const int64_t m1 = std::min(M, m0 + mt);
+#if QRT_GGUF_SIMD
+      // about 8 chunks of contiguous groups per thread, handed out as threads come free: a thread
+      // that other work on the machine delays does not hold the others back (with a static split, a
+      // preempted thread cost every call a scheduler time slice). Each row is still computed by one
+      // thread, so results do not depend on the thread count.
+#pragma omp for schedule(dynamic, chunk) nowait
+      for (int64_t gi = 0; gi < ngroups; ++gi) {
+        const uint8_t* p = w + gi * pbytes;
+        const uint8_t* f = fields + gi * fbytes;
+        for (int64_t m = m0; m < m1; m += 4) {
+          const int mr = int(std::min<int64_t>(4, m1 - m));
+          XRow xr[4];
+          for (int i = 0; i < mr; ++i) xr[i] = x_row(ws, xl, m + i);
+          alignas(64) float res[4 * kGroup];
+          group_dot_any(type, p, f, nb, xr, mr, res);
+          for (int i = 0; i < mr; ++i)
+            for (int64_t r = 0; r < kGroup; ++r)
+              store(out, som, odt, bias, bdt, m + i, gi * kGroup + r, res[i * kGroup + r]);
+        }
+      }
+#endif
+#pragma omp for schedule(static)
+      for (int64_t r = 0; r < ntail; ++r) {
+        for (int64_t m = m0; m < m1; ++m) {
+          const float v = row_dot_scalar(type, tail + r * rbytes, nb, x_row(ws, xl, m));
+          store(out, som, odt, bias, bdt, m, ngroups * kGroup + r, v);
+        }
+      }
+    }
+  }
+  return 0;
+}
+
+}  // extern "C"
