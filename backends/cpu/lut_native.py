@@ -35,10 +35,10 @@ from quantrt.specs import LayerSpec
 from quantrt.torchops import SCHEME_FP8_MAX, dynamic_scale, quantize_fp8
 
 from .native import build
+from .native_common import CPU_DTYPES, DTYPE_CODE, output_buffer, round_up
+from .native_common import check_call as _check_call
+from .native_common import native_verdict as _native_verdict
 
-CPU_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-#: dtype codes of csrc/common.h
-DTYPE_CODE = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 TILE = 16  # output rows per tile of the prepared layout
 FEATURES = ("avx512f", "avx512bw", "avx512vl", "avx512_bf16")
 #: field order of the int64 descriptor read by lut.cpp (enum LutField)
@@ -55,20 +55,6 @@ LARGE_M = {4: 3, 8: 12}
 #: double-quant absmax resolved to fp32 grows the layer by 4/G - 1/G bytes per weight: within
 #: 1.10x of the stored 0.5 + 1/G bytes only from G = 64 on
 DQ_MIN_BLOCK = 64
-
-
-def _round_up(a: int, b: int) -> int:
-    return -(-a // b) * b
-
-
-def native_verdict(caps: Any) -> Verdict:
-    """The library can be built here and the CPU has the instructions it is compiled for."""
-    ok, why = build.status()
-    missing = [f for f in FEATURES if f not in caps.features]
-    return check(
-        (ok, "native CPU kernels can be built", {"build": why}),
-        (not missing, "CPU features " + " ".join(FEATURES), {"missing": " ".join(missing)}),
-    )
 
 
 def _library() -> ctypes.CDLL:
@@ -221,30 +207,6 @@ PREPARE = {"bnb4": _prep_bnb4, "nvfp4": _prep_fp4, "mxfp4": _prep_fp4, "fp8": _p
 # -- call helpers (as in wint_native) ----------------------------------------------------------
 
 
-def _check_call(x: torch.Tensor, K: int, bias: torch.Tensor | None, N: int) -> int:
-    """M, after the checks that keep the C code inside its buffers (shapes, dtypes, device)."""
-    if x.dim() != 2 or x.shape[1] != K or x.dtype not in DTYPE_CODE or x.device.type != "cpu":
-        raise ValueError(
-            f"expected CPU activations [M, {K}] in fp32, bf16 or fp16, found {x.dtype} {list(x.shape)} on {x.device}"
-        )
-    if bias is not None and (bias.shape != (N,) or bias.dtype not in DTYPE_CODE or bias.device.type != "cpu"):
-        raise ValueError(
-            f"expected a CPU bias [{N}] in fp32, bf16 or fp16, found {bias.dtype} {list(bias.shape)}"
-        )
-    return x.shape[0]
-
-
-def _output(out: torch.Tensor | None, M: int, N: int, dtype: torch.dtype) -> torch.Tensor:
-    """``out`` itself when the kernel can write it (dtype, unit column stride), else a fresh tensor."""
-    if out is None:
-        return torch.empty((M, N), dtype=dtype)
-    if out.shape != (M, N):
-        raise ValueError(f"out must have shape [{M}, {N}], found {list(out.shape)}")
-    if out.dtype == dtype and out.stride(1) == 1 and out.device.type == "cpu":
-        return out
-    return torch.empty((M, N), dtype=dtype)
-
-
 @dataclass(frozen=True)
 class Fp8Acts:
     """A W8A8 fp8 scheme's activation quantization: per token, per token group of ``group``
@@ -335,14 +297,14 @@ class NativeLut(Kernel):
             ),
             (spec.act_dtype in CPU_DTYPES, "activations fp32, bf16 or fp16", {"act_dtype": spec.act_dtype}),
             (spec.output_dtype in CPU_DTYPES, "output fp32, bf16 or fp16", {"out_dtype": spec.output_dtype}),
-        ) and native_verdict(caps)
+        ) and _native_verdict(caps, FEATURES)
 
     def prepare(self, weight: CanonicalWeight, spec: LayerSpec) -> LutState:
         N, K = weight.N, weight.K
-        Np = _round_up(N, TILE)
+        Np = round_up(N, TILE)
         p = PREPARE[weight.scheme.family](weight, Np)
         bits = p["bits"]
-        Kp = _round_up(K, 8 if bits == 4 else 2)
+        Kp = round_up(K, 8 if bits == 4 else 2)
         tensors = {"q": tile_codes(p["codes"], bits, Np, Kp), "tab": p["tab"]}
         if p["scales"] is not None:
             tensors["scales"] = tile_columns(p["scales"], Np)
@@ -386,7 +348,7 @@ class NativeLut(Kernel):
 
     def workspace_bytes(self, spec: LayerSpec, max_m: int) -> int:
         K, threads = spec.K_part, torch.get_num_threads()
-        return 3 * 2 * max_m * _round_up(K, 16) + threads * (2 * 2 * 64 * PANEL_CODES + 4 * 64 * max_m)
+        return 3 * 2 * max_m * round_up(K, 16) + threads * (2 * 2 * 64 * PANEL_CODES + 4 * 64 * max_m)
 
     def apply(
         self,
@@ -398,7 +360,7 @@ class NativeLut(Kernel):
         M = _check_call(x, state.K, bias, state.N)
         if state.acts is not None:
             x = state.acts.apply(x)  # fp32 [M, K]: the codes times their scales
-        y = _output(out, M, state.N, state.out_dtype)
+        y = output_buffer(out, M, state.N, state.out_dtype)
         if M:
             if bias is not None and bias.stride(0) != 1:
                 bias = bias.contiguous()

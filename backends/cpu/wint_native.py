@@ -20,10 +20,9 @@ from quantrt.specs import LayerSpec
 from quantrt.torchops import per_channel_scales
 
 from .native import build
+from .native_common import CPU_DTYPES, DTYPE_CODE, native_verdict, output_buffer, round_up
+from .native_common import check_call as _check_call
 
-CPU_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-#: dtype codes of csrc/common.h
-DTYPE_CODE = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 TILE = 16  # output rows per tile of the prepared layouts
 #: codes per row and step of the wint layout, by bits (a step holds 16 rows)
 STEP_CODES = {8: 2, 4: 4, 3: 8, 2: 8}
@@ -40,20 +39,6 @@ W8A8_FEATURES = ("avx512f", "avx512bw", "avx512vl", "avx512_vnni")
 #: field order of the int64 descriptors read by wint.cpp (enum WintField / A8Field)
 WINT_FIELDS = ("q", "scales", "zeros", "perm", "N", "K", "Kp", "T", "ng", "bits", "fold", "sstride", "kc")
 W8A8_FIELDS = ("q", "scales", "N", "K", "Kp", "T")
-
-
-def _round_up(a: int, b: int) -> int:
-    return -(-a // b) * b
-
-
-def native_verdict(caps: Any, features: tuple[str, ...]) -> Verdict:
-    """The library can be built here and the CPU has the instructions it is compiled for."""
-    ok, why = build.status()
-    missing = [f for f in features if f not in caps.features]
-    return check(
-        (ok, "native CPU kernels can be built", {"build": why}),
-        (not missing, "CPU features " + " ".join(features), {"missing": " ".join(missing)}),
-    )
 
 
 def _library() -> ctypes.CDLL:
@@ -80,30 +65,6 @@ def _descriptor(fields: tuple[str, ...], values: dict[str, Any]) -> ctypes.Array
         values[f].data_ptr() if isinstance(values[f], torch.Tensor) else int(values[f] or 0) for f in fields
     ]
     return (ctypes.c_int64 * len(row))(*row)
-
-
-def _check_call(x: torch.Tensor, K: int, bias: torch.Tensor | None, N: int) -> int:
-    """M, after the checks that keep the C code inside its buffers (shapes, dtypes, device)."""
-    if x.dim() != 2 or x.shape[1] != K or x.dtype not in DTYPE_CODE or x.device.type != "cpu":
-        raise ValueError(
-            f"expected CPU activations [M, {K}] in fp32, bf16 or fp16, found {x.dtype} {list(x.shape)} on {x.device}"
-        )
-    if bias is not None and (bias.shape != (N,) or bias.dtype not in DTYPE_CODE or bias.device.type != "cpu"):
-        raise ValueError(
-            f"expected a CPU bias [{N}] in fp32, bf16 or fp16, found {bias.dtype} {list(bias.shape)}"
-        )
-    return x.shape[0]
-
-
-def _output(out: torch.Tensor | None, M: int, N: int, dtype: torch.dtype) -> torch.Tensor:
-    """``out`` itself when the kernel can write it (dtype, unit column stride), else a fresh tensor."""
-    if out is None:
-        return torch.empty((M, N), dtype=dtype)
-    if out.shape != (M, N):
-        raise ValueError(f"out must have shape [{M}, {N}], found {list(out.shape)}")
-    if out.dtype == dtype and out.stride(1) == 1 and out.device.type == "cpu":
-        return out
-    return torch.empty((M, N), dtype=dtype)
 
 
 def _finish(y: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
@@ -212,7 +173,7 @@ class NativeWint(Kernel):
     def prepare(self, weight: CanonicalWeight, spec: LayerSpec) -> WintState:
         s = weight.scheme
         bits, N, K = s.bits, weight.N, weight.K
-        Np, Kp = _round_up(N, TILE), _round_up(K, STEP_CODES[bits])
+        Np, Kp = round_up(N, TILE), round_up(K, STEP_CODES[bits])
         codes = int_codes(weight).to(torch.uint8)
         perm = None
         if s.granularity == "group":
@@ -258,7 +219,7 @@ class NativeWint(Kernel):
 
     def workspace_bytes(self, spec: LayerSpec, max_m: int) -> int:
         K, threads = spec.K_part, torch.get_num_threads()
-        xb = 3 * 2 * max_m * _round_up(K, 16) + 4 * max_m * (K // 16 + 1)
+        xb = 3 * 2 * max_m * round_up(K, 16) + 4 * max_m * (K // 16 + 1)
         return xb + threads * (2 * 64 * PANEL_CODES + 4 * 64 * max_m)
 
     def apply(
@@ -269,7 +230,7 @@ class NativeWint(Kernel):
         out: torch.Tensor | None = None,
     ) -> torch.Tensor:
         M = _check_call(x, state.K, bias, state.N)
-        y = _output(out, M, state.N, state.out_dtype)
+        y = output_buffer(out, M, state.N, state.out_dtype)
         if M:
             if bias is not None and bias.stride(0) != 1:
                 bias = bias.contiguous()
@@ -342,7 +303,7 @@ class NativeW8A8Int8(Kernel):
 
     def prepare(self, weight: CanonicalWeight, spec: LayerSpec) -> W8A8State:
         N, K = weight.N, weight.K
-        Np, Kp = _round_up(N, TILE), _round_up(K, 4)
+        Np, Kp = round_up(N, TILE), round_up(K, 4)
         c = torch.full((Np, Kp), 128, dtype=torch.uint8)
         c[:N, :K] = weight["qweight"]
         q = c.view(Np // TILE, TILE, Kp // 4, 4).permute(0, 2, 1, 3).contiguous()
@@ -367,7 +328,7 @@ class NativeW8A8Int8(Kernel):
         return "gemm" if m >= state.large_m else "gemv"
 
     def workspace_bytes(self, spec: LayerSpec, max_m: int) -> int:
-        return max_m * (_round_up(spec.K_part, 64) + 8) + 64 + torch.get_num_threads() * 4 * 64 * max_m
+        return max_m * (round_up(spec.K_part, 64) + 8) + 64 + torch.get_num_threads() * 4 * 64 * max_m
 
     def apply(
         self,
@@ -377,7 +338,7 @@ class NativeW8A8Int8(Kernel):
         out: torch.Tensor | None = None,
     ) -> torch.Tensor:
         M = _check_call(x, state.K, bias, state.N)
-        y = _output(out, M, state.N, state.out_dtype)
+        y = output_buffer(out, M, state.N, state.out_dtype)
         if M:
             if bias is not None and bias.stride(0) != 1:
                 bias = bias.contiguous()

@@ -1,0 +1,55 @@
+"""What the native CPU kernel modules share: activation dtypes and their codes (csrc/common.h), the
+verdict that the library can be built and the CPU has its instructions, and the per-call checks
+that keep the C code inside its buffers."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from quantrt.kernels import Verdict, check
+
+from .native import build
+
+CPU_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+#: dtype codes of csrc/common.h
+DTYPE_CODE = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+
+
+def round_up(a: int, b: int) -> int:
+    return -(-a // b) * b
+
+
+def native_verdict(caps: Any, features: tuple[str, ...]) -> Verdict:
+    """The library can be built here and the CPU has the instructions it is compiled for."""
+    ok, why = build.status()
+    missing = [f for f in features if f not in caps.features]
+    return check(
+        (ok, "native CPU kernels can be built", {"build": why}),
+        (not missing, "CPU features " + " ".join(features), {"missing": " ".join(missing)}),
+    )
+
+
+def check_call(x: torch.Tensor, K: int, bias: torch.Tensor | None, N: int) -> int:
+    """M, after the checks that keep the C code inside its buffers (shapes, dtypes, device)."""
+    if x.dim() != 2 or x.shape[1] != K or x.dtype not in DTYPE_CODE or x.device.type != "cpu":
+        raise ValueError(
+            f"expected CPU activations [M, {K}] in fp32, bf16 or fp16, found {x.dtype} {list(x.shape)} on {x.device}"
+        )
+    if bias is not None and (bias.shape != (N,) or bias.dtype not in DTYPE_CODE or bias.device.type != "cpu"):
+        raise ValueError(
+            f"expected a CPU bias [{N}] in fp32, bf16 or fp16, found {bias.dtype} {list(bias.shape)}"
+        )
+    return x.shape[0]
+
+
+def output_buffer(out: torch.Tensor | None, M: int, N: int, dtype: torch.dtype) -> torch.Tensor:
+    """``out`` itself when the kernel can write it (dtype, unit column stride), else a fresh tensor."""
+    if out is None:
+        return torch.empty((M, N), dtype=dtype)
+    if out.shape != (M, N):
+        raise ValueError(f"out must have shape [{M}, {N}], found {list(out.shape)}")
+    if out.dtype == dtype and out.stride(1) == 1 and out.device.type == "cpu":
+        return out
+    return torch.empty((M, N), dtype=dtype)
