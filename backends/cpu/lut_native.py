@@ -35,7 +35,7 @@ from quantrt.specs import LayerSpec
 from quantrt.torchops import SCHEME_FP8_MAX, dynamic_scale, quantize_fp8
 
 from .native import build
-from .native_common import CPU_DTYPES, DTYPE_CODE, output_buffer, round_up
+from .native_common import CPU_DTYPES, DTYPE_CODE, check_rc, finish, output_buffer, round_up
 from .native_common import check_call as _check_call
 from .native_common import native_verdict as _native_verdict
 
@@ -369,14 +369,8 @@ class NativeLut(Kernel):
                 0 if bias is None else bias.data_ptr(), 0 if bias is None else DTYPE_CODE[bias.dtype],
                 y.data_ptr(), DTYPE_CODE[y.dtype], y.stride(0), torch.get_num_threads(), M >= state.large_m,
             )  # fmt: skip
-            if rc:
-                why = (
-                    "the library was built without the instructions it needs" if rc == 1 else "out of memory"
-                )
-                raise RuntimeError(f"{self.name}: native kernel failed ({why})")
-        if out is None or y is out:
-            return y
-        return out.copy_(y)
+            check_rc(rc, self.name)
+        return finish(y, out)
 
 
 KERNELS: tuple[type[Kernel], ...] = (NativeLut,)

@@ -53,3 +53,17 @@ def output_buffer(out: torch.Tensor | None, M: int, N: int, dtype: torch.dtype) 
     if out.dtype == dtype and out.stride(1) == 1 and out.device.type == "cpu":
         return out
     return torch.empty((M, N), dtype=dtype)
+
+
+def finish(y: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
+    """The result: ``y`` itself, or ``out`` filled with it when the kernel could not write ``out``."""
+    if out is None or y is out:
+        return y
+    return out.copy_(y)
+
+
+def check_rc(rc: int, name: str) -> None:
+    """A native call's return code as an error naming the kernel (0 is success)."""
+    if rc:
+        why = "the library was built without the instructions it needs" if rc == 1 else "out of memory"
+        raise RuntimeError(f"{name}: native kernel failed ({why})")

@@ -22,6 +22,8 @@ from quantrt.torchops import per_channel_scales
 from .native import build
 from .native_common import CPU_DTYPES, DTYPE_CODE, native_verdict, output_buffer, round_up
 from .native_common import check_call as _check_call
+from .native_common import check_rc as _check_rc
+from .native_common import finish as _finish
 
 TILE = 16  # output rows per tile of the prepared layouts
 #: codes per row and step of the wint layout, by bits (a step holds 16 rows)
@@ -65,18 +67,6 @@ def _descriptor(fields: tuple[str, ...], values: dict[str, Any]) -> ctypes.Array
         values[f].data_ptr() if isinstance(values[f], torch.Tensor) else int(values[f] or 0) for f in fields
     ]
     return (ctypes.c_int64 * len(row))(*row)
-
-
-def _finish(y: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
-    if out is None or y is out:
-        return y
-    return out.copy_(y)
-
-
-def _check_rc(rc: int, name: str) -> None:
-    if rc:
-        why = "the library was built without the instructions it needs" if rc == 1 else "out of memory"
-        raise RuntimeError(f"{name}: native kernel failed ({why})")
 
 
 # -- the wint layout ---------------------------------------------------------------------------
