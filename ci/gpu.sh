@@ -4,7 +4,8 @@
 # quick benchmark and the embedded default, and leave everything in $OUT.
 # Usage (device tool): bash ci/gpu.sh            (bench off: QUANTRT_GPU_BENCH=0; sweep the CUDA
 # W4A16 launch shapes first and use them: QUANTRT_GPU_TUNE=1; the Triton W8A8 tiles:
-# QUANTRT_GPU_TUNE_W8A8=1; bench schemes: QUANTRT_BENCH_SCHEMES)
+# QUANTRT_GPU_TUNE_W8A8=1; the FP4/NF4 and GGUF kernels: QUANTRT_GPU_TUNE_LUT=1; bench schemes:
+# QUANTRT_BENCH_SCHEMES, shapes: QUANTRT_BENCH_SHAPES, batch sizes: QUANTRT_BENCH_MS; test paths: QUANTRT_GPU_TESTS)
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 OUT="${OUT:-$ROOT/out}"
@@ -14,7 +15,8 @@ export PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-deps --no-build-isolation -e . > "$OUT/install.log" 2>&1 || { cat "$OUT/install.log"; exit 1; }
 status=0
 ( cd /tmp && quantrt probe --json ) > "$OUT/probe.json" 2> "$OUT/probe.err" || status=1
-python3 -m pytest -q -p no:cacheprovider tests/gpu tests/triton 2>&1 | tee "$OUT/gpu-tests.log" | tail -n 5
+# shellcheck disable=SC2086  # a list of paths
+python3 -m pytest -q -p no:cacheprovider ${QUANTRT_GPU_TESTS:-tests/gpu tests/triton} 2>&1 | tee "$OUT/gpu-tests.log" | tail -n 5
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 if [ "${QUANTRT_GPU_TUNE:-0}" = 1 ] && [ "$status" = 0 ]; then
   # sweep the CUDA W4A16 kernel's launch shapes, use them for the rest of this run (commit the file
@@ -43,9 +45,24 @@ if [ "${QUANTRT_GPU_TUNE_W8A8:-0}" = 1 ] && [ "$status" = 0 ]; then
     [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
   fi
 fi
+if [ "${QUANTRT_GPU_TUNE_LUT:-0}" = 1 ] && [ "$status" = 0 ]; then
+  # sweep the FP4/NF4 (lut4) and GGUF launch shapes, use them for the rest of this run (commit the
+  # files from $OUT afterwards) and test those kernels again with the shapes chosen
+  arch=$(python3 -c "import torch; print('sm_%d%d' % torch.cuda.get_device_capability())")
+  python3 ci/tune_lut_gguf.py --out-dir "$OUT" --seconds "${QUANTRT_LUT_SECONDS:-240}" \
+    > "$OUT/tune-lut.log" 2>&1 || { tail -n 5 "$OUT/tune-lut.log"; status=1; }
+  for part in lut4 gguf; do
+    [ -f "$OUT/${part}_${arch}.json" ] && cp "$OUT/${part}_${arch}.json" "backends/cuda/tunings/${part}_${arch}.json"
+  done
+  python3 -m pytest -q -p no:cacheprovider tests/gpu/test_cuda_lut_gguf.py 2>&1 | tee "$OUT/gpu-tests-lut.log" | tail -n 2
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+fi
 if [ "${QUANTRT_GPU_BENCH:-1}" = 1 ]; then
   schemes="${QUANTRT_BENCH_SCHEMES:-w4a16-int-g128-asym,w8a16-int-ch-sym,w8a8-fp8-ch,w8a8-fp8-block128,w8a8-int-ch-sym}"
-  ( cd /tmp && quantrt bench --quick --schemes "$schemes" --out "$OUT/bench.json" --markdown "$OUT/bench.md" ) \
+  shapes=()
+  [ -n "${QUANTRT_BENCH_SHAPES:-}" ] && shapes=(--shapes "$QUANTRT_BENCH_SHAPES")
+  [ -n "${QUANTRT_BENCH_MS:-}" ] && shapes+=(--ms "$QUANTRT_BENCH_MS")
+  ( cd /tmp && quantrt bench --quick --schemes "$schemes" "${shapes[@]}" --out "$OUT/bench.json" --markdown "$OUT/bench.md" ) \
     > /dev/null 2> "$OUT/bench.err" || { tail -n 20 "$OUT/bench.err"; status=1; }
   cat "$OUT/bench.md" 2>/dev/null
 fi

@@ -153,8 +153,10 @@ def run_gpu(
     ms: Sequence[int],
     progress: Callable[[str], None] = print,
     seed: int = 0,
+    checkpoint: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
-    """Benchmark every scheme x shape x M on the current CUDA device."""
+    """Benchmark every scheme x shape x M on the current CUDA device. ``checkpoint`` gets the
+    document so far after every scheme and shape (a run stopped by a time limit keeps its rows)."""
     import torch.nn.functional as F
 
     from .layers import QuantLinear
@@ -229,6 +231,8 @@ def run_gpu(
                 )
             del layer, dense, canon, tiny, ops
             torch.cuda.empty_cache()
+            if checkpoint is not None:
+                checkpoint({**doc, "partial": True})
     # host cost of one call at M=1 on the smallest shape, against F.linear
     K, N = shapes[0]
     canon = quantize(torch.randn(N, K, device=dev) * 0.02, schemes[0])

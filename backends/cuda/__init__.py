@@ -3,7 +3,9 @@
 The tensor-core W4A16/W8A16 kernel in CUDA C++ (``mma_wna16.py``, ``kernels/``, compiled through
 CuPy) ranks first where CuPy is importable; the portable Triton W4A16/W8A16 (``backends/triton``)
 next; the Triton fp8 (W8A8 per tensor/channel, block fp8, weight-only) and int8 W8A8 kernels
-(``triton_w8a8.py``); then torch's own ops (tinygemm int4, cuBLASLt fp8 and int8). Launch shapes
+(``triton_w8a8.py``); the Triton 4-bit code-book kernels for NVFP4, MXFP4 and bitsandbytes NF4/FP4
+(``triton_lut4.py``) and GGUF's ten block types (``triton_gguf.py``); W4A4 NVFP4 on Blackwell's fp4
+units through torch (``torch_fp4.py``); then torch's own ops (tinygemm int4, cuBLASLt fp8 and int8). Launch shapes
 come from ``tunings/``.
 """
 
@@ -15,7 +17,10 @@ from typing import Any
 def register(registry: Any) -> None:
     """Entry point of the ``quantrt.backends`` group."""
     from .mma_wna16 import CudaMmaW4A16, CudaMmaW8A16
+    from .torch_fp4 import CudaScaledMMNvfp4
     from .torch_ops import CudaIntMM, CudaScaledMMFp8, CudaTinygemm
+    from .triton_gguf import CudaTritonGGUF
+    from .triton_lut4 import CudaTritonBnb4, CudaTritonFp4
     from .triton_w4a16 import CudaTritonW4A16, CudaTritonW8A16
     from .triton_w8a8 import CudaTritonBlockFp8, CudaTritonFp8, CudaTritonFp8WeightOnly, CudaTritonInt8
 
@@ -28,6 +33,10 @@ def register(registry: Any) -> None:
         CudaTritonBlockFp8,
         CudaTritonFp8WeightOnly,
         CudaTritonInt8,
+        CudaScaledMMNvfp4,
+        CudaTritonFp4,
+        CudaTritonBnb4,
+        CudaTritonGGUF,
         CudaScaledMMFp8,
         CudaIntMM,
         CudaTinygemm,

@@ -56,9 +56,14 @@ def handle(args: argparse.Namespace) -> int:
         shapes, ms = (QUICK_SHAPES, QUICK_MS) if args.quick else (SHAPES, MS)
         shapes, ms = _shapes(args.shapes) or shapes, _ms(args.ms) or ms
         schemes = args.schemes.split(",") if args.schemes else ["w4a16-int-g128-asym", "w8a16-int-ch-sym"]
-        doc = run_gpu(schemes, shapes, ms, progress=progress)
+
+        def checkpoint(partial: dict) -> None:
+            if args.out:
+                Path(args.out).write_text(json.dumps({**partial, "command": _command()}, indent=1))
+
+        doc = run_gpu(schemes, shapes, ms, progress=progress, checkpoint=checkpoint)
         table = markdown(doc)
-    doc["command"] = "quantrt bench " + " ".join(a for a in sys.argv[2:])
+    doc["command"] = _command()
     if args.out:
         Path(args.out).write_text(json.dumps(doc, indent=1))
     if args.markdown:
@@ -68,6 +73,10 @@ def handle(args: argparse.Namespace) -> int:
     else:
         print(table)
     return 0
+
+
+def _command() -> str:
+    return "quantrt bench " + " ".join(a for a in sys.argv[2:])
 
 
 def _shapes(text: str | None) -> list[tuple[int, int]] | None:

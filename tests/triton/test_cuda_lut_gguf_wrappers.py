@@ -1,0 +1,127 @@
+"""The NVIDIA wrappers of the FP4/NF4 and GGUF Triton kernels (backends/cuda/triton_lut4.py,
+triton_gguf.py) under the CPU interpreter: what ``prepare`` makes of canonical tensors (bnb's
+high-nibble-first flat blocks cut into rows, double quant resolved, NVFP4's per-slice global
+scale, NaN scale codes refused), every strategy ``apply`` picks (GEMV, tiles, dequant + cuBLAS in
+one or several slices, ``out=``) against the fp32 reference, and the supports() reasons."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from quantrt import reference
+from quantrt.backends.cuda.triton_gguf import CudaTritonGGUF
+from quantrt.backends.cuda.triton_lut4 import CudaTritonBnb4, CudaTritonFp4
+from quantrt.capability import load_preset
+from quantrt.specs import LayerSpec
+
+DT = torch.float16  # the interpreter's bf16 dots are wrong; bf16 runs in tests/gpu
+
+
+def rel(y: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((y.double() - ref.double()).norm() / ref.double().norm())
+
+
+def make(scheme: str, N: int, K: int, sizes: tuple[int, ...] = ()):
+    w = torch.randn(N, K) * 0.05
+    w[:, torch.randint(0, K, (2,))] *= 5
+    canon = reference.quantize(w, scheme, calib=torch.randn(8, K), output_sizes=sizes or (N,))
+    spec = LayerSpec(canon.scheme, K, N, act_dtype=DT, output_sizes=sizes)
+    if scheme.startswith("gguf"):
+        kernel = CudaTritonGGUF()
+    elif "nf4" in scheme or "bnb" in scheme:
+        kernel = CudaTritonBnb4()
+    else:
+        kernel = CudaTritonFp4()
+    return kernel, kernel.prepare(canon, spec), canon
+
+
+CASES = [
+    ("w4a16-nvfp4", 320, (40, 32)),  # two fused slices, each with its own global scale
+    ("w4a16-mxfp4", 288, ()),
+    ("w4a16-nf4-g64", 256, ()),
+    ("w4a16-nf4-g64-dq", 320, (48, 24)),  # one nested offset per slice
+    ("w4a16-bnbfp4-g64-dq", 192, ()),
+    ("w4a4-nvfp4", 256, ()),  # the weight-only substitute
+    ("gguf-q4_0", 32 * 9, ()),
+    ("gguf-q6_k", 512, ()),
+]
+
+
+@pytest.mark.parametrize("scheme,K,sizes", CASES, ids=lambda v: str(v))
+def test_every_strategy_matches_reference(scheme: str, K: int, sizes: tuple[int, ...]) -> None:
+    N = sum(sizes) or 72
+    kernel, state, canon = make(scheme, N, K, sizes)
+    bias = torch.randn(N).to(DT)
+    seen = set()
+    for m in (0, 1, 3, 70):
+        x = torch.randn(m, 2 * K)[:, ::2].to(DT)  # not contiguous
+        y = kernel.apply(state, x, bias)
+        assert y.shape == (m, N) and y.dtype == DT
+        seen.add(kernel.strategy(state, m).split()[0])
+        if m:
+            ref = reference.linear(x, canon, bias, out_dtype=torch.float32, weight_only=True)
+            assert rel(y, ref) < 2e-3, (m, kernel.strategy(state, m), rel(y, ref))
+    assert "dequant+cuBLAS" in seen and ("gemv" in seen), seen
+    # the dense path in several row slices, into a caller's buffer
+    sliced = dataclasses.replace(state, slice_rows=32)
+    x = torch.randn(70, K).to(DT)
+    out = torch.full((70, N), float("nan"), dtype=DT)
+    y = kernel.apply(sliced, x, bias, out=out)
+    ref = reference.linear(x, canon, bias, out_dtype=torch.float32, weight_only=True)
+    assert y.data_ptr() == out.data_ptr() and rel(out, ref) < 2e-3
+    assert "slices of 32" in kernel.strategy(sliced, 70)
+
+
+def test_bnb_rows_are_low_nibble_first_and_absmax_resolved() -> None:
+    _, state, canon = make("w4a16-nf4-g64-dq", 16, 128)
+    assert (
+        state.codes.shape == (16, 64)
+        and state.scales.shape == (16, 2)
+        and state.scales.dtype == torch.float32
+    )
+    flat = canon["qweight"]  # high nibble = even element over the flattened weight
+    assert int(state.codes[0, 0] & 0xF) == int(flat[0] >> 4) and int(state.codes[0, 0] >> 4) == int(
+        flat[0] & 0xF
+    )
+    w = reference.dequantize(canon)
+    code = canon["code"]
+    c0 = state.codes[:, 0:1] & 0xF  # element (n, 0)
+    assert torch.equal(code[c0.long()].view(16) * state.scales[:, 0], w[:, 0])
+
+
+@pytest.mark.parametrize("scheme,bad", [("w4a16-nvfp4", 0x7F), ("w4a16-mxfp4", 255)])
+def test_nan_scale_codes_are_refused_at_load(scheme: str, bad: int) -> None:
+    w = torch.randn(32, 64)
+    canon = reference.quantize(w, scheme)
+    sc = canon["scales"].view(torch.uint8).clone()
+    sc[3, 1] = bad
+    canon.tensors["scales"] = sc.view(canon["scales"].dtype)
+    spec = LayerSpec(canon.scheme, 64, 32, act_dtype=DT)
+    with pytest.raises(ValueError, match="NaN"):
+        CudaTritonFp4().prepare(canon, spec)
+
+
+def test_supports_reasons() -> None:
+    h200 = load_preset("h200").accelerators[0]
+    a100 = load_preset("a100").accelerators[0]
+
+    def spec(s: str, K: int = 4096, **kw):
+        from quantrt.schemes import parse_scheme
+
+        return LayerSpec(parse_scheme(s), K, 4096, **kw)
+
+    assert CudaTritonFp4.supports(spec("w4a16-nvfp4"), h200) and CudaTritonFp4.supports(
+        spec("w4a16-mxfp4"), a100
+    )
+    assert CudaTritonFp4.is_substitute(spec("w4a4-nvfp4")) and not CudaTritonFp4.is_substitute(
+        spec("w4a16-nvfp4")
+    )
+    v = CudaTritonBnb4.supports(spec("w4a16-nf4-g64", K=4160 + 32), h200)
+    assert not v and "blocksize" in v.reason
+    v = CudaTritonGGUF.supports(spec("gguf-q4_k", act_dtype=torch.float32), h200)
+    assert not v and "bf16 or fp16" in v.reason
+    assert CudaTritonGGUF.supports(spec("gguf-q2_k"), h200)
+    assert not CudaTritonFp4.supports(spec("w4a16-nf4-g64"), h200)
