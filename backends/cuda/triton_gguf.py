@@ -30,6 +30,7 @@ TABLE = "gguf"
 @dataclass
 class GGUFState:
     planes: dict[str, torch.Tensor]
+    plane_list: list[torch.Tensor]  # the same, in the torch op's order
     gguf_type: str
     N: int
     K: int
@@ -76,7 +77,13 @@ class CudaTritonGGUF(Kernel):
         )
 
     def prepare(self, weight: CanonicalWeight, spec: LayerSpec) -> GGUFState:
-        from quantrt.backends.triton.gguf import GGUFConfig, gguf_dequant, gguf_matmul, gguf_planes
+        from quantrt.backends.triton.gguf import (
+            GGUFConfig,
+            gguf_dequant,
+            gguf_matmul,
+            gguf_planes,
+            plane_list,
+        )
 
         t = weight.scheme.gguf_type
         assert t is not None
@@ -86,7 +93,7 @@ class CudaTritonGGUF(Kernel):
         elem = torch.finfo(spec.act_dtype).bits // 8
         budget = int(doc.get("dense_workspace_mb", dense_slices.DEFAULT_WORKSPACE_MB)) << 20
         return GGUFState(
-            planes, t, weight.N, weight.K, _configs(doc, t, GGUFConfig), int(doc["gemv_max_m"]),
+            planes, plane_list(planes, t), t, weight.N, weight.K, _configs(doc, t, GGUFConfig), int(doc["gemv_max_m"]),
             dense_slices.slice_rows(weight.N, weight.K, elem, budget), spec.act_dtype, spec.output_dtype,
             gguf_matmul, gguf_dequant,
         )  # fmt: skip

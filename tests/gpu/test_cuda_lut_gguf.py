@@ -200,8 +200,8 @@ def test_cuda_graph_replay_equals_eager(scheme: str, m: int) -> None:
     assert rel(y, layer(x)) < 1e-3
 
 
-@pytest.mark.parametrize("scheme", ["w4a16-nvfp4", "w4a16-nf4-g64"])
-def test_lut4_compiles_fullgraph(scheme: str) -> None:
+@pytest.mark.parametrize("scheme", ["w4a16-nvfp4", "w4a16-nf4-g64", "gguf-q4_k"])
+def test_small_batches_compile_fullgraph(scheme: str) -> None:
     layer, canon, bias = build(scheme, 512, 256, torch.bfloat16, seed=5)
     for m in (1, 3):
         x = torch.randn(m, 512, device="cuda", dtype=torch.bfloat16)
