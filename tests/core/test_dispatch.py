@@ -138,13 +138,13 @@ def test_forced_kernel() -> None:
 
 def test_fallback_policy(caplog: pytest.LogCaptureFixture) -> None:
     caps = load_preset("h100")
-    spec = layer_spec("gguf-q5_k", 4096, 1536)
+    spec = layer_spec("w3a16-int-g128-asym", 4096, 1536)
     with pytest.raises(DispatchError, match=r"QUANTRT_FALLBACK=strict: .*runs on the reference kernel"):
         select(spec, "cuda:0", caps, ov(QUANTRT_FALLBACK="strict"))
     with caplog.at_level(logging.WARNING, logger="quantrt.dispatch"):
         select(spec, "cuda:0", caps, ov())
         select(spec, "cuda:0", caps, ov())  # logged once per distinct case, not per call
-    warnings = [r for r in caplog.records if "gguf-q5_k K=4096 N=1536" in r.getMessage()]
+    warnings = [r for r in caplog.records if "w3a16-int-g128-asym K=4096 N=1536" in r.getMessage()]
     assert (
         len(warnings) == 1
         and "cuda.torch_tinygemm: requires 4-bit integer weights" in warnings[0].getMessage()
