@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from quantrt.canonical import CanonicalWeight
-from quantrt.kernels import Kernel, Verdict, check
+from quantrt.kernels import Verdict, check
 from quantrt.specs import LayerSpec
 
 from . import dense_slices, tile_table
@@ -49,13 +49,14 @@ def _configs(doc: dict[str, Any], gguf_type: str, make: Any) -> tuple[tuple[int,
     return tuple(sorted((int(m), make(**c)) for m, c in rows.items()))
 
 
-class CudaTritonGGUF(Kernel):
+class CudaTritonGGUF(dense_slices.DequantSlicesKernel):
     """GGUF weight-only: fused dequant GEMV for small M, dequant + cuBLAS for large M."""
 
     name = "cuda.triton_gguf"
     backend = "cuda"
     device_kinds = ("cuda",)
     priority = 40
+    table = TABLE
     description = (
         "GGUF (all ten llama.cpp types): native blocks split into aligned planes, fused dequant GEMV for "
         "small M, dequant + cuBLAS (bounded slices) for large M"
@@ -90,21 +91,11 @@ class CudaTritonGGUF(Kernel):
         q = weight["qweight"]
         planes = gguf_planes(q, t, weight.N, weight.K)
         doc = tile_table.load(TABLE, tile_table.arch_of(q))
-        elem = torch.finfo(spec.act_dtype).bits // 8
-        budget = int(doc.get("dense_workspace_mb", dense_slices.DEFAULT_WORKSPACE_MB)) << 20
         return GGUFState(
             planes, plane_list(planes, t), t, weight.N, weight.K, _configs(doc, t, GGUFConfig), int(doc["gemv_max_m"]),
-            dense_slices.slice_rows(weight.N, weight.K, elem, budget), spec.act_dtype, spec.output_dtype,
+            dense_slices.rows_for(weight.N, weight.K, spec.act_dtype, doc), spec.act_dtype, spec.output_dtype,
             gguf_matmul, gguf_dequant,
         )  # fmt: skip
-
-    def workspace_bytes(self, spec: LayerSpec, max_m: int) -> int:
-        doc = tile_table.load(TABLE, "default")
-        budget = int(doc.get("dense_workspace_mb", dense_slices.DEFAULT_WORKSPACE_MB)) << 20
-        elem = torch.finfo(spec.act_dtype).bits // 8
-        return max(
-            4 * max_m * spec.N_part, dense_slices.workspace_bytes(spec.N_part, spec.K_part, elem, budget)
-        )
 
     @staticmethod
     def _config(state: GGUFState, m: int) -> Any:
@@ -114,34 +105,25 @@ class CudaTritonGGUF(Kernel):
         return state.configs[-1][1]
 
     def strategy(self, state: GGUFState, m: int) -> str:
-        if m > state.gemv_max_m:
+        if self.use_dense(state, m):
             return f"dequant+cuBLAS (N slices of {state.slice_rows})"
         c = self._config(state, m)
         return f"gemv BM{c.block_m} BN{c.block_n} S{c.split_k}"
 
-    def apply(
-        self,
-        state: GGUFState,
-        x: torch.Tensor,
-        bias: torch.Tensor | None = None,
-        out: torch.Tensor | None = None,
+    def use_dense(self, state: GGUFState, m: int) -> bool:
+        return m > state.gemv_max_m
+
+    def dequant_rows(self, state: GGUFState, n0: int, n1: int) -> torch.Tensor:
+        return state.dequant(state.planes, state.gguf_type, state.N, state.K, state.act, n0, n1)
+
+    def small(
+        self, state: GGUFState, x: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor | None
     ) -> torch.Tensor:
-        if x.dtype != state.act:
-            x = x.to(state.act)
-        if bias is not None and bias.dtype != state.act:
-            bias = bias.to(state.act)
-        if out is not None and out.dtype != state.act:
-            out.copy_(self.apply(state, x, bias, None))
-            return out
-        m = x.shape[0]
-        if m > state.gemv_max_m:
-
-            def dequant(n0: int, n1: int) -> torch.Tensor:
-                return state.dequant(state.planes, state.gguf_type, state.N, state.K, state.act, n0, n1)
-
-            y = dense_slices.dense_linear(x, state.N, state.slice_rows, dequant, bias, out)
-        else:
-            y = state.matmul(
-                x, state.planes, state.gguf_type, state.N, state.K, bias, self._config(state, m), out
-            )
-        return y if y.dtype == state.out_dtype else y.to(state.out_dtype)
+        c = self._config(state, x.shape[0])
+        if torch.compiler.is_compiling():  # traced: the registered op with its fake
+            y = torch.ops.quantrt.gguf_mm(
+                x, state.plane_list, state.gguf_type, state.N, state.K, bias,
+                c.block_m, c.block_n, c.split_k, c.num_warps, c.num_stages, c.block_k,
+            )  # fmt: skip
+            return y if out is None else out.copy_(y)
+        return state.matmul(x, state.planes, state.gguf_type, state.N, state.K, bias, c, out)

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from quantrt.canonical import CanonicalWeight, dequantize_absmax, unpack_bnb4
-from quantrt.kernels import Kernel, Verdict, check
+from quantrt.kernels import Verdict, check
 from quantrt.specs import LayerSpec
 
 from . import dense_slices, tile_table
@@ -102,12 +102,13 @@ def _prepare_bnb4(weight: CanonicalWeight) -> tuple[torch.Tensor, torch.Tensor, 
     return codes, absmax.reshape(N, K // G).contiguous(), weight["code"].float().contiguous()
 
 
-class CudaTritonLut4(Kernel):
+class CudaTritonLut4(dense_slices.DequantSlicesKernel):
     """4-bit code-book weight-only matmul in Triton; dequant + cuBLAS for large M."""
 
     backend = "cuda"
     device_kinds = ("cuda",)
     priority = 40
+    table = TABLE
 
     def prepare(self, weight: CanonicalWeight, spec: LayerSpec) -> Lut4State:
         from quantrt.backends.triton.common import TileConfig
@@ -122,73 +123,57 @@ class CudaTritonLut4(Kernel):
             row, kind = None, "f32"
         G = s.group_size
         assert G is not None
-        arch = tile_table.arch_of(codes)
-        doc = tile_table.load(TABLE, arch)
+        doc = tile_table.load(TABLE, tile_table.arch_of(codes))
         configs = tile_table.tile_configs(doc[TABLE], weight.N, weight.K, TileConfig)
-        elem = torch.finfo(spec.act_dtype).bits // 8
-        budget = int(doc.get("dense_workspace_mb", dense_slices.DEFAULT_WORKSPACE_MB)) << 20
         return Lut4State(
             codes, scales, table, row, G, kind, configs, int(doc["dense_from_m"]),
-            dense_slices.slice_rows(weight.N, weight.K, elem, budget), weight.N, weight.K,
+            dense_slices.rows_for(weight.N, weight.K, spec.act_dtype, doc), weight.N, weight.K,
             spec.act_dtype, spec.output_dtype, lut4_matmul, lut4_dequant,
         )  # fmt: skip
 
-    def workspace_bytes(self, spec: LayerSpec, max_m: int) -> int:
-        doc = tile_table.load(TABLE, "default")
-        budget = int(doc.get("dense_workspace_mb", dense_slices.DEFAULT_WORKSPACE_MB)) << 20
-        elem = torch.finfo(spec.act_dtype).bits // 8
-        return max(
-            4 * max_m * spec.N_part, dense_slices.workspace_bytes(spec.N_part, spec.K_part, elem, budget)
-        )
-
     def strategy(self, state: Lut4State, m: int) -> str:
-        if m >= state.dense_from:
+        if self.use_dense(state, m):
             return f"dequant+cuBLAS (N slices of {state.slice_rows})"
-        c = tile_table.pick(state.configs, m)
+        c = self._config(state, m)
         kind = "gemv" if c.block_m == 1 else "tile"
         return f"{kind} BM{c.block_m} BN{c.block_n} BK{c.block_k} S{c.split_k}"
 
-    def apply(
-        self,
-        state: Lut4State,
-        x: torch.Tensor,
-        bias: torch.Tensor | None = None,
-        out: torch.Tensor | None = None,
+    def use_dense(self, state: Lut4State, m: int) -> bool:
+        return m >= state.dense_from
+
+    @staticmethod
+    def _config(state: Lut4State, m: int) -> Any:
+        c = tile_table.pick(state.configs, m)
+        return state.configs[1] if c.block_m == 1 and m != 1 else c  # the GEMV serves one row
+
+    def dequant_rows(self, state: Lut4State, n0: int, n1: int) -> torch.Tensor:
+        return state.dequant(
+            state.codes, state.scales, state.group, state.scale_kind, state.table, state.row_scale, state.act,
+            n0, n1,
+        )  # fmt: skip
+
+    def small(
+        self, state: Lut4State, x: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor | None
     ) -> torch.Tensor:
-        if x.dtype != state.act:
-            x = x.to(state.act)
-        if bias is not None and bias.dtype != state.act:
-            bias = bias.to(state.act)
-        if out is not None and out.dtype != state.act:
-            out.copy_(self.apply(state, x, bias, None))
-            return out
-        m = x.shape[0]
-        if m >= state.dense_from:
-
-            def dequant(n0: int, n1: int) -> torch.Tensor:
-                return state.dequant(
-                    state.codes, state.scales, state.group, state.scale_kind, state.table, state.row_scale,
-                    state.act, n0, n1,
-                )  # fmt: skip
-
-            y = dense_slices.dense_linear(x, state.N, state.slice_rows, dequant, bias, out)
-        else:
-            c = tile_table.pick(state.configs, m)
-            if c.block_m == 1 and m != 1:
-                c = state.configs[1]  # the GEMV serves one row; the 16-row bucket's tile the rest
-            if torch.compiler.is_compiling():
-                y = torch.ops.quantrt.lut4_mm(
-                    x, state.codes, state.scales, state.group, state.scale_kind, state.table, state.row_scale,
-                    bias, c.block_m, c.block_n, c.block_k, c.split_k, c.num_warps, c.num_stages,
-                )  # fmt: skip
-                if out is not None:
-                    y = out.copy_(y)
-            else:
-                y = state.matmul(
-                    x, state.codes, state.scales, state.group, state.scale_kind, state.table, state.row_scale,
-                    bias, c, out,
-                )  # fmt: skip
-        return y if y.dtype == state.out_dtype else y.to(state.out_dtype)
+        c = self._config(state, x.shape[0])
+        if torch.compiler.is_compiling():  # traced: the registered op with its fake
+            y = torch.ops.quantrt.lut4_mm(
+                x, state.codes, state.scales, state.group, state.scale_kind, state.table, state.row_scale,
+                bias, c.block_m, c.block_n, c.block_k, c.split_k, c.num_warps, c.num_stages,
+            )  # fmt: skip
+            return y if out is None else out.copy_(y)
+        return state.matmul(
+            x,
+            state.codes,
+            state.scales,
+            state.group,
+            state.scale_kind,
+            state.table,
+            state.row_scale,
+            bias,
+            c,
+            out,
+        )
 
 
 class CudaTritonFp4(CudaTritonLut4):
