@@ -47,6 +47,8 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     fn = lib.quantrt_gguf_linear
     fn.restype = i32
     fn.argtypes = [i32, ptr, i64, i64, i64, ptr, i64, i64, i64, i32, ptr, i32, ptr, i64, i32, ptr, i32]
+    lib.quantrt_gguf_dequant_rows.restype = i32
+    lib.quantrt_gguf_dequant_rows.argtypes = [i32, ptr, i64, i64, i64, i64, i64, ptr, i32, i64, i32]
     return lib
 
 
@@ -289,6 +291,32 @@ class CpuNativeGGUF(Kernel):
 def _isa(caps: Any) -> str:
     feats = sorted(f for f in caps.features if f.startswith(("avx", "sse", "neon", "sve")))
     return ",".join(feats) or "none"
+
+
+def dequant_rows(state: GGUFState, n0: int, n1: int, out: torch.Tensor) -> torch.Tensor:
+    """Rows [n0, n1) of the exactly dequantized weight (weights only: no activation quantization)
+    from the prepared layout into ``out`` [n1 - n0, K] (fp32, bf16 or fp16, unit column stride): the
+    reference's fp32 values, rounded once to ``out``'s dtype."""
+    if not 0 <= n0 <= n1 <= state.N:
+        raise ValueError(f"rows [{n0}, {n1}) are not within [0, {state.N})")
+    if (
+        out.dim() != 2
+        or tuple(out.shape) != (n1 - n0, state.K)
+        or out.dtype not in DTYPE_CODES
+        or out.device.type != "cpu"
+        or (out.numel() and out.stride(1) != 1)
+    ):
+        raise ValueError(
+            f"out must be a CPU fp32/bf16/fp16 [{n1 - n0}, {state.K}] with unit column stride, "
+            f"found {out.dtype} {list(out.shape)} strides {out.stride()} on {out.device}"
+        )
+    rc = native_library().quantrt_gguf_dequant_rows(
+        state.type_code, state.weight.data_ptr(), state.N, state.K, state.groups, n0, n1, out.data_ptr(),
+        DTYPE_CODES[out.dtype], out.stride(0), torch.get_num_threads(),
+    )  # fmt: skip
+    if rc:
+        raise RuntimeError(f"gguf dequant_rows: the native code refused rows [{n0}, {n1}) (code {rc})")
+    return out
 
 
 KERNELS = (CpuNativeGGUF,)

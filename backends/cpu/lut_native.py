@@ -66,6 +66,8 @@ def _library() -> ctypes.CDLL:
         lib.quantrt_lut_linear.argtypes = [
             ctypes.POINTER(i64), ptr, i32, i64, i64, i64, ptr, i32, ptr, i32, i64, i32, i32,
         ]  # fmt: skip
+        lib.quantrt_lut_dequant_rows.restype = i32
+        lib.quantrt_lut_dequant_rows.argtypes = [ctypes.POINTER(i64), ptr, i64, i64, ptr, i32, i64, i32]
         lib._quantrt_typed = True
     return lib
 
@@ -371,6 +373,45 @@ class NativeLut(Kernel):
             )  # fmt: skip
             check_rc(rc, self.name)
         return finish(y, out)
+
+
+def dequant_rows(
+    state: LutState, n0: int, n1: int, out: torch.Tensor, code: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Rows [n0, n1) of the dequantized weight (value * block scale * row multiplier in fp32, rounded
+    once to ``out``'s dtype) from the prepared layout into ``out`` [n1 - n0, K] (fp32, bf16 or fp16,
+    unit column stride).
+
+    A bnb code book is exact only in fp32 (the layout keeps it as bf16 value + residual): give it as
+    ``code`` (16 fp32 values) or in ``state.tensors["code32"]`` (as the AMX kernel's prepare does)."""
+    if not 0 <= n0 <= n1 <= state.N:
+        raise ValueError(f"rows [{n0}, {n1}) are not within [0, {state.N})")
+    if (
+        out.dim() != 2
+        or tuple(out.shape) != (n1 - n0, state.K)
+        or out.dtype not in DTYPE_CODE
+        or out.device.type != "cpu"
+        or (out.numel() and out.stride(1) != 1)
+    ):
+        raise ValueError(
+            f"out must be a CPU fp32/bf16/fp16 [{n1 - n0}, {state.K}] with unit column stride, "
+            f"found {out.dtype} {list(out.shape)} strides {out.stride()} on {out.device}"
+        )
+    if code is None:
+        code = state.tensors.get("code32")
+    if code is not None:
+        code = code.to(torch.float32).contiguous()
+        if code.numel() != 16:
+            raise ValueError(f"code must hold the 16 code-book values, found {code.numel()}")
+    elif state.desc[FIELDS.index("haslo")]:
+        raise ValueError("this code book is exact only in fp32: pass code= (the 16 fp32 values)")
+    rc = _library().quantrt_lut_dequant_rows(
+        state.desc, 0 if code is None else code.data_ptr(), n0, n1, out.data_ptr(), DTYPE_CODE[out.dtype],
+        out.stride(0), torch.get_num_threads(),
+    )  # fmt: skip
+    if rc:
+        raise RuntimeError(f"lut dequant_rows: the native code refused rows [{n0}, {n1}) (code {rc})")
+    return out
 
 
 KERNELS: tuple[type[Kernel], ...] = (NativeLut,)

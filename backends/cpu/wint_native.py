@@ -57,6 +57,8 @@ def _library() -> ctypes.CDLL:
         ]  # fmt: skip
         lib.quantrt_w8a8_quantize.restype = i32
         lib.quantrt_w8a8_quantize.argtypes = [ptr, i32, i64, i64, i64, i64, ctypes.c_float, ptr, ptr, i32]
+        lib.quantrt_wint_dequant_rows.restype = i32
+        lib.quantrt_wint_dequant_rows.argtypes = [desc, i64, i64, ptr, i32, i64, i32]
         lib._quantrt_typed = True
     return lib
 
@@ -352,6 +354,34 @@ def quantize_activations(x: torch.Tensor, in_scale: float = 0.0) -> tuple[torch.
     )  # fmt: skip
     _check_rc(rc, "w8a8 activation quantization")
     return q, a
+
+
+def dequant_rows(state: WintState, n0: int, n1: int, out: torch.Tensor) -> torch.Tensor:
+    """Rows [n0, n1) of the dequantized weight ``(q - z) * s`` (fp32, rounded once to ``out``'s dtype)
+    from the prepared layout into ``out`` [n1 - n0, K] (fp32, bf16 or fp16, unit column stride)."""
+    _check_rows(state.N, state.K, n0, n1, out)
+    rc = _library().quantrt_wint_dequant_rows(
+        state.desc, n0, n1, out.data_ptr(), DTYPE_CODE[out.dtype], out.stride(0), torch.get_num_threads()
+    )
+    if rc:
+        raise RuntimeError(f"wint dequant_rows: the native code refused rows [{n0}, {n1}) (code {rc})")
+    return out
+
+
+def _check_rows(N: int, K: int, n0: int, n1: int, out: torch.Tensor) -> None:
+    if not 0 <= n0 <= n1 <= N:
+        raise ValueError(f"rows [{n0}, {n1}) are not within [0, {N})")
+    if (
+        out.dim() != 2
+        or tuple(out.shape) != (n1 - n0, K)
+        or out.dtype not in DTYPE_CODE
+        or out.device.type != "cpu"
+        or (out.numel() and out.stride(1) != 1)
+    ):
+        raise ValueError(
+            f"out must be a CPU fp32/bf16/fp16 [{n1 - n0}, {K}] with unit column stride, "
+            f"found {out.dtype} {list(out.shape)} strides {out.stride()} on {out.device}"
+        )
 
 
 KERNELS: tuple[type[Kernel], ...] = (NativeWint, NativeW8A8Int8)

@@ -859,3 +859,174 @@ int32_t quantrt_gguf_linear(int32_t type, const uint8_t* w, int64_t N, int64_t K
 }
 
 }  // extern "C"
+
+// ---- dequantized rows (the AMX path of backends/cpu/amx.py) -----------------------------------
+// Rows [n0, n1) of the dequantized weight, exact: weights only, no activation quantization. A grouped
+// row's block is first gathered back from its planes and fields (undoing the transposes and Q6_K's
+// plane order) into llama.cpp's canonical block, which decode_legacy / decode_k read (the unpacked
+// 6-bit scales of Q3_K/Q4_K/Q5_K are taken as unpacked); tail rows are canonical already. Values are
+// computed in the reference's fp32 order (d * q, then + m; d * sc, dmin * mn, then dl * q - ml), with
+// no fused multiply-add, then rounded once to odt (fp32, bf16 or fp16).
+namespace {
+
+// the scale fields of each type as (bytes, transpose unit), in the layout's order (gguf_native._fields)
+struct FieldSpec {
+  int n;
+  int len[4], unit[4];
+};
+constexpr FieldSpec kFields[NTYPES] = {
+    {1, {2}, {2}},                       // q4_0: d
+    {2, {2, 2}, {2, 2}},                 // q4_1: d, m
+    {1, {2}, {2}},                       // q5_0: d
+    {2, {2, 2}, {2, 2}},                 // q5_1: d, m
+    {1, {2}, {2}},                       // q8_0: d
+    {3, {2, 2, 16}, {2, 2, 1}},          // q2_k: d, dmin, scales
+    {2, {2, 16}, {2, 1}},                // q3_k: d, scales (unpacked, minus 32)
+    {4, {2, 2, 8, 8}, {2, 2, 1, 1}},     // q4_k: d, dmin, scales, mins (unpacked)
+    {4, {2, 2, 8, 8}, {2, 2, 1, 1}},     // q5_k: as q4_k
+    {2, {2, 16}, {2, 1}},                // q6_k: d, scales
+};
+
+// the plane holding Q6_K's canonical code word w (the inverse of gguf_native.PLANE_ORDER)
+struct Q6Planes {
+  int pos[48];
+  Q6Planes() {
+    int i = 0;
+    for (int n = 0; n < 2; ++n)
+      for (int h = 0; h < 2; ++h) {
+        for (int c = 0; c < 4; ++c) pos[16 * n + 4 * h + c] = i++;
+        for (int c = 0; c < 4; ++c) pos[16 * n + 8 + 4 * h + c] = i++;
+        for (int c = 0; c < 4; ++c) pos[32 + 8 * n + 4 * h + c] = i++;
+      }
+  }
+};
+
+// row r of a group block (planes p, fields f) as a canonical block `blk` (T bytes), plus the
+// unpacked K-quant scales/mins in us (16 + 16 bytes) for the types that store them unpacked
+void gather_block(int32_t t, const uint8_t* p, const uint8_t* f, int64_t r, uint8_t* blk, uint8_t* us) {
+  static const Q6Planes q6;
+  const TypeInfo ti = kInfo[t];
+  uint8_t codes[192], flds[24];
+  for (int w = 0; w < ti.P / 4; ++w) {
+    const int plane = t == Q6_K ? q6.pos[w] : w;
+    std::memcpy(codes + 4 * w, p + 64 * plane + 4 * r, 4);
+  }
+  const FieldSpec& fs = kFields[t];
+  int off = 0, fo = 0;
+  for (int i = 0; i < fs.n; ++i) {
+    const int u = fs.unit[i], L = fs.len[i];
+    for (int j = 0; j < L / u; ++j) std::memcpy(flds + fo + j * u, f + off + (j * kGroup + r) * u, u);
+    off += L * int(kGroup);
+    fo += L;
+  }
+  std::memset(blk, 0, ti.T);
+  switch (t) {
+    case Q2_K:  // scales16, qs64, d, dmin
+      std::memcpy(blk, flds + 4, 16);
+      std::memcpy(blk + 16, codes, 64);
+      std::memcpy(blk + 80, flds, 4);
+      break;
+    case Q3_K:  // hmask32, qs64, scales12 (unpacked separately), d
+      std::memcpy(blk, codes, 96);
+      std::memcpy(blk + 108, flds, 2);
+      std::memcpy(us, flds + 2, 16);
+      break;
+    case Q4_K:
+    case Q5_K:  // d, dmin, scales12 (unpacked separately), [qh32], qs128
+      std::memcpy(blk, flds, 4);
+      std::memcpy(blk + 16, codes, ti.P);
+      std::memcpy(us, flds + 4, 16);
+      break;
+    case Q6_K:  // ql128, qh64, scales16, d
+      std::memcpy(blk, codes, 192);
+      std::memcpy(blk + 192, flds + 2, 16);
+      std::memcpy(blk + 208, flds, 2);
+      break;
+    default:  // legacy: d[, m], [qh], qs
+      std::memcpy(blk, flds, fo);
+      std::memcpy(blk + fo, codes, ti.P);
+  }
+}
+
+// the block's B values in fp32 as the reference computes them; `us` overrides decode_k's scales
+void dequant_block(int32_t t, const uint8_t* blk, const uint8_t* us, float* o) {
+  if (!is_k(t)) {
+    Legacy l;
+    decode_legacy(t, blk, l);
+    alignas(64) float prod[32];
+    for (int j = 0; j < 32; ++j) prod[j] = l.d * float(l.q[j]);
+    if (t == Q4_1 || t == Q5_1) {
+      asm volatile("" : : "r"(prod) : "memory");  // d * q rounded on its own: no fused multiply-add
+      for (int j = 0; j < 32; ++j) o[j] = prod[j] + l.m;
+    } else {
+      std::memcpy(o, prod, sizeof(prod));
+    }
+    return;
+  }
+  KQuant k;
+  decode_k(t, blk, k);
+  if (us) {
+    if (t == Q3_K) {
+      for (int i = 0; i < 16; ++i) k.sc[i] = static_cast<int8_t>(us[i]);
+    } else {
+      for (int i = 0; i < 8; ++i) {
+        k.sc[i] = us[i];
+        k.mn[i] = us[8 + i];
+      }
+    }
+  }
+  const int len = 256 / k.nsub;
+  alignas(64) float dl[16], ml[16], prod[256];
+  for (int u = 0; u < k.nsub; ++u) {
+    dl[u] = k.d * float(k.sc[u]);
+    ml[u] = k.dmin * float(k.mn[u]);
+  }
+  for (int e = 0; e < 256; ++e) prod[e] = dl[e / len] * float(k.q[e]);
+  if (t == Q2_K || t == Q4_K || t == Q5_K) {
+    asm volatile("" : : "r"(prod) : "memory");
+    for (int e = 0; e < 256; ++e) o[e] = prod[e] - ml[e / len];
+  } else {
+    std::memcpy(o, prod, sizeof(prod));
+  }
+}
+
+}  // namespace
+
+extern "C" {
+
+// w, N, K, ngroups as for quantrt_gguf_linear; out[(n - n0) * ldo + k] in dtype odt.
+// Returns 0, or -1 for bad arguments.
+int32_t quantrt_gguf_dequant_rows(int32_t type, const uint8_t* w, int64_t N, int64_t K, int64_t ngroups,
+                                  int64_t n0, int64_t n1, void* out, int32_t odt, int64_t ldo, int32_t threads) {
+  if (type < 0 || type >= NTYPES || K % kInfo[type].B || ngroups * kGroup > N) return -1;
+  if (n0 < 0 || n1 > N || n0 > n1 || ldo < K || (odt != qrt::F32 && odt != qrt::BF16 && odt != qrt::F16)) return -1;
+  const TypeInfo ti = kInfo[type];
+  const int64_t nb = K / ti.B;
+  const int64_t pbytes = nb * kGroup * ti.P, fbytes = nb * kGroup * ti.F, rbytes = nb * ti.T;
+  const uint8_t* fields = w + ngroups * pbytes;
+  const uint8_t* tail = fields + ngroups * fbytes;
+  const bool unpacked = type == Q3_K || type == Q4_K || type == Q5_K;
+#pragma omp parallel for num_threads(std::max<int64_t>(1, std::min<int64_t>(threads, n1 - n0))) schedule(static)
+  for (int64_t n = n0; n < n1; ++n) {
+    const int64_t g = n / kGroup, r = n % kGroup;
+    alignas(64) uint8_t blk[256];
+    uint8_t us[32];
+    alignas(64) float vals[256];
+    for (int64_t b = 0; b < nb; ++b) {
+      const uint8_t* src;
+      const uint8_t* scl = nullptr;
+      if (g < ngroups) {
+        gather_block(type, w + g * pbytes + b * kGroup * ti.P, fields + g * fbytes + b * kGroup * ti.F, r, blk, us);
+        src = blk;
+        if (unpacked) scl = us;
+      } else {
+        src = tail + (n - ngroups * kGroup) * rbytes + b * ti.T;
+      }
+      dequant_block(type, src, scl, vals);
+      for (int j = 0; j < ti.B; ++j) qrt::store_out(out, (n - n0) * ldo + b * ti.B + j, vals[j], odt);
+    }
+  }
+  return 0;
+}
+
+}  // extern "C"

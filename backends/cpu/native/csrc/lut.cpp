@@ -546,3 +546,77 @@ int32_t quantrt_lut_linear(const int64_t* d, const void* x, int32_t xdt, int64_t
 }
 
 }  // extern "C"
+
+// ---- dequantized rows (the AMX path of backends/cpu/amx.py) -----------------------------------
+// Rows [n0, n1) of the dequantized weight, read from the prepared layout above, written to
+// out[(n - n0) * ldo + k], k < K, in dtype odt (fp32, bf16 or fp16): value(code) * block scale
+// * row multiplier in fp32, in the reference's order, then rounded once to odt. 4-bit values come
+// from `code32` (the fp32 code book, 16 entries) when given, else from the bf16 table, which is
+// exact for e2m1; a bnb code book is exact only in fp32, so pass it. Scalar decode, parallel
+// over rows.
+namespace {
+
+inline float lut_bits_f32(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+// block scale kind sk at byte/word index i, as fold_scale decodes it
+inline float lut_scale(int sk, const void* s, int64_t i) {
+  switch (sk) {
+    case SK_F32: return static_cast<const float*>(s)[i];
+    case SK_E4M3: {
+      const int32_t e = static_cast<int8_t>(static_cast<const uint8_t*>(s)[i]);
+      return lut_bits_f32(uint32_t(e << 20) & 0x87F00000u) * 0x1p120f;
+    }
+    case SK_E8M0: {
+      const uint32_t e = static_cast<const uint8_t*>(s)[i];
+      return lut_bits_f32(e ? e << 23 : 1u << 22);
+    }
+    default: return 1.0f;
+  }
+}
+
+}  // namespace
+
+extern "C" {
+
+// Returns 0, 3 when the row range or output dtype is invalid.
+int32_t quantrt_lut_dequant_rows(const int64_t* d, const float* code32, int64_t n0, int64_t n1, void* out,
+                                 int32_t odt, int64_t ldo, int32_t threads) {
+  const int64_t N = d[L_N], K = d[L_K], Kp = d[L_KP], ng = d[L_NG], fold = d[L_FOLD];
+  const int bits = int(d[L_BITS]), sk = int(d[L_SKIND]);
+  if (n0 < 0 || n1 > N || n0 > n1 || (odt != F32 && odt != BF16 && odt != F16) || ldo < K) return 3;
+  const int64_t tile_bytes = bits == 8 ? (Kp / 2) * 32 : (Kp / 8) * 64;
+  const uint8_t* Q = reinterpret_cast<const uint8_t*>(d[L_Q]);
+  const uint16_t* tab = reinterpret_cast<const uint16_t*>(d[L_TAB]);
+  const void* scales = reinterpret_cast<const void*>(d[L_SCALES]);
+  const float* rowscale = reinterpret_cast<const float*>(d[L_ROWSCALE]);
+  float vals[16];
+  if (bits == 4)
+    for (int c = 0; c < 16; ++c) vals[c] = code32 ? code32[c] : qrt::bf16_to_f32(tab[c]);
+#pragma omp parallel for num_threads(std::max<int64_t>(1, std::min<int64_t>(threads, n1 - n0))) schedule(static)
+  for (int64_t n = n0; n < n1; ++n) {
+    const int64_t t = n / TILE, r = n % TILE;
+    const uint8_t* q = Q + t * tile_bytes;
+    const float rs = rowscale ? rowscale[n] : 1.0f;
+    for (int64_t k = 0; k < K; ++k) {
+      float v;
+      if (bits == 8) {
+        const uint8_t b = q[(k / 2) * 32 + 2 * r + (k & 1)];
+        v = qrt::bf16_to_f32(uint16_t(tab[b & 127] | ((b & 128) << 8)));
+      } else {
+        uint16_t w;
+        std::memcpy(&w, q + (k / 8) * 64 + 2 * (2 * r + (k & 1)), 2);
+        v = vals[(w >> (4 * ((k % 8) / 2))) & 15];
+      }
+      if (sk != SK_NONE) v = v * lut_scale(sk, scales, (t * ng + k / fold) * TILE + r);
+      if (rowscale) v = v * rs;
+      qrt::store_out(out, (n - n0) * ldo + k, v, odt);
+    }
+  }
+  return 0;
+}
+
+}  // extern "C"

@@ -783,3 +783,96 @@ int32_t quantrt_w8a8_linear(const int64_t* d, const void* x, int32_t xdt, int64_
 }
 
 }  // extern "C"
+
+// ---- dequantized rows (the AMX path of backends/cpu/amx.py) -----------------------------------
+// Rows [n0, n1) of the dequantized weight, read from the prepared layout above, written to
+// out[(n - n0) * ldo + k] for the K original columns (act-order codes go back to their columns
+// through perm) in dtype odt (fp32, bf16 or fp16). Each value is computed as the reference does,
+// s * (q - z) in fp32 (both integers are exact, one rounding), then rounded once to odt, so the bf16
+// output equals the fp32 dequantized weight rounded to bf16. Scalar decode, parallel over rows.
+namespace {
+
+// the code of row r (of a tile) at padded column k, minus 2^(b-1), from the tile's step stream
+inline int32_t wint_code(const uint8_t* q, int bits, int64_t r, int64_t k) {
+  switch (bits) {
+    case 8: return static_cast<int8_t>(q[(k / 2) * 32 + 2 * r + (k & 1)]);
+    case 4: {
+      const uint8_t b = q[(k / 4) * 32 + 2 * r + (k & 1)];
+      return int32_t((b >> (4 * ((k % 4) / 2))) & 15) - 8;
+    }
+    case 2: {
+      const uint8_t b = q[(k / 8) * 32 + 2 * r + (k & 1)];
+      return int32_t((b >> (2 * ((k % 8) / 2))) & 3) - 2;
+    }
+    default: {  // 3 bits: low two bits as for 2, bit 2 in mask f
+      const uint8_t* st = q + (k / 8) * 48;
+      const int f = int((k % 8) / 2);
+      const int32_t lo = (st[2 * r + (k & 1)] >> (2 * f)) & 3;
+      const uint32_t mask = uint32_t(load_u32(st + 32 + 4 * f));
+      return (lo | int32_t(((mask >> (2 * r + (k & 1))) & 1) << 2)) - 4;
+    }
+  }
+}
+
+// one row of the dequantized weight (see quantrt_wint_dequant_rows), bits and output dtype fixed
+template <int BITS, int ODT>
+void wint_dequant_row(const uint8_t* q, const float* scales, const int16_t* zeros, const int32_t* perm, int64_t t,
+                      int64_t r, int64_t K, int64_t ng, int64_t fold, int64_t sstr, void* out) {
+  for (int64_t k0 = 0; k0 < K; k0 += fold) {
+    const int64_t k1 = std::min(K, k0 + fold), o = (t * ng + (k0 / fold) * sstr) * TILE + r;
+    const float s = scales[o];
+    const int32_t z = zeros ? int32_t(zeros[o]) : 0;
+    for (int64_t k = k0; k < k1; ++k) {
+      // (q - h) - (z - h) = q - z, exact; one fp32 product as (q - z) * s in the reference
+      const float v = float(wint_code(q, BITS, r, k) - z) * s;
+      const int64_t c = perm ? perm[k] : k;
+      if constexpr (ODT == BF16) static_cast<uint16_t*>(out)[c] = qrt::f32_to_bf16(v);
+      else if constexpr (ODT == F16) static_cast<uint16_t*>(out)[c] = qrt::f32_to_f16(v);
+      else static_cast<float*>(out)[c] = v;
+    }
+  }
+}
+
+template <int BITS>
+void wint_dequant_row_any(int32_t odt, const uint8_t* q, const float* scales, const int16_t* zeros,
+                          const int32_t* perm, int64_t t, int64_t r, int64_t K, int64_t ng, int64_t fold,
+                          int64_t sstr, void* out) {
+  switch (odt) {
+    case BF16: wint_dequant_row<BITS, BF16>(q, scales, zeros, perm, t, r, K, ng, fold, sstr, out); break;
+    case F16: wint_dequant_row<BITS, F16>(q, scales, zeros, perm, t, r, K, ng, fold, sstr, out); break;
+    default: wint_dequant_row<BITS, F32>(q, scales, zeros, perm, t, r, K, ng, fold, sstr, out);
+  }
+}
+
+}  // namespace
+
+extern "C" {
+
+// Returns 0, 3 when the row range or output dtype is invalid.
+int32_t quantrt_wint_dequant_rows(const int64_t* d, int64_t n0, int64_t n1, void* out, int32_t odt, int64_t ldo,
+                                  int32_t threads) {
+  const int64_t N = d[W_N], K = d[W_K], Kp = d[W_KP], ng = d[W_NG], fold = d[W_FOLD], sstr = d[W_SSTRIDE];
+  const int bits = int(d[W_BITS]);
+  if (n0 < 0 || n1 > N || n0 > n1 || (odt != F32 && odt != BF16 && odt != F16) || ldo < K) return 3;
+  const int bytes = bits == 3 ? 48 : 32, S = bits == 8 ? 2 : (bits == 4 ? 4 : 8);
+  const int64_t tile_bytes = (Kp / S) * bytes;
+  const uint8_t* Q = reinterpret_cast<const uint8_t*>(d[W_Q]);
+  const float* scales = reinterpret_cast<const float*>(d[W_SCALES]);
+  const int16_t* zeros = reinterpret_cast<const int16_t*>(d[W_ZEROS]);
+  const int32_t* perm = reinterpret_cast<const int32_t*>(d[W_PERM]);
+#pragma omp parallel for num_threads(std::max<int64_t>(1, std::min<int64_t>(threads, n1 - n0))) schedule(static)
+  for (int64_t n = n0; n < n1; ++n) {
+    const int64_t t = n / TILE, r = n % TILE;
+    const uint8_t* q = Q + t * tile_bytes;
+    void* o = static_cast<uint8_t*>(out) + (n - n0) * ldo * (odt == F32 ? 4 : 2);
+    switch (bits) {
+      case 8: wint_dequant_row_any<8>(odt, q, scales, zeros, perm, t, r, K, ng, fold, sstr, o); break;
+      case 4: wint_dequant_row_any<4>(odt, q, scales, zeros, perm, t, r, K, ng, fold, sstr, o); break;
+      case 3: wint_dequant_row_any<3>(odt, q, scales, zeros, perm, t, r, K, ng, fold, sstr, o); break;
+      default: wint_dequant_row_any<2>(odt, q, scales, zeros, perm, t, r, K, ng, fold, sstr, o);
+    }
+  }
+  return 0;
+}
+
+}  // extern "C"

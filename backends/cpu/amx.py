@@ -1,0 +1,204 @@
+"""AMX-aware large-M path for the native weight-only CPU kernels (Sapphire Rapids and later).
+
+Why: a prefill-sized batch is compute-bound, and on CPUs with AMX the fastest bf16 multiplier is
+AMX's tile unit, which torch's CPU bf16 matmul (oneDNN) already drives (and which falls back to
+AVX-512 BF16 where there is no AMX, so the numbers are the same everywhere). So at ``M >= AMX_FROM_M``
+these kernels dequantize the prepared weight in row slices into a bounded bf16 scratch buffer
+(``SCRATCH_BYTES``, native code: ``dequant_rows`` of the parent's module, exact: the fp32 dequantized
+weight rounded once to bf16) and multiply each slice with ``torch.mm`` in bf16 (fp32 accumulation
+inside oneDNN). Activations are rounded to bf16 on that path (bf16 is what AMX multiplies), so fp32
+activations lose their low bits there. Small batches keep the parent's native GEMV: a GEMV is
+bandwidth-bound, and AMX does not help it. One prepared layout (the parent's) serves both paths;
+the scratch is per call and declared in ``workspace_bytes``.
+
+The kernels subclass the native weight-only kernels and win dispatch just ahead of them only when
+the probe reports AMX bf16 tiles (``amx_bf16`` and ``amx_tile``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from quantrt.canonical import CanonicalWeight
+from quantrt.kernels import Kernel, Verdict, check
+from quantrt.specs import LayerSpec
+
+from . import gguf_native, lut_native, wint_native
+from .native_common import round_up
+
+#: probe features the AMX path needs (AMX tile registers and the bf16 tile multiply)
+AMX_FEATURES = ("amx_bf16", "amx_tile")
+#: batch sizes from which the AMX path runs: an AMX tile holds 16 rows of the activations, so below 16
+#: a tile multiply runs partly empty, and a batch that small is bound by reading the weight, which the
+#: native GEMV does once at 2-8 bits per weight while this path writes and re-reads 16-bit weights
+AMX_FROM_M = 16
+#: the bf16 scratch of one row slice stays within this many bytes (32 MiB)
+SCRATCH_BYTES = 32 << 20
+#: output rows per tile of every parent layout (wint/lut tiles, GGUF groups): slices are multiples
+ROW_TILE = 16
+
+
+def slice_rows(N: int, K: int, budget: int = SCRATCH_BYTES) -> int:
+    """Rows per slice: a multiple of the layout's row tile whose bf16 rows fit ``budget`` (at least one
+    tile), no more than the layer's rows rounded up to a tile."""
+    rows = max(ROW_TILE, budget // (2 * max(K, 1)) // ROW_TILE * ROW_TILE)
+    return min(rows, round_up(max(N, 1), ROW_TILE))
+
+
+def amx_verdict(caps: Any) -> Verdict:
+    missing = [f for f in AMX_FEATURES if f not in caps.features]
+    found = sorted(f for f in caps.features if f.startswith("amx"))
+    return check(
+        (
+            not missing,
+            "AMX bf16 tiles (amx_bf16, amx_tile)",
+            {"amx_features": " ".join(found) or "none", "missing": " ".join(missing)},
+        )
+    )
+
+
+@dataclass
+class AmxState:
+    """The parent's prepared state, and what the AMX path adds to it."""
+
+    inner: Any  # the parent kernel's state (its one prepared layout)
+    N: int
+    K: int
+    rows: int  # rows per bf16 scratch slice (a multiple of ROW_TILE)
+    amx_from: int  # batch sizes from which the AMX path runs
+    out_dtype: torch.dtype
+    dequant: Any  # dequant_rows(inner, n0, n1, out)
+
+    @property
+    def nbytes(self) -> int:
+        return getattr(self.inner, "nbytes", 0)
+
+
+class _AmxPath:
+    """The AMX path, mixed in ahead of a native weight-only kernel class."""
+
+    _parent: type[Kernel]
+    _module: Any
+
+    @classmethod
+    def supports(cls, spec: LayerSpec, caps: Any) -> Verdict:
+        v = cls._parent.supports(spec, caps)  # type: ignore[attr-defined]
+        if not v:
+            return v
+        amx = amx_verdict(caps)
+        if not amx:
+            return amx
+        return Verdict.yes(f"AMX bf16 via oneDNN from M >= {AMX_FROM_M}; below: {v.reason}")
+
+    def _inner_prepare(self, weight: CanonicalWeight, spec: LayerSpec) -> Any:
+        return self._parent.prepare(self, weight, spec)  # type: ignore[arg-type]
+
+    def prepare(self, weight: CanonicalWeight, spec: LayerSpec) -> AmxState:
+        inner = self._inner_prepare(weight, spec)
+        return AmxState(
+            inner,
+            inner.N,
+            inner.K,
+            slice_rows(inner.N, inner.K),
+            AMX_FROM_M,
+            spec.output_dtype,
+            self._module.dequant_rows,
+        )
+
+    def strategy(self, state: AmxState, m: int) -> str:
+        if m >= state.amx_from:
+            return (
+                f"amx: dequant bf16 slices of {state.rows} rows + oneDNN matmul (activations rounded to bf16)"
+            )
+        return self._parent.strategy(self, state.inner, m)  # type: ignore[arg-type]
+
+    def workspace_bytes(self, spec: LayerSpec, max_m: int) -> int:
+        small = self._parent.workspace_bytes(self, spec, min(max_m, AMX_FROM_M - 1))  # type: ignore[arg-type]
+        if max_m < AMX_FROM_M:
+            return small
+        K, N = spec.K_part, spec.N_part
+        rows = slice_rows(N, K)
+        # the bf16 scratch slice, bf16 activations, and one bf16 product slice before the copy out
+        return max(small, 2 * rows * K + 2 * max_m * K + 2 * max_m * rows + 4 * max_m * N)
+
+    def apply(
+        self,
+        state: AmxState,
+        x: torch.Tensor,
+        bias: torch.Tensor | None = None,
+        out: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        if x.dim() != 2 or x.shape[0] < state.amx_from:
+            return self._parent.apply(self, state.inner, x, bias, out)  # type: ignore[arg-type]
+        M = wint_native._check_call(x, state.K, bias, state.N)
+        N = state.N
+        y = out if out is not None and out.shape == (M, N) and out.dtype == state.out_dtype else None
+        if out is not None and out.shape != (M, N):
+            raise ValueError(f"out must have shape [{M}, {N}], found {list(out.shape)}")
+        if y is None:
+            y = torch.empty((M, N), dtype=state.out_dtype)
+        xb = x.to(torch.bfloat16)
+        scratch = torch.empty((state.rows, state.K), dtype=torch.bfloat16)
+        for n0 in range(0, N, state.rows):
+            n1 = min(N, n0 + state.rows)
+            w = state.dequant(state.inner, n0, n1, scratch[: n1 - n0])
+            y[:, n0:n1] = torch.mm(xb, w.t())
+        if bias is not None:
+            y.add_(bias)
+        if out is not None and y is not out:
+            return out.copy_(y)
+        return y
+
+
+class AmxWint(_AmxPath, wint_native.NativeWint):
+    """Integer weight-only layers: the native GEMV below AMX_FROM_M rows, AMX bf16 (oneDNN) from there."""
+
+    name = "cpu.amx_wint"
+    priority = wint_native.NativeWint.priority - 1
+    description = "int2/3/4/8 weight-only: native GEMV (small M), bf16 dequant slices + oneDNN AMX matmul"
+    _parent = wint_native.NativeWint
+    _module = wint_native
+
+
+class AmxLut(_AmxPath, lut_native.NativeLut):
+    """NF4/FP4, fp8, NVFP4, MXFP4 weight-only layers: the native GEMV below AMX_FROM_M rows, AMX bf16
+    (oneDNN) from there. W8A8 fp8 schemes stay on the parent (their activations are fp8, not bf16)."""
+
+    name = "cpu.amx_lut"
+    priority = lut_native.NativeLut.priority - 1
+    description = (
+        "NF4/FP4/fp8/NVFP4/MXFP4 weight-only: native GEMV (small M), bf16 dequant slices + AMX matmul"
+    )
+    _parent = lut_native.NativeLut
+    _module = lut_native
+
+    @classmethod
+    def supports(cls, spec: LayerSpec, caps: Any) -> Verdict:
+        s = spec.scheme
+        weight_only = check(
+            (s.act is None, "weight-only scheme (the AMX path multiplies bf16 activations)", {"act": s.act})
+        )
+        return weight_only and super().supports(spec, caps)
+
+    def _inner_prepare(self, weight: CanonicalWeight, spec: LayerSpec) -> Any:
+        inner = super()._inner_prepare(weight, spec)
+        if weight.scheme.family == "bnb4":  # the code book is exact only in fp32
+            inner.tensors["code32"] = weight["code"].float().cpu().contiguous()
+        return inner
+
+
+class AmxGGUF(_AmxPath, gguf_native.CpuNativeGGUF):
+    """GGUF block types: llama.cpp's 8-bit-activation GEMV below AMX_FROM_M rows; from there the
+    exactly dequantized weights (no activation quantization) times bf16 activations on AMX (oneDNN)."""
+
+    name = "cpu.amx_gguf"
+    priority = gguf_native.CpuNativeGGUF.priority - 1
+    description = "GGUF: native 8-bit-activation GEMV (small M), exact bf16 dequant slices + AMX matmul"
+    _parent = gguf_native.CpuNativeGGUF
+    _module = gguf_native
+
+
+KERNELS: tuple[type[Kernel], ...] = (AmxWint, AmxLut, AmxGGUF)

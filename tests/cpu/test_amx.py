@@ -1,0 +1,204 @@
+"""The AMX large-M path (backends/cpu/amx.py) and the native dequant_rows it runs on.
+
+- dequant_rows of every native layout equals the reference's fp32 dequantization rounded to bf16,
+  bit for bit, for row ranges that start and end inside a row tile;
+- the AMX kernels' apply, below and at/above AMX_FROM_M, against the fp32 reference (DESIGN.md's
+  relative Frobenius error < 1e-2; bf16 activations). This CPU need not have AMX: the kernel classes
+  are instantiated directly, and oneDNN's bf16 matmul runs the same arithmetic on AVX-512 BF16;
+- dispatch picks them with the spr-amx capabilities and not with zen4's, and says why.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from quantrt import reference
+from quantrt.backends.cpu import amx, gguf_native, lut_native, wint_native
+from quantrt.capability import load_preset, probe
+from quantrt.dispatch import select
+from quantrt.kernels import registry
+from quantrt.schemes import parse_scheme
+from quantrt.specs import LayerSpec
+
+LOOSE = 1e-2
+CPU = probe().cpu
+#: the native kernels' own verdicts on this machine (the AMX subclasses add only the AMX features)
+HERE = lut_native.NativeLut.supports(LayerSpec(parse_scheme("w4a16-nvfp4"), 256, 256), CPU)
+pytestmark = pytest.mark.skipif(not HERE, reason=f"native CPU kernels cannot run here: {HERE.reason}")
+
+N, K = 70, 512  # N not a multiple of the 16-row tile
+
+
+def rel(y: torch.Tensor, ref: torch.Tensor) -> float:
+    y, ref = y.double(), ref.double()
+    return float((y - ref).norm() / ref.norm())
+
+
+def kernel_for(scheme: str) -> type:
+    s = parse_scheme(scheme)
+    if s.weight == "gguf":
+        return amx.AmxGGUF
+    return amx.AmxWint if s.weight == "int" else amx.AmxLut
+
+
+def fresh_weight(scheme: str, n: int = N, k: int = K):
+    dense = torch.randn(n, k, generator=torch.Generator().manual_seed(torch.seed() % 2**31))
+    return reference.quantize(dense, scheme)
+
+
+def prepared(scheme: str, act: torch.dtype = torch.bfloat16, out: torch.dtype | None = None, n: int = N):
+    w = fresh_weight(scheme, n)
+    spec = LayerSpec(w.scheme, w.K, w.N, act_dtype=act, out_dtype=out, output_sizes=w.output_sizes)
+    cls = kernel_for(scheme)
+    parent = cls._parent.supports(spec, CPU)
+    assert parent, parent.reason
+    k = cls()
+    return w, k, k.prepare(w, spec)
+
+
+DEQUANT_SCHEMES = (
+    "w4a16-int-g128-sym",
+    "w4a16-int-g128-asym",
+    "w8a16-int-ch-sym",
+    "w3a16-int-g128-asym",
+    "w2a16-int-g64-sym",
+    "w4a16-nf4-g64-dq",
+    "w4a16-bnbfp4-g64",
+    "w4a16-mxfp4",
+    "w4a16-nvfp4",
+    "w8a16-fp8-block128",
+    "w8a16-fp8e5m2-ch",
+    "gguf-q4_0",
+    "gguf-q5_1",
+    "gguf-q8_0",
+    "gguf-q2_k",
+    "gguf-q3_k",
+    "gguf-q4_k",
+    "gguf-q5_k",
+    "gguf-q6_k",
+)
+
+
+@pytest.mark.parametrize("scheme", DEQUANT_SCHEMES)
+def test_dequant_rows_is_the_reference_rounded_once(scheme: str) -> None:
+    w, _, st = prepared(scheme)
+    ref = reference.dequantize(w)
+    assert bool(torch.isfinite(ref).all())
+    for n0, n1 in ((0, N), (5, 37), (17, 70), (33, 34), (9, 9)):
+        for dt in (torch.bfloat16, torch.float32):
+            out = torch.full((n1 - n0, K), float("nan"), dtype=dt)
+            st.dequant(st.inner, n0, n1, out)
+            want = ref[n0:n1].to(dt)
+            bad = (out != want).sum().item()
+            assert torch.equal(out, want), f"{scheme} rows [{n0}, {n1}) {dt}: {bad} values differ"
+    # a strided destination (row stride > K), as a slice of a wider buffer
+    wide = torch.zeros(N, K + 48, dtype=torch.bfloat16)
+    st.dequant(st.inner, 0, N, wide[:, :K])
+    assert torch.equal(wide[:, :K], ref.bfloat16()) and not wide[:, K:].any()
+
+
+def test_dequant_rows_refuses_bad_ranges() -> None:
+    _, _, st = prepared("w4a16-int-g128-sym")
+    with pytest.raises(ValueError, match="not within"):
+        wint_native.dequant_rows(st.inner, 10, N + 1, torch.empty(N - 9, K, dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match="out must be"):
+        wint_native.dequant_rows(st.inner, 0, 16, torch.empty(16, K, dtype=torch.float64))
+    _, _, gst = prepared("gguf-q4_k")
+    with pytest.raises(ValueError, match="out must be"):
+        gguf_native.dequant_rows(gst.inner, 0, 16, torch.empty(15, K, dtype=torch.bfloat16))
+
+
+APPLY_SCHEMES = (
+    "w4a16-int-g128-sym",
+    "w4a16-int-g128-asym",
+    "w8a16-int-ch-sym",
+    "w3a16-int-g128-asym",
+    "w4a16-nf4-g64-dq",
+    "w4a16-mxfp4",
+    "w4a16-nvfp4",
+    "w8a16-fp8-block128",
+    "gguf-q4_k",
+    "gguf-q6_k",
+    "gguf-q8_0",
+    "gguf-q2_k",
+)
+
+
+@pytest.mark.parametrize("scheme", APPLY_SCHEMES)
+def test_apply_below_and_above_the_threshold(scheme: str) -> None:
+    w, k, st = prepared(scheme)
+    assert st.rows % amx.ROW_TILE == 0 and st.amx_from == amx.AMX_FROM_M
+    st.rows = amx.slice_rows(N, K, budget=2 * K * 32)  # 32-row slices: several slices, a partial last one
+    assert st.rows == 32
+    for m in (1, 3, amx.AMX_FROM_M, 70):
+        x = torch.randn(m, K).bfloat16()
+        y = k.apply(st, x)
+        assert y.shape == (m, N) and y.dtype == torch.bfloat16
+        err = rel(y, reference.linear(x, w, out_dtype=torch.float32))
+        assert err < LOOSE, f"{scheme} M={m}: {err:.3g}"
+        path = k.strategy(st, m)
+        assert path.startswith("amx: dequant bf16 slices of 32 rows") == (m >= amx.AMX_FROM_M), path
+
+
+@pytest.mark.parametrize("scheme", ("w4a16-int-g128-asym", "w4a16-nf4-g64-dq", "gguf-q4_k"))
+def test_apply_strided_x_bias_out_and_empty(scheme: str) -> None:
+    w, k, st = prepared(scheme, act=torch.float32, out=torch.float32)
+    big = torch.randn(40, 2 * K)
+    x = big[:, ::2]  # non-contiguous, fp32 (rounded to bf16 on the AMX path)
+    assert not x.is_contiguous()
+    bias = torch.randn(N)
+    want = reference.linear(x, w, bias, out_dtype=torch.float32)
+    y = k.apply(st, x, bias)
+    assert y.dtype == torch.float32 and rel(y, want) < LOOSE
+    out = torch.full((40, N), float("nan"))
+    assert k.apply(st, x, bias, out=out) is out and rel(out, want) < LOOSE
+    # out of another dtype, and a strided out
+    out16 = torch.empty(40, N, dtype=torch.bfloat16)
+    assert k.apply(st, x, bias, out=out16) is out16 and rel(out16, want) < LOOSE
+    wide = torch.zeros(40, N + 6)
+    k.apply(st, x, bias, out=wide[:, :N])
+    assert rel(wide[:, :N], want) < LOOSE and not wide[:, N:].any()
+    # bias below the threshold too, and M = 0
+    assert rel(k.apply(st, x[:2], bias), want[:2]) < LOOSE
+    assert k.apply(st, torch.empty(0, K)).shape == (0, N)
+
+
+def test_workspace_counts_the_scratch() -> None:
+    spec = LayerSpec(parse_scheme("w4a16-int-g128-sym"), 4096, 4096)
+    k = amx.AmxWint()
+    rows = amx.slice_rows(4096, 4096)
+    assert rows % 16 == 0 and 2 * rows * 4096 <= amx.SCRATCH_BYTES
+    assert k.workspace_bytes(spec, 64) >= 2 * rows * 4096
+    assert k.workspace_bytes(spec, 4) == wint_native.NativeWint().workspace_bytes(spec, 4)
+
+
+@pytest.mark.parametrize(
+    ("scheme", "native", "amx_name"),
+    (
+        ("w4a16-int-g128-sym", "cpu.native_wint", "cpu.amx_wint"),
+        ("w4a16-nf4-g64", "cpu.native_lut", "cpu.amx_lut"),
+        ("w4a16-mxfp4", "cpu.native_lut", "cpu.amx_lut"),
+        ("gguf-q4_k", "cpu.native_gguf", "cpu.amx_gguf"),
+    ),
+)
+def test_dispatch_by_amx_features(scheme: str, native: str, amx_name: str) -> None:
+    reg = registry()
+    for kernel in amx.KERNELS:  # a no-op once backends/cpu registers amx.KERNELS itself
+        reg.register(kernel)
+    spec = LayerSpec(parse_scheme(scheme), 512, 256, act_dtype=torch.bfloat16)
+    spr = select(spec, "cpu", caps=load_preset("spr-amx"))
+    assert spr.kernel.name == amx_name, spr.explain()
+    zen = select(spec, "cpu", caps=load_preset("zen4"))
+    assert zen.kernel.name == native, zen.explain()
+    rejected = next(c for c in zen.candidates if c.name == amx_name)
+    assert not rejected.verdict.ok and "AMX" in rejected.verdict.reason
+    assert "amx_bf16" in rejected.verdict.reason
+
+
+def test_w8a8_fp8_stays_on_the_parent() -> None:
+    spec = LayerSpec(parse_scheme("w8a8-fp8-tensor"), 512, 256)
+    caps = load_preset("spr-amx").cpu
+    assert lut_native.NativeLut.supports(spec, caps)
+    v = amx.AmxLut.supports(spec, caps)
+    assert not v and "weight-only" in v.reason
