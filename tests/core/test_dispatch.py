@@ -79,9 +79,11 @@ def test_mi300x_plans_fnuz_fp8_and_explains_int4() -> None:
 def test_spr_amx_plans_cpu_kernels() -> None:
     caps = load_preset("spr-amx")
     assert caps.cpu.has("amx_int8", "amx_bf16")
-    # AVX-512 BF16 / VNNI: the native kernels; torch's packed ops stay as the next candidates
+    # AMX: the native layouts with oneDNN's AMX matmul for large batches; the AVX-512 native kernel
+    # and torch's packed ops stay as the next candidates
     sel = select(layer_spec("w4a16-int-g128-sym", 4096, 4096), "cpu", caps, ov())
-    assert sel.kernel.name == "cpu.native_wint" and cands(sel)["cpu.torch_int4pack"][0] != SKIPPED
+    assert sel.kernel.name == "cpu.amx_wint" and cands(sel)["cpu.native_wint"][0] != SKIPPED
+    assert cands(sel)["cpu.torch_int4pack"][0] != SKIPPED
     sel = select(layer_spec("w8a8-int-ch-sym", 4096, 4096), "cpu", caps, ov())
     assert sel.kernel.name == "cpu.native_w8a8_int8"
     assert "cpu.torch_int_mm" in cands(sel)
