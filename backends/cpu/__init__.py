@@ -6,7 +6,7 @@
   ``gguf_native`` (llama.cpp's block types), ``wint_native`` (integer weight-only and int8 W8A8),
   ``lut_native`` (code-book and float formats: NF4/FP4, fp8, NVFP4/MXFP4), ``dense_native`` (a
   GEMV for the dense bf16/fp16 layers a checkpoint leaves unquantized, registered with
-  ``register_dense``); ``amx`` (the same layouts on CPUs with AMX: batches from 16 rows dequantize
+  ``register_dense``); ``amx`` (the same layouts on CPUs with AMX: batches from 256 rows dequantize
   row slices to bf16 and multiply them with torch's oneDNN matmul, which runs on AMX tiles).
 """
 

@@ -131,7 +131,7 @@ def test_apply_below_and_above_the_threshold(scheme: str) -> None:
     assert st.rows % amx.ROW_TILE == 0 and st.amx_from == amx.AMX_FROM_M
     st.rows = amx.slice_rows(N, K, budget=2 * K * 32)  # 32-row slices: several slices, a partial last one
     assert st.rows == 32
-    for m in (1, 3, amx.AMX_FROM_M, 70):
+    for m in (1, 3, 70, amx.AMX_FROM_M, amx.AMX_FROM_M + 5):
         x = torch.randn(m, K).bfloat16()
         y = k.apply(st, x)
         assert y.shape == (m, N) and y.dtype == torch.bfloat16
@@ -144,6 +144,7 @@ def test_apply_below_and_above_the_threshold(scheme: str) -> None:
 @pytest.mark.parametrize("scheme", ("w4a16-int-g128-asym", "w4a16-nf4-g64-dq", "gguf-q4_k"))
 def test_apply_strided_x_bias_out_and_empty(scheme: str) -> None:
     w, k, st = prepared(scheme, act=torch.float32, out=torch.float32)
+    st.amx_from = 16  # the AMX path from 16 rows, so the 40-row batches below take it
     big = torch.randn(40, 2 * K)
     x = big[:, ::2]  # non-contiguous, fp32 (rounded to bf16 on the AMX path)
     assert not x.is_contiguous()
@@ -169,7 +170,7 @@ def test_workspace_counts_the_scratch() -> None:
     k = amx.AmxWint()
     rows = amx.slice_rows(4096, 4096)
     assert rows % 16 == 0 and 2 * rows * 4096 <= amx.SCRATCH_BYTES
-    assert k.workspace_bytes(spec, 64) >= 2 * rows * 4096
+    assert k.workspace_bytes(spec, amx.AMX_FROM_M) >= 2 * rows * 4096
     assert k.workspace_bytes(spec, 4) == wint_native.NativeWint().workspace_bytes(spec, 4)
 
 

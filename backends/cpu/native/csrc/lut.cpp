@@ -578,6 +578,87 @@ inline float lut_scale(int sk, const void* s, int64_t i) {
   }
 }
 
+inline void lut_dequant_row_scalar(const uint8_t* q, const uint16_t* tab, const float* vals, int bits, int sk,
+                                   const void* scales, const float* rowscale, int64_t t, int64_t r, int64_t ng,
+                                   int64_t fold, int64_t kfrom, int64_t K, void* out, int64_t off, int32_t odt,
+                                   int64_t n) {
+    const float rs = rowscale ? rowscale[n] : 1.0f;
+    for (int64_t k = kfrom; k < K; ++k) {
+      float v;
+      if (bits == 8) {
+        const uint8_t b = q[(k / 2) * 32 + 2 * r + (k & 1)];
+        v = qrt::bf16_to_f32(uint16_t(tab[b & 127] | ((b & 128) << 8)));
+      } else {
+        uint16_t w;
+        std::memcpy(&w, q + (k / 8) * 64 + 2 * (2 * r + (k & 1)), 2);
+        v = vals[(w >> (4 * ((k % 8) / 2))) & 15];
+      }
+      if (sk != SK_NONE) v = v * lut_scale(sk, scales, (t * ng + k / fold) * TILE + r);
+      if (rowscale) v = v * rs;
+      qrt::store_out(out, off + k, v, odt);
+    }
+}
+
+#ifdef QRT_LUT
+// Columns [kb, ke) of row r (blocks of 16 steps, kb a block start, fold a multiple of 16) with
+// AVX-512: one gather takes the row's 4-byte (4-bit) or 2-byte (8-bit, the aligned dword holding it)
+// share of 16 consecutive steps; 4-bit codes are put in column order with vpmultishiftqb and looked
+// up in the 16 fp32 values (code32 or the bf16 table, as the scalar path), 8-bit codes decode
+// through Dec<8> (exact bf16); then value * block scale * row multiplier in fp32, one rounding to
+// odt. Returns the first column not written.
+template <int BITS>
+int64_t lut_dequant_row_vec(int32_t odt, const uint8_t* q, const Tabs& tb, __m512 vals, int sk, const void* scales,
+                            float rs, bool has_rs, int64_t t, int64_t r, int64_t ng, int64_t fold, void* out,
+                            int64_t kb, int64_t ke) {
+  constexpr int S = BITS == 8 ? 2 : 8, SB = BITS == 8 ? 32 : 64, KB = 16 * S, NV = KB / 16;
+  const __m512i iota = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+  const __m512i idx = _mm512_add_epi32(_mm512_mullo_epi32(iota, _mm512_set1_epi32(SB)),
+                                       _mm512_set1_epi32(BITS == 8 ? int32_t(2 * r) & ~3 : int32_t(4 * r)));
+  const __m128i sh = _mm_cvtsi32_si128(BITS == 8 ? int(r & 1) * 16 : 0);
+  int64_t k = kb, gend = (kb / fold + 1) * fold, so = (t * ng + kb / fold) * TILE + r;
+  __m512 sv = _mm512_set1_ps(lut_scale(sk, scales, so));
+  const __m512 rv = _mm512_set1_ps(rs);
+  for (; k + KB <= ke; k += KB) {
+    const __m512i g = _mm512_srl_epi32(_mm512_i32gather_epi32(idx, q + (k / S) * SB, 1), sh);
+    __m512 v[NV];
+    if constexpr (BITS == 8) {
+      alignas(32) uint8_t b[32];
+      _mm256_store_si256(reinterpret_cast<__m256i*>(b), _mm512_cvtepi32_epi16(g));  // 32 codes, column order
+      __m512i w;
+      Dec<8, 1>::run(b, tb, &w);
+      v[0] = bf16x16_to_f32(_mm512_castsi512_si256(w));
+      v[1] = bf16x16_to_f32(_mm512_extracti64x4_epi64(w, 1));
+    } else {
+      // code j of a dword (column 8s + j) at bit 16 (j & 1) + 4 (j / 2)
+      const __m512i ctl = _mm512_set1_epi64(0x1C0C180814041000LL);
+      const __m512i b0 = _mm512_and_si512(
+          _mm512_multishift_epi64_epi8(ctl, _mm512_cvtepu32_epi64(_mm512_castsi512_si256(g))), _mm512_set1_epi8(15));
+      const __m512i b1 = _mm512_and_si512(
+          _mm512_multishift_epi64_epi8(ctl, _mm512_cvtepu32_epi64(_mm512_extracti64x4_epi64(g, 1))), _mm512_set1_epi8(15));
+#pragma GCC unroll 4
+      for (int j = 0; j < 4; ++j) {
+        v[j] = _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(_mm512_extracti32x4_epi32(b0, j)), vals);
+        v[4 + j] = _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(_mm512_extracti32x4_epi32(b1, j)), vals);
+      }
+    }
+#pragma GCC unroll 8
+    for (int j = 0; j < NV; ++j) {
+      const int64_t col = k + 16 * j;
+      if (col >= gend) {  // the next block scale (no division per vector)
+        gend += fold;
+        so += TILE;
+        sv = _mm512_set1_ps(lut_scale(sk, scales, so));
+      }
+      __m512 x = v[j];
+      if (sk != SK_NONE) x = _mm512_mul_ps(x, sv);
+      if (has_rs) x = _mm512_mul_ps(x, rv);
+      qrt::store16_rounded(out, odt, col, x);
+    }
+  }
+  return k;
+}
+#endif
+
 }  // namespace
 
 extern "C" {
@@ -593,27 +674,45 @@ int32_t quantrt_lut_dequant_rows(const int64_t* d, const float* code32, int64_t 
   const uint16_t* tab = reinterpret_cast<const uint16_t*>(d[L_TAB]);
   const void* scales = reinterpret_cast<const void*>(d[L_SCALES]);
   const float* rowscale = reinterpret_cast<const float*>(d[L_ROWSCALE]);
-  float vals[16];
+  alignas(64) float vals[16] = {};
   if (bits == 4)
     for (int c = 0; c < 16; ++c) vals[c] = code32 ? code32[c] : qrt::bf16_to_f32(tab[c]);
-#pragma omp parallel for num_threads(std::max<int64_t>(1, std::min<int64_t>(threads, n1 - n0))) schedule(static)
-  for (int64_t n = n0; n < n1; ++n) {
-    const int64_t t = n / TILE, r = n % TILE;
-    const uint8_t* q = Q + t * tile_bytes;
-    const float rs = rowscale ? rowscale[n] : 1.0f;
-    for (int64_t k = 0; k < K; ++k) {
-      float v;
-      if (bits == 8) {
-        const uint8_t b = q[(k / 2) * 32 + 2 * r + (k & 1)];
-        v = qrt::bf16_to_f32(uint16_t(tab[b & 127] | ((b & 128) << 8)));
-      } else {
-        uint16_t w;
-        std::memcpy(&w, q + (k / 8) * 64 + 2 * (2 * r + (k & 1)), 2);
-        v = vals[(w >> (4 * ((k % 8) / 2))) & 15];
-      }
-      if (sk != SK_NONE) v = v * lut_scale(sk, scales, (t * ng + k / fold) * TILE + r);
-      if (rowscale) v = v * rs;
-      qrt::store_out(out, (n - n0) * ldo + k, v, odt);
+  const int64_t ldo_b = ldo * (odt == F32 ? 4 : 2);
+  // the rows from column kv on are scalar (all of them without AVX-512 VBMI/BF16 or when the block
+  // scale changes inside 16 columns)
+  int64_t kv = 0;
+#if defined(QRT_LUT) && defined(__AVX512VBMI__)
+  const int64_t KB = bits == 8 ? 32 : 128;
+  if (fold % 16 == 0 || sk == SK_NONE) kv = K / KB * KB;
+  const Tabs tb = load_tabs(d);
+  const __m512 vv = _mm512_loadu_ps(vals);
+#endif
+  const int nth = int(std::max<int64_t>(1, std::min<int64_t>(threads, n1 - n0)));
+#pragma omp parallel num_threads(nth)
+  {
+    // rows split over threads as schedule(static) would; each thread walks its rows tile by tile,
+    // K chunks of 16 blocks (16 KiB of codes or less, in L1 while the tile's rows read it)
+    const int64_t cnt = n1 - n0, nt = omp_get_num_threads(), id = omp_get_thread_num();
+    const int64_t a = n0 + cnt * id / nt, b = n0 + cnt * (id + 1) / nt;
+    for (int64_t n = a; n < b;) {
+      const int64_t t = n / TILE, e = std::min<int64_t>(b, (t + 1) * TILE);
+#if defined(QRT_LUT) && defined(__AVX512VBMI__)
+      const int64_t KC = 16 * KB, fl = sk == SK_NONE ? K : fold;
+      for (int64_t k0 = 0; k0 < kv; k0 += KC)
+        for (int64_t m = n; m < e; ++m) {
+          uint8_t* o = static_cast<uint8_t*>(out) + (m - n0) * ldo_b;
+          const float rs = rowscale ? rowscale[m] : 1.0f;
+          if (bits == 8)
+            lut_dequant_row_vec<8>(odt, Q + t * tile_bytes, tb, vv, sk, scales, rs, rowscale, t, m % TILE, ng, fl, o,
+                                   k0, std::min(kv, k0 + KC));
+          else
+            lut_dequant_row_vec<4>(odt, Q + t * tile_bytes, tb, vv, sk, scales, rs, rowscale, t, m % TILE, ng, fl, o,
+                                   k0, std::min(kv, k0 + KC));
+        }
+#endif
+      for (int64_t m = n; m < e; ++m) lut_dequant_row_scalar(Q + t * tile_bytes, tab, vals, bits, sk, scales, rowscale, t,
+                                                             m % TILE, ng, fold, kv, K, out, (m - n0) * ldo, odt, m);
+      n = e;
     }
   }
   return 0;

@@ -817,12 +817,12 @@ inline int32_t wint_code(const uint8_t* q, int bits, int64_t r, int64_t k) {
 // one row of the dequantized weight (see quantrt_wint_dequant_rows), bits and output dtype fixed
 template <int BITS, int ODT>
 void wint_dequant_row(const uint8_t* q, const float* scales, const int16_t* zeros, const int32_t* perm, int64_t t,
-                      int64_t r, int64_t K, int64_t ng, int64_t fold, int64_t sstr, void* out) {
-  for (int64_t k0 = 0; k0 < K; k0 += fold) {
+                      int64_t r, int64_t K, int64_t ng, int64_t fold, int64_t sstr, void* out, int64_t kfrom = 0) {
+  for (int64_t k0 = kfrom / fold * fold; k0 < K; k0 += fold) {
     const int64_t k1 = std::min(K, k0 + fold), o = (t * ng + (k0 / fold) * sstr) * TILE + r;
     const float s = scales[o];
     const int32_t z = zeros ? int32_t(zeros[o]) : 0;
-    for (int64_t k = k0; k < k1; ++k) {
+    for (int64_t k = std::max(k0, kfrom); k < k1; ++k) {
       // (q - h) - (z - h) = q - z, exact; one fp32 product as (q - z) * s in the reference
       const float v = float(wint_code(q, BITS, r, k) - z) * s;
       const int64_t c = perm ? perm[k] : k;
@@ -833,14 +833,115 @@ void wint_dequant_row(const uint8_t* q, const float* scales, const int16_t* zero
   }
 }
 
+#ifdef QRT_AVX512
+// The same row with AVX-512 (bits 8, 4 and, with VBMI, 2; fold a multiple of 16): one gather takes
+// the 16-bit word of row r from 16 consecutive steps (the aligned dword holding it, so no read
+// leaves the step), which holds the row's next 2 / 4 / 8 codes; the codes are put in column order,
+// widened to int32, and every 16 columns get (q - z) as fp32 times the scale of their fold (one
+// rounding, as the reference), then one rounding to odt. Columns from the last whole block to K
+// are scalar. Returns the first column not written.
 template <int BITS>
-void wint_dequant_row_any(int32_t odt, const uint8_t* q, const float* scales, const int16_t* zeros,
-                          const int32_t* perm, int64_t t, int64_t r, int64_t K, int64_t ng, int64_t fold,
-                          int64_t sstr, void* out) {
+int64_t wint_dequant_row_vec(int32_t odt, const uint8_t* q, const float* scales, const int16_t* zeros,
+                             const int32_t* perm, int64_t t, int64_t r, int64_t K, int64_t ng, int64_t fold,
+                             int64_t sstr, void* out, int64_t kb, int64_t ke) {
+  constexpr int S = BITS == 8 ? 2 : (BITS == 4 ? 4 : 8), KB = 16 * S, NV = KB / 16;
+  constexpr int32_t H = 1 << (BITS - 1);
+  const __m512i idx = _mm512_add_epi32(_mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                                          _mm512_set1_epi32(32)),
+                                       _mm512_set1_epi32(int32_t(2 * r) & ~3));
+  const __m128i sh = _mm_cvtsi32_si128(int(r & 1) * 16);
+  int64_t k = kb, gend = (kb / fold + 1) * fold, o = (t * ng + (kb / fold) * sstr) * TILE + r;
+  __m512 sv = _mm512_set1_ps(scales[o]);
+  __m512i zv = _mm512_set1_epi32(zeros ? int32_t(zeros[o]) : 0);
+  for (; k + KB <= ke; k += KB) {
+    const __m512i g = _mm512_srl_epi32(_mm512_i32gather_epi32(idx, q + (k / S) * 32, 1), sh);
+    __m512i c[NV];
+    if constexpr (BITS == 8) {
+      const __m256i b = _mm512_cvtepi32_epi16(g);  // 32 int8 codes (q - 128) in column order
+      c[0] = _mm512_cvtepi8_epi32(_mm256_castsi256_si128(b));
+      c[1] = _mm512_cvtepi8_epi32(_mm256_extracti128_si256(b, 1));
+    } else if constexpr (BITS == 4) {
+      // word = c0 | c2 << 4 | c1 << 8 | c3 << 12 -> bytes c0, c1, c2, c3
+      const __m512i b = _mm512_or_si512(_mm512_and_si512(g, _mm512_set1_epi32(0x0F0F)),
+                                        _mm512_slli_epi32(_mm512_and_si512(g, _mm512_set1_epi32(0xF0F0)), 12));
+      c[0] = _mm512_sub_epi32(_mm512_cvtepu8_epi32(_mm512_extracti32x4_epi32(b, 0)), _mm512_set1_epi32(H));
+      c[1] = _mm512_sub_epi32(_mm512_cvtepu8_epi32(_mm512_extracti32x4_epi32(b, 1)), _mm512_set1_epi32(H));
+      c[2] = _mm512_sub_epi32(_mm512_cvtepu8_epi32(_mm512_extracti32x4_epi32(b, 2)), _mm512_set1_epi32(H));
+      c[3] = _mm512_sub_epi32(_mm512_cvtepu8_epi32(_mm512_extracti32x4_epi32(b, 3)), _mm512_set1_epi32(H));
+    } else {
+#ifdef __AVX512VBMI__
+      // code j of a word (column 8s + j) at bit 8 (j & 1) + 2 (j / 2)
+      const __m512i ctl = _mm512_set1_epi64(0x0E060C040A020800LL);
+      const __m256i w16 = _mm512_cvtepi32_epi16(g);
+      const __m512i b0 = _mm512_and_si512(_mm512_multishift_epi64_epi8(ctl, _mm512_cvtepu16_epi64(_mm256_castsi256_si128(w16))),
+                                          _mm512_set1_epi8(3));
+      const __m512i b1 = _mm512_and_si512(
+          _mm512_multishift_epi64_epi8(ctl, _mm512_cvtepu16_epi64(_mm256_extracti128_si256(w16, 1))), _mm512_set1_epi8(3));
+      c[0] = _mm512_sub_epi32(_mm512_cvtepu8_epi32(_mm512_extracti32x4_epi32(b0, 0)), _mm512_set1_epi32(H));
+      c[1] = _mm512_sub_epi32(_mm512_cvtepu8_epi32(_mm512_extracti32x4_epi32(b0, 1)), _mm512_set1_epi32(H));
+      c[2] = _mm512_sub_epi32(_mm512_cvtepu8_epi32(_mm512_extracti32x4_epi32(b0, 2)), _mm512_set1_epi32(H));
+      c[3] = _mm512_sub_epi32(_mm512_cvtepu8_epi32(_mm512_extracti32x4_epi32(b0, 3)), _mm512_set1_epi32(H));
+      c[4] = _mm512_sub_epi32(_mm512_cvtepu8_epi32(_mm512_extracti32x4_epi32(b1, 0)), _mm512_set1_epi32(H));
+      c[5] = _mm512_sub_epi32(_mm512_cvtepu8_epi32(_mm512_extracti32x4_epi32(b1, 1)), _mm512_set1_epi32(H));
+      c[6] = _mm512_sub_epi32(_mm512_cvtepu8_epi32(_mm512_extracti32x4_epi32(b1, 2)), _mm512_set1_epi32(H));
+      c[7] = _mm512_sub_epi32(_mm512_cvtepu8_epi32(_mm512_extracti32x4_epi32(b1, 3)), _mm512_set1_epi32(H));
+#endif
+    }
+#pragma GCC unroll 8
+    for (int j = 0; j < NV; ++j) {
+      const int64_t col = k + 16 * j;
+      if (col >= gend) {  // the next fold (no division per vector)
+        gend += fold;
+        o += sstr * TILE;
+        sv = _mm512_set1_ps(scales[o]);
+        zv = _mm512_set1_epi32(zeros ? int32_t(zeros[o]) : 0);
+      }
+      const __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(c[j], zv)), sv);
+      qrt::store16_rounded(out, odt, col, v, 0xFFFF, perm ? perm + col : nullptr);
+    }
+  }
+  return k;
+}
+#endif
+
+// rows r0..r1-1 of tile t (row r0 at out, rows ldo_b bytes apart): with AVX-512, K chunks of 16
+// blocks (8 KiB of codes for the 16 rows, kept in L1 while every row of the tile reads it), then
+// the columns past the last whole block scalar; else the scalar rows
+template <int BITS, int ODT>
+void wint_dequant_seg(const uint8_t* q, const float* scales, const int16_t* zeros, const int32_t* perm, int64_t t,
+                      int64_t r0, int64_t r1, int64_t K, int64_t ng, int64_t fold, int64_t sstr, uint8_t* out,
+                      int64_t ldo_b) {
+  int64_t kv = 0;
+#ifdef QRT_AVX512
+#ifdef __AVX512VBMI__
+  constexpr bool vec = BITS != 3;
+#else
+  constexpr bool vec = BITS == 8 || BITS == 4;
+#endif
+  if constexpr (vec) {
+    constexpr int64_t KB = 16 * (BITS == 8 ? 2 : (BITS == 4 ? 4 : 8)), KC = 16 * KB;
+    if (fold % 16 == 0) {
+      kv = K / KB * KB;
+      for (int64_t k0 = 0; k0 < kv; k0 += KC)
+        for (int64_t r = r0; r < r1; ++r)
+          wint_dequant_row_vec<BITS>(ODT, q, scales, zeros, perm, t, r, K, ng, fold, sstr, out + (r - r0) * ldo_b, k0,
+                                     std::min(kv, k0 + KC));
+    }
+  }
+#endif
+  if (kv < K)
+    for (int64_t r = r0; r < r1; ++r)
+      wint_dequant_row<BITS, ODT>(q, scales, zeros, perm, t, r, K, ng, fold, sstr, out + (r - r0) * ldo_b, kv);
+}
+
+template <int BITS>
+void wint_dequant_seg_any(int32_t odt, const uint8_t* q, const float* scales, const int16_t* zeros,
+                          const int32_t* perm, int64_t t, int64_t r0, int64_t r1, int64_t K, int64_t ng, int64_t fold,
+                          int64_t sstr, uint8_t* out, int64_t ldo_b) {
   switch (odt) {
-    case BF16: wint_dequant_row<BITS, BF16>(q, scales, zeros, perm, t, r, K, ng, fold, sstr, out); break;
-    case F16: wint_dequant_row<BITS, F16>(q, scales, zeros, perm, t, r, K, ng, fold, sstr, out); break;
-    default: wint_dequant_row<BITS, F32>(q, scales, zeros, perm, t, r, K, ng, fold, sstr, out);
+    case BF16: wint_dequant_seg<BITS, BF16>(q, scales, zeros, perm, t, r0, r1, K, ng, fold, sstr, out, ldo_b); break;
+    case F16: wint_dequant_seg<BITS, F16>(q, scales, zeros, perm, t, r0, r1, K, ng, fold, sstr, out, ldo_b); break;
+    default: wint_dequant_seg<BITS, F32>(q, scales, zeros, perm, t, r0, r1, K, ng, fold, sstr, out, ldo_b);
   }
 }
 
@@ -860,16 +961,24 @@ int32_t quantrt_wint_dequant_rows(const int64_t* d, int64_t n0, int64_t n1, void
   const float* scales = reinterpret_cast<const float*>(d[W_SCALES]);
   const int16_t* zeros = reinterpret_cast<const int16_t*>(d[W_ZEROS]);
   const int32_t* perm = reinterpret_cast<const int32_t*>(d[W_PERM]);
-#pragma omp parallel for num_threads(std::max<int64_t>(1, std::min<int64_t>(threads, n1 - n0))) schedule(static)
-  for (int64_t n = n0; n < n1; ++n) {
-    const int64_t t = n / TILE, r = n % TILE;
-    const uint8_t* q = Q + t * tile_bytes;
-    void* o = static_cast<uint8_t*>(out) + (n - n0) * ldo * (odt == F32 ? 4 : 2);
-    switch (bits) {
-      case 8: wint_dequant_row_any<8>(odt, q, scales, zeros, perm, t, r, K, ng, fold, sstr, o); break;
-      case 4: wint_dequant_row_any<4>(odt, q, scales, zeros, perm, t, r, K, ng, fold, sstr, o); break;
-      case 3: wint_dequant_row_any<3>(odt, q, scales, zeros, perm, t, r, K, ng, fold, sstr, o); break;
-      default: wint_dequant_row_any<2>(odt, q, scales, zeros, perm, t, r, K, ng, fold, sstr, o);
+  const int64_t ldo_b = ldo * (odt == F32 ? 4 : 2);
+  const int nth = int(std::max<int64_t>(1, std::min<int64_t>(threads, n1 - n0)));
+#pragma omp parallel num_threads(nth)
+  {
+    // rows split over threads as schedule(static) would; each thread walks its rows tile by tile
+    const int64_t cnt = n1 - n0, nt = omp_get_num_threads(), id = omp_get_thread_num();
+    const int64_t a = n0 + cnt * id / nt, b = n0 + cnt * (id + 1) / nt;
+    for (int64_t n = a; n < b;) {
+      const int64_t t = n / TILE, r0 = n % TILE, r1 = std::min<int64_t>(TILE, b - t * TILE);
+      const uint8_t* q = Q + t * tile_bytes;
+      uint8_t* o = static_cast<uint8_t*>(out) + (n - n0) * ldo_b;
+      switch (bits) {
+        case 8: wint_dequant_seg_any<8>(odt, q, scales, zeros, perm, t, r0, r1, K, ng, fold, sstr, o, ldo_b); break;
+        case 4: wint_dequant_seg_any<4>(odt, q, scales, zeros, perm, t, r0, r1, K, ng, fold, sstr, o, ldo_b); break;
+        case 3: wint_dequant_seg_any<3>(odt, q, scales, zeros, perm, t, r0, r1, K, ng, fold, sstr, o, ldo_b); break;
+        default: wint_dequant_seg_any<2>(odt, q, scales, zeros, perm, t, r0, r1, K, ng, fold, sstr, o, ldo_b);
+      }
+      n = t * TILE + r1;
     }
   }
   return 0;
