@@ -33,11 +33,11 @@ from .native_common import round_up
 AMX_FEATURES = ("amx_bf16", "amx_tile")
 #: batch sizes from which the AMX path runs. Below, the native kernels decode the weight once into
 #: L2-resident panels; this path writes and re-reads 16-bit weights, which only pays once the matmul
-#: dominates. Measured on the Zen 4 here (oneDNN on AVX-512 BF16, 2 threads, 4096x4096, 2026-12-03):
-#: dequantizing the weight to bf16 costs about what the native path needs for M = 64..256 (int4 26 ms,
-#: NF4 8 ms, q4_k 36 ms with the AMX-path matmul included at M=16; the native path 2.3 / 2.7 / 1.5 ms
-#: at M=16 and 25 / 28 / 21 ms at M=256). With AMX's ~8x bf16 throughput on the matmul, the cross-over
-#: is estimated near M = 256; it is to be measured on a Sapphire Rapids machine (none here).
+#: dominates. On the Zen 4 here (oneDNN on AVX-512 BF16, 2 threads, 4096x4096;
+#: bench/results/cpu-2026-12-03-amx-path.json) the dequantization alone costs about what the native
+#: path needs at M = 64..256 (this path 7-34 ms at M=16 where the native one takes 1.4-2.2 ms; at
+#: M=256, 25-41 ms against 16-24 ms). With AMX's several-fold bf16 throughput on the matmul, the
+#: cross-over is estimated near M = 256; bench/cpu_amx_path.py measures it on a Sapphire Rapids machine.
 AMX_FROM_M = 256
 #: the bf16 scratch of one row slice stays within this many bytes (32 MiB)
 SCRATCH_BYTES = 32 << 20
