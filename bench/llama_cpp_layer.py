@@ -89,6 +89,37 @@ def llama_decode_ms(bench: Path, model: Path, threads: int, tokens: int, reps: i
     }
 
 
+def quantrt_dense_ms(model: Path, act_dtype: torch.dtype, reps: int) -> dict[str, object]:
+    """The seven F16 linears of block 0 at M=1 through the dense layer a checkpoint's unquantized
+    linears get on the CPU (``backends/cpu/dense_native.py``: the weight kept in fp16), summed."""
+    import time
+
+    import gguf
+
+    from quantrt.backends.cpu.dense_native import make_dense_linear
+
+    layers, kernels = [], {}
+    for t in gguf.GGUFReader(model).tensors:
+        name = t.name.removeprefix("blk.0.").removesuffix(".weight")
+        if not t.name.startswith("blk.0.") or name not in LINEARS:
+            continue
+        w = torch.from_numpy(np.array(t.data)).view(torch.float16).reshape(LINEARS[name])
+        layer = make_dense_linear(w, None, act_dtype)
+        layers.append((layer, torch.randn(1, w.shape[1]).to(act_dtype)))
+        kernels[name] = f"F16 -> {type(layer).__name__} {getattr(layer, 'strategy', lambda m: '')(1)}"
+    if len(layers) != len(LINEARS):
+        raise SystemExit(f"{model}: expected {len(LINEARS)} F16 linears in block 0, found {kernels}")
+    for layer, x in layers:
+        layer(x)
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        for layer, x in layers:
+            layer(x)
+        times.append((time.perf_counter() - t0) * 1e3)
+    return {"ms_per_token": float(np.median(times)), "kernels": kernels}
+
+
 def quantrt_linears_ms(model: Path, act_dtype: torch.dtype, reps: int) -> dict[str, object]:
     """The seven linears of block 0 at M=1 through QuantLinear (the dispatcher's kernels), summed;
     median over ``reps`` timed passes."""
@@ -141,7 +172,7 @@ def main() -> int:
     rows = []
     for t in args.types.split(","):
         dst = work / f"layer-{t}.gguf"
-        if not dst.exists():
+        if not dst.exists():  # F16 is the source file itself
             print(f"quantizing {t}", file=sys.stderr)
             subprocess.run(
                 [str(binp / "llama-quantize"), str(src), str(dst), t, str(args.threads)],
@@ -149,7 +180,8 @@ def main() -> int:
                 capture_output=True,
             )
         llama = llama_decode_ms(binp / "llama-bench", dst, args.threads, args.tokens, args.reps)
-        ours = quantrt_linears_ms(dst, act, max(args.reps, 9))
+        timing = quantrt_dense_ms if t == "F16" else quantrt_linears_ms
+        ours = timing(dst, act, max(args.reps, 9))
         row = {
             "type": t,
             "llama_cpp_ms_per_token": round(llama["ms_per_token"], 3),
