@@ -89,10 +89,24 @@ def llama_decode_ms(bench: Path, model: Path, threads: int, tokens: int, reps: i
     }
 
 
+def seven_linears_ms(layers: list, reps: int) -> float:
+    """Median over ``reps`` passes of one call of every (layer, x), after one warm-up pass."""
+    import time
+
+    for layer, x in layers:
+        layer(x)
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        for layer, x in layers:
+            layer(x)
+        times.append((time.perf_counter() - t0) * 1e3)
+    return float(np.median(times))
+
+
 def quantrt_dense_ms(model: Path, act_dtype: torch.dtype, reps: int) -> dict[str, object]:
     """The seven F16 linears of block 0 at M=1 through the dense layer a checkpoint's unquantized
     linears get on the CPU (``backends/cpu/dense_native.py``: the weight kept in fp16), summed."""
-    import time
 
     import gguf
 
@@ -109,21 +123,12 @@ def quantrt_dense_ms(model: Path, act_dtype: torch.dtype, reps: int) -> dict[str
         kernels[name] = f"F16 -> {type(layer).__name__} {getattr(layer, 'strategy', lambda m: '')(1)}"
     if len(layers) != len(LINEARS):
         raise SystemExit(f"{model}: expected {len(LINEARS)} F16 linears in block 0, found {kernels}")
-    for layer, x in layers:
-        layer(x)
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        for layer, x in layers:
-            layer(x)
-        times.append((time.perf_counter() - t0) * 1e3)
-    return {"ms_per_token": float(np.median(times)), "kernels": kernels}
+    return {"ms_per_token": seven_linears_ms(layers, reps), "kernels": kernels}
 
 
 def quantrt_linears_ms(model: Path, act_dtype: torch.dtype, reps: int) -> dict[str, object]:
     """The seven linears of block 0 at M=1 through QuantLinear (the dispatcher's kernels), summed;
     median over ``reps`` timed passes."""
-    import time
 
     from quantrt.checkpoint import open_checkpoint
     from quantrt.layers import QuantLinear
@@ -138,15 +143,7 @@ def quantrt_linears_ms(model: Path, act_dtype: torch.dtype, reps: int) -> dict[s
         kernels[prefix] = f"{qw.scheme} -> {layer.kernel_name}"
     if len(layers) != len(LINEARS):
         raise SystemExit(f"{model}: expected {len(LINEARS)} quantized linears in block 0, found {kernels}")
-    for layer, x in layers:
-        layer(x)
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        for layer, x in layers:
-            layer(x)
-        times.append((time.perf_counter() - t0) * 1e3)
-    return {"ms_per_token": float(np.median(times)), "kernels": kernels}
+    return {"ms_per_token": seven_linears_ms(layers, reps), "kernels": kernels}
 
 
 def main() -> int:
