@@ -35,7 +35,7 @@ from quantrt.specs import LayerSpec
 from quantrt.torchops import SCHEME_FP8_MAX, dynamic_scale, quantize_fp8
 
 from .native import build
-from .native_common import CPU_DTYPES, DTYPE_CODE, check_rc, finish, output_buffer, round_up
+from .native_common import CPU_DTYPES, DTYPE_CODE, round_up, run_linear
 from .native_common import check_call as _check_call
 from .native_common import native_verdict as _native_verdict
 
@@ -359,20 +359,12 @@ class NativeLut(Kernel):
         bias: torch.Tensor | None = None,
         out: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        M = _check_call(x, state.K, bias, state.N)
+        _check_call(x, state.K, bias, state.N)
         if state.acts is not None:
             x = state.acts.apply(x)  # fp32 [M, K]: the codes times their scales
-        y = output_buffer(out, M, state.N, state.out_dtype)
-        if M:
-            if bias is not None and bias.stride(0) != 1:
-                bias = bias.contiguous()
-            rc = state.fn(
-                state.desc, x.data_ptr(), DTYPE_CODE[x.dtype], M, x.stride(0), x.stride(1),
-                0 if bias is None else bias.data_ptr(), 0 if bias is None else DTYPE_CODE[bias.dtype],
-                y.data_ptr(), DTYPE_CODE[y.dtype], y.stride(0), torch.get_num_threads(), M >= state.large_m,
-            )  # fmt: skip
-            check_rc(rc, self.name)
-        return finish(y, out)
+        return run_linear(
+            self.name, state.fn, state.desc, x, bias, out, state.N, state.out_dtype, state.large_m
+        )
 
 
 def dequant_rows(

@@ -67,3 +67,24 @@ def check_rc(rc: int, name: str) -> None:
     if rc:
         why = "the library was built without the instructions it needs" if rc == 1 else "out of memory"
         raise RuntimeError(f"{name}: native kernel failed ({why})")
+
+
+def run_linear(
+    name: str, fn: Any, desc: Any, x: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor | None,
+    N: int, out_dtype: torch.dtype, large_m: int, extra: tuple = (),
+) -> torch.Tensor:  # fmt: skip
+    """One call of a native linear entry point with the C ABI the wint/lut libraries share:
+    ``fn(desc, x, x dtype, M, x strides, *extra, bias, bias dtype, y, y dtype, y row stride,
+    threads, large)``; output into ``out`` when given, the rc checked."""
+    M = x.shape[0]
+    y = output_buffer(out, M, N, out_dtype)
+    if M:
+        if bias is not None and bias.stride(0) != 1:
+            bias = bias.contiguous()
+        rc = fn(
+            desc, x.data_ptr(), DTYPE_CODE[x.dtype], M, x.stride(0), x.stride(1), *extra,
+            0 if bias is None else bias.data_ptr(), 0 if bias is None else DTYPE_CODE[bias.dtype],
+            y.data_ptr(), DTYPE_CODE[y.dtype], y.stride(0), torch.get_num_threads(), M >= large_m,
+        )  # fmt: skip
+        check_rc(rc, name)
+    return finish(y, out)

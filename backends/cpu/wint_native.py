@@ -20,10 +20,9 @@ from quantrt.specs import LayerSpec
 from quantrt.torchops import per_channel_scales
 
 from .native import build
-from .native_common import CPU_DTYPES, DTYPE_CODE, native_verdict, output_buffer, round_up
+from .native_common import CPU_DTYPES, DTYPE_CODE, native_verdict, round_up, run_linear
 from .native_common import check_call as _check_call
 from .native_common import check_rc as _check_rc
-from .native_common import finish as _finish
 
 TILE = 16  # output rows per tile of the prepared layouts
 #: codes per row and step of the wint layout, by bits (a step holds 16 rows)
@@ -221,18 +220,10 @@ class NativeWint(Kernel):
         bias: torch.Tensor | None = None,
         out: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        M = _check_call(x, state.K, bias, state.N)
-        y = output_buffer(out, M, state.N, state.out_dtype)
-        if M:
-            if bias is not None and bias.stride(0) != 1:
-                bias = bias.contiguous()
-            rc = state.fn(
-                state.desc, x.data_ptr(), DTYPE_CODE[x.dtype], M, x.stride(0), x.stride(1),
-                0 if bias is None else bias.data_ptr(), 0 if bias is None else DTYPE_CODE[bias.dtype],
-                y.data_ptr(), DTYPE_CODE[y.dtype], y.stride(0), torch.get_num_threads(), M >= state.large_m,
-            )  # fmt: skip
-            _check_rc(rc, self.name)
-        return _finish(y, out)
+        _check_call(x, state.K, bias, state.N)
+        return run_linear(
+            self.name, state.fn, state.desc, x, bias, out, state.N, state.out_dtype, state.large_m
+        )
 
 
 # -- W8A8 --------------------------------------------------------------------------------------
@@ -329,18 +320,19 @@ class NativeW8A8Int8(Kernel):
         bias: torch.Tensor | None = None,
         out: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        M = _check_call(x, state.K, bias, state.N)
-        y = output_buffer(out, M, state.N, state.out_dtype)
-        if M:
-            if bias is not None and bias.stride(0) != 1:
-                bias = bias.contiguous()
-            rc = state.fn(
-                state.desc, x.data_ptr(), DTYPE_CODE[x.dtype], M, x.stride(0), x.stride(1), state.in_scale,
-                0 if bias is None else bias.data_ptr(), 0 if bias is None else DTYPE_CODE[bias.dtype],
-                y.data_ptr(), DTYPE_CODE[y.dtype], y.stride(0), torch.get_num_threads(), M >= state.large_m,
-            )  # fmt: skip
-            _check_rc(rc, self.name)
-        return _finish(y, out)
+        _check_call(x, state.K, bias, state.N)
+        return run_linear(
+            self.name,
+            state.fn,
+            state.desc,
+            x,
+            bias,
+            out,
+            state.N,
+            state.out_dtype,
+            state.large_m,
+            (state.in_scale,),
+        )
 
 
 def quantize_activations(x: torch.Tensor, in_scale: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
