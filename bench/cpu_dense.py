@@ -13,11 +13,11 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import time
 from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
+from cpu_timing import median_ms  # bench/ is on sys.path when a script here runs
 
 from quantrt.backends.cpu.dense_native import DenseLinear
 
@@ -46,19 +46,6 @@ METHODS = {
     "torch bf16": (torch.bfloat16, torch.bfloat16, "torch"),
     "torch fp32": (torch.float32, torch.float32, "torch"),
 }
-
-
-def median_ms(fns: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:
-    """Median wall time of each function, run round-robin ``repeats`` times after one warm-up."""
-    for f in fns.values():
-        f()
-    times: dict[str, list[float]] = {k: [] for k in fns}
-    for _ in range(repeats):
-        for k, f in fns.items():
-            t = time.perf_counter()
-            f()
-            times[k].append(time.perf_counter() - t)
-    return {k: 1e3 * statistics.median(v) for k, v in times.items()}
 
 
 def layer_fn(method: str, weights: dict[torch.dtype, list[torch.Tensor]], M: int) -> Callable[[], object]:

@@ -12,11 +12,9 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import time
-from collections.abc import Callable
 
 import torch
-import torch.nn.functional as F
+from cpu_timing import time_row  # bench/ is on sys.path when a script here runs
 
 from quantrt import reference
 from quantrt.backends.cpu.torch_packed import CpuInt4Pack, CpuInt8Pack, CpuIntMM
@@ -31,20 +29,6 @@ METHODS = (
     ("int8 ch", "w8a16-int-ch-sym", (NativeWint, CpuInt8Pack)),
     ("w8a8 int8", "w8a8-int-ch-sym", (NativeW8A8Int8, CpuIntMM)),
 )
-
-
-def median_ms(fns: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:
-    """Median wall time of each function, run round-robin ``repeats`` times after two warm-ups."""
-    for f in fns.values():
-        f()
-        f()
-    times: dict[str, list[float]] = {k: [] for k in fns}
-    for _ in range(repeats):
-        for k, f in fns.items():
-            t = time.perf_counter()
-            f()
-            times[k].append(time.perf_counter() - t)
-    return {k: 1e3 * statistics.median(v) for k, v in times.items()}
 
 
 def prepared(kernel: type, weight: reference.CanonicalWeight, spec: LayerSpec) -> tuple[object, object]:
@@ -63,18 +47,6 @@ def build_methods(K: int, N: int) -> dict[str, tuple[object, object]]:
         for kernel in kernels:
             layers[f"{label} {kernel.name}"] = prepared(kernel, canon, spec)
     return layers
-
-
-def time_row(layers: dict[str, tuple[object, object]], K: int, M: int, repeats: int) -> dict[str, float]:
-    """Median ms of every method on one batch of M rows, run side by side."""
-    x = torch.randn(M, K).to(torch.bfloat16)
-    fns: dict[str, Callable[[], object]] = {}
-    for name, (k, st) in layers.items():
-        if k is None:
-            fns[name] = lambda st=st: F.linear(x, st)
-        else:
-            fns[name] = lambda k=k, st=st: k.apply(st, x)
-    return median_ms(fns, repeats)
 
 
 def main() -> None:
