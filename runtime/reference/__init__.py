@@ -91,5 +91,5 @@ def linear(
         x32 = quantize_activations(x32, weight)
     y = x32 @ w.to(x32.device).T
     if bias is not None:
-        y = y + bias.to(torch.float32)
+        y = y + bias.to(y.device, torch.float32)
     return y.reshape(*x.shape[:-1], weight.N).to(out_dtype or x.dtype)
