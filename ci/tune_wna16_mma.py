@@ -63,10 +63,12 @@ WARPS_PER_SM = {
 }
 
 
-def candidates(bucket: int, hopper: bool) -> list[dict]:
+def candidates(bucket: int, hopper: bool, foldable: bool = True) -> list[dict]:
+    """Launch rows for one bucket; ``foldable`` False (groups shorter than a chunk, fp4) sweeps
+    the unfolded kernel alone."""
     rows = []
     for geo, stages, fold, wps in itertools.product(
-        GEOMETRY[bucket], STAGES[bucket], FOLD, WARPS_PER_SM[bucket]
+        GEOMETRY[bucket], STAGES[bucket], FOLD if foldable else (False,), WARPS_PER_SM[bucket]
     ):
         if geo.get("wgmma"):
             if not hopper or fold:
@@ -75,7 +77,7 @@ def candidates(bucket: int, hopper: bool) -> list[dict]:
             acc_tiles = geo["nt"] // 2 * -(-bucket // 8) if geo["swap"] else geo["mt"] * geo["nt"]
             if fold and acc_tiles > 8:  # 4 fp32 per tile and lane; the fold keeps a second set
                 continue
-            if not fold and bucket <= 16:  # measured slower at every shape (earlier sweeps)
+            if foldable and not fold and bucket <= 16:  # measured slower at every shape (earlier sweeps)
                 continue
             geo = geo | {"fold": fold}
         rows.append({"max_m": bucket} | geo | {"stages": stages, "warps_per_sm": wps})
@@ -111,26 +113,29 @@ def main() -> None:
         state = layer._state
         dense = torch.randn(N, K, device="cuda", dtype=torch.bfloat16)
         limit = mk.smem_limit(dev)
-        szb = mk.sz_bytes(torch.bfloat16, state.bits)
+        szb = mk.sz_bytes(torch.bfloat16, state.code)
         sms = torch.cuda.get_device_properties(dev).multi_processor_count
         for bucket in buckets:
             x = torch.randn(bucket, K, device="cuda", dtype=torch.bfloat16)
             cublas[(K, N, bucket)] = bench(lambda x=x, dense=dense: torch.nn.functional.linear(x, dense))
             cands = []
-            for row in candidates(bucket, hopper):
-                shape = mk.Shape.of(row, state.bits, torch.bfloat16, state.gpc)
+            ints = state.code == state.bits  # wgmma and folding: integer codes only
+            for row in candidates(bucket, hopper and ints, state.gpc == 1 and ints):
+                shape = mk.Shape.of(
+                    row, state.bits, torch.bfloat16, state.gpc, foldable=state.code == state.bits
+                )
                 wk = mk.pick_warps(
                     shape, row, state.n_pad, state.chunks, sms, limit, state.gpc, szb, state.bits
                 )
                 if shape.smem(wk, state.gpc, szb, state.bits) <= limit:
-                    cands.append((row, shape, wk, mk.tile_expr(torch.bfloat16, state.bits, state.gpc, shape)))
+                    cands.append((row, shape, wk, mk.tile_expr(torch.bfloat16, state.code, state.gpc, shape)))
             for src, wgmma in ((mk.SOURCE, False), (mk.WG_SOURCE, True)):  # one NVRTC run per source
                 exprs = [e for _, sh, _, e in cands if sh.wgmma == wgmma]
                 if exprs:
                     mk.compile_all(src, exprs, dev)
-            dense = {"max_m": bucket, "dense": True}  # dequant + cuBLAS: what M past the table runs
-            key = label(dense)
-            rows_of[key] = dense
+            dense_row = {"max_m": bucket, "dense": True}  # dequant + cuBLAS: what M past the table runs
+            key = label(dense_row)
+            rows_of[key] = dense_row
             no_tiles = dataclasses.replace(state, tiles=())
             t = bench(lambda st=no_tiles, x=x: mk.run(st, x, None, None))
             times.setdefault(key, []).append(t)
@@ -140,7 +145,7 @@ def main() -> None:
                     continue  # spills: never a winner
                 key = label(row)
                 rows_of[key] = row
-                tile = mk.make_tile(shape, torch.bfloat16, state.bits, state.gpc, dev, wk)
+                tile = mk.make_tile(shape, torch.bfloat16, state.code, state.gpc, dev, wk)
                 st = dataclasses.replace(state, tiles=(dataclasses.replace(tile, max_m=1 << 30),))
                 t = bench(lambda st=st, x=x: mk.run(st, x, None, None))
                 times.setdefault(key, []).append(t)

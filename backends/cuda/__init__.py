@@ -1,7 +1,7 @@
 """NVIDIA backend: which kernels run on NVIDIA GPUs, in what order, tuned how.
 
 The tensor-core W4A16/W8A16 kernel in CUDA C++ (``mma_wna16.py``, ``kernels/``, compiled through
-CuPy) ranks first where CuPy is importable; the portable Triton W4A16/W8A16 (``backends/triton``)
+CuPy) ranks first where CuPy is importable, and serves NVFP4/MXFP4 and bitsandbytes NF4/FP4 weight-only too (``mma_codebook.py``); the portable Triton W4A16/W8A16 (``backends/triton``)
 next; the Triton fp8 (W8A8 per tensor/channel, block fp8, weight-only) and int8 W8A8 kernels
 (``triton_w8a8.py``); the Triton 4-bit code-book kernels for NVFP4, MXFP4 and bitsandbytes NF4/FP4
 (``triton_lut4.py``) and GGUF's ten block types (``triton_gguf.py``); W4A4 NVFP4 on Blackwell's fp4
@@ -16,6 +16,7 @@ from typing import Any
 
 def register(registry: Any) -> None:
     """Entry point of the ``quantrt.backends`` group."""
+    from .mma_codebook import CudaMmaBnb4, CudaMmaFp4
     from .mma_wna16 import CudaMmaW4A16, CudaMmaW8A16
     from .torch_fp4 import CudaScaledMMNvfp4
     from .torch_ops import CudaIntMM, CudaScaledMMFp8, CudaTinygemm
@@ -34,6 +35,8 @@ def register(registry: Any) -> None:
         CudaTritonFp8WeightOnly,
         CudaTritonInt8,
         CudaScaledMMNvfp4,
+        CudaMmaFp4,
+        CudaMmaBnb4,
         CudaTritonFp4,
         CudaTritonBnb4,
         CudaTritonGGUF,

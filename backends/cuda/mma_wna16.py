@@ -30,14 +30,25 @@ from .wna16_rules import wna16_conditions
 
 SOURCE = "wna16_mma.cu"
 WG_SOURCE = "wna16_wgmma.cu"  # Hopper only (sm_90a)
-MMA_ARGS = 13  # wna16_mma: x, w, sz, bias, y, M, K, ldx, ldy, N, Npad, chunks, shift
+MMA_ARGS = 15  # wna16_mma: x, w, sz, bias, cs, book, y, M, K, ldx, ldy, N, Npad, chunks, shift
 WG_ARGS = 12  # wna16_wgmma: x, w, sz, bias, y, M, ldx, ldy, N, Npad, chunks, shift
 WG_N = (16, 32, 64, 128, 256)  # x rows per block the wgmma kernel is built for
-DENSE_ARGS = 11  # wna16_dequant: w, sz, out, N, K, Npad, chunks, c_begin, c_count, ldo, shift
+DENSE_ARGS = 12  # wna16_dequant: w, sz, book, out, N, K, Npad, chunks, c_begin, c_count, ldo, shift
 SMEM_LIMIT = 48 * 1024
 MAX_SWAP_M = 64  # x rows as the mma's B operand: up to 8 n8 parts
 MAX_WN = 16  # warps side by side over N per block
 CT = {torch.float16: "__half", torch.bfloat16: "__nv_bfloat16"}
+#: the kernels' CODE template argument for fp4 (e2m1) and 16-value code-book (LUT4) weights;
+#: integer codes pass their width (4, 8)
+E2M1 = 41
+LUT4 = 42
+#: static shared memory of a LUT4 kernel (the code book as 256 pairs)
+BOOK_SMEM = 1024
+
+
+def code_bits(code: int) -> int:
+    """Bits per stored code: 8 for int8, 4 for int4 and fp4 (which share the 4-bit lane layout)."""
+    return 8 if code == 8 else 4
 
 
 def groups_per_chunk(bits: int, group: int | None) -> int:
@@ -97,6 +108,9 @@ class MmaState:
     device: int
     bits: int
     gpc: int
+    code: int = 4  # CODE template argument: 4, 8, E2M1 or LUT4
+    col_scale: torch.Tensor | None = None  # fp32 [N] applied to the sums (fp4, code books), or None
+    book: torch.Tensor | None = None  # LUT4: int32 [256], the code book as pairs in the act dtype
 
 
 class CudaMmaWNA16(Kernel):
@@ -106,6 +120,7 @@ class CudaMmaWNA16(Kernel):
     device_kinds = ("cuda",)
     priority = 30
     bits = 4
+    code = 4
 
     @classmethod
     def supports(cls, spec: LayerSpec, caps: Any) -> Verdict:
@@ -120,46 +135,59 @@ class CudaMmaWNA16(Kernel):
             ),
         )
 
+    def operands(
+        self, weight: CanonicalWeight, group: int | None, act: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """(codes in the canonical packing, group parameters as the kernel reads them, per-column
+        factor or None, LUT4 code book or None)."""
+        sz = group_params(weight["scales"], weight.get("zeros"), self.bits, weight.K, group, act).sz
+        return weight["qweight"], sz, None, None
+
     def prepare(self, weight: CanonicalWeight, spec: LayerSpec) -> MmaState:
         s = weight.scheme
-        bits = self.bits
+        bits, code = self.bits, self.code
         group = s.group_size if s.granularity == "group" else None
         perm = act_order_perm(weight, group or weight.K)
         q = weight["qweight"]
         dev = q.device.index if q.device.index is not None else torch.cuda.current_device()
         N, K = weight.N, weight.K
         act = spec.act_dtype
-        packed = repack_codes(q, bits, N, K, perm)
-        gp = group_params(weight["scales"], weight.get("zeros"), bits, K, group, act)
+        codes, sz, col_scale, book = self.operands(weight, group, act)
+        packed = repack_codes(codes, bits, N, K, perm)
         chunks = packed.shape[1]
         n_pad = packed.shape[0] * TG * 8
         gpc = groups_per_chunk(bits, group)
         cap = torch.cuda.get_device_capability(dev)
         table = tile_table.load("wna16_mma", f"sm_{cap[0]}{cap[1]}")
         sms = torch.cuda.get_device_properties(dev).multi_processor_count
-        limit = smem_limit(dev)
-        szb = sz_bytes(act, bits)
-        rows = table.get(f"small_m_w{bits}", table["small_m"])  # int8 codes may have their own sweep
-        shapes = [(Shape.of(row, bits, act, gpc), row) for row in rows]
+        limit = smem_limit(dev) - (BOOK_SMEM if code == LUT4 else 0)
+        szb = sz_bytes(act, code)
+        rows = self.tile_rows(table)
+        shapes = [(Shape.of(row, bits, act, gpc, foldable=code == bits), row) for row in rows]
         shapes = [
-            (sh, row) for sh, row in shapes if not sh.wgmma or cap == (9, 0)
-        ]  # sm_90a code: Hopper only
-        mma = [tile_expr(act, bits, gpc, sh) for sh, _ in shapes if not sh.wgmma]
-        compile_all(SOURCE, [*mma, dense_expr(act, bits, gpc)], dev)
-        wg = [tile_expr(act, bits, gpc, sh) for sh, _ in shapes if sh.wgmma]
+            (sh, row) for sh, row in shapes if not sh.wgmma or (cap == (9, 0) and code == bits)
+        ]  # sm_90a code: Hopper only, integer codes only
+        mma = [tile_expr(act, code, gpc, sh) for sh, _ in shapes if not sh.wgmma]
+        compile_all(SOURCE, [*mma, dense_expr(act, code, gpc)], dev)
+        wg = [tile_expr(act, code, gpc, sh) for sh, _ in shapes if sh.wgmma]
         if wg:
             compile_all(WG_SOURCE, wg, dev)
         tiles = []
         for shape, row in shapes:
             wk = pick_warps(shape, row, n_pad, chunks, sms, limit, gpc, szb, bits)
-            tiles.append(make_tile(shape, act, bits, gpc, dev, wk))
-        dense_fn = Launch(function(SOURCE, dense_expr(act, bits, gpc), dev), DENSE_ARGS)
+            tiles.append(make_tile(shape, act, code, gpc, dev, wk))
+        dense_fn = Launch(function(SOURCE, dense_expr(act, code, gpc), dev), DENSE_ARGS)
         budget = int(table.get("dense_workspace_mb", 256)) << 20
         slice_chunks = max(1, min(chunks, budget // (2 * N * KC[bits])))
         return MmaState(
-            packed, gp.sz, None if perm is None else perm.to(q.device), N, K, n_pad, chunks,
+            packed, sz, None if perm is None else perm.to(q.device), N, K, n_pad, chunks,
             chunk_shift(bits, group), tuple(tiles), dense_fn, slice_chunks, act, spec.output_dtype, dev, bits, gpc,
+            code, col_scale, book,
         )  # fmt: skip
+
+    def tile_rows(self, table: dict[str, Any]) -> list[dict[str, Any]]:
+        """The launch shapes per M bucket (int8 codes may have their own sweep)."""
+        return table.get(f"small_m_w{self.bits}", table["small_m"])
 
     def workspace_bytes(self, spec: LayerSpec, max_m: int) -> int:
         return 0  # the dense path's scratch comes from torch's allocator, at most dense_workspace_mb
@@ -189,14 +217,19 @@ class CudaMmaWNA16(Kernel):
         out: torch.Tensor | None = None,
     ) -> torch.Tensor:
         if torch.compiler.is_compiling():
-            y = torch.ops.quantrt.wna16_mma(x.to(state.act), state.w, state.sz, state.perm, bias, meta(state))
+            y = torch.ops.quantrt.wna16_mma(
+                x.to(state.act), state.w, state.sz, state.perm, bias, state.col_scale, state.book, meta(state)
+            )
         else:
             y = run(state, x, bias, out)
         return y if y.dtype == state.out_dtype else y.to(state.out_dtype)
 
 
-def sz_bytes(act: torch.dtype, bits: int) -> int:
-    return 8 if (act == torch.bfloat16 and bits == 8) else 4
+def sz_bytes(act: torch.dtype, code: int) -> int:
+    """Bytes per group parameter: a (zb, s) pair, fp32 pairs for bf16 int8, one scale for fp4 and code books."""
+    if code in (E2M1, LUT4):
+        return 2
+    return 8 if (act == torch.bfloat16 and code == 8) else 4
 
 
 def smem_limit(dev: int) -> int:
@@ -220,8 +253,9 @@ class Shape:
     wgmma: bool = False
 
     @classmethod
-    def of(cls, row: dict[str, Any], bits: int, act: torch.dtype, gpc: int) -> Shape:
-        """Swapped operands by default up to M=16, on request up to 64 (x rows as n8 parts)."""
+    def of(cls, row: dict[str, Any], bits: int, act: torch.dtype, gpc: int, foldable: bool = True) -> Shape:
+        """Swapped operands by default up to M=16, on request up to 64 (x rows as n8 parts);
+        ``foldable`` False (fp4, code books: no zero point to fold) keeps every shape unfolded."""
         max_m = int(row["max_m"])
         if row.get("wgmma"):  # 64 columns per warpgroup (wn = 4 per warpgroup), unfolded
             xr = int(row.get("xr", next(n for n in WG_N if n >= min(max_m, WG_N[-1]))))
@@ -236,7 +270,7 @@ class Shape:
             xr = 1 << (max_m - 1).bit_length() if max_m <= 8 else -(-max_m // 8) * 8
         else:
             xr = 16 * mt
-        fold = gpc == 1 and bool(row.get("fold", True))
+        fold = foldable and gpc == 1 and bool(row.get("fold", True))
         wn = max(1, min(int(row.get("wn", 1)), MAX_WN))
         return cls(max_m, mt, nt, int(row.get("stages", 3)), swap, fold, xr, wn)
 
@@ -258,12 +292,12 @@ class Shape:
         return wk * max(self.stages * stage, self.rows * self.cols * 4)
 
 
-def make_tile(shape: Shape, act: torch.dtype, bits: int, gpc: int, dev: int, wk: int) -> Tile:
-    fn = function(WG_SOURCE if shape.wgmma else SOURCE, tile_expr(act, bits, gpc, shape), dev)
+def make_tile(shape: Shape, act: torch.dtype, code: int, gpc: int, dev: int, wk: int) -> Tile:
+    fn = function(WG_SOURCE if shape.wgmma else SOURCE, tile_expr(act, code, gpc, shape), dev)
     wk = max(
         1, min(wk, fn.max_threads_per_block // (32 * shape.wn), max_groups(shape))
     )  # registers bound the block
-    smem = shape.smem(wk, gpc, sz_bytes(act, bits), bits)
+    smem = shape.smem(wk, gpc, sz_bytes(act, code), code_bits(code))
     return Tile(
         shape.max_m,
         shape.mt,
@@ -366,6 +400,8 @@ def run(
                 state.w.data_ptr(),
                 state.sz.data_ptr(),
                 0 if bias is None else bias.data_ptr(),
+                0 if state.col_scale is None else state.col_scale.data_ptr(),
+                0 if state.book is None else state.book.data_ptr(),
                 y.data_ptr(),
                 M,
                 state.K,
@@ -393,11 +429,15 @@ def _aligned(x: torch.Tensor) -> torch.Tensor:
 def _dense(
     state: MmaState, x: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor | None
 ) -> torch.Tensor:
-    """Large M: dequantize K slices into scratch and let cuBLAS multiply each."""
+    """Large M: dequantize K slices into scratch and let cuBLAS multiply each (a per-column
+    factor, when the layer has one, scales the sums before the bias is added)."""
     kc = KC[state.bits]
     width = state.slice_chunks * kc
     scratch = torch.empty(state.N, width, dtype=state.act, device=x.device)
     y = out
+    cs, after = state.col_scale, None
+    if cs is not None:
+        bias, after = None, bias
     for c0 in range(0, state.chunks, state.slice_chunks):
         cnt = min(state.slice_chunks, state.chunks - c0)
         k0, k1 = c0 * kc, min(state.K, (c0 + cnt) * kc)
@@ -408,6 +448,7 @@ def _dense(
             (
                 state.w.data_ptr(),
                 state.sz.data_ptr(),
+                0 if state.book is None else state.book.data_ptr(),
                 scratch.data_ptr(),
                 state.N,
                 state.K,
@@ -432,6 +473,10 @@ def _dense(
                 torch.addmm(bias, xs, w.t(), out=y)
         else:
             y.addmm_(xs, w.t())
+    if cs is not None:
+        y.mul_(cs)
+        if after is not None:
+            y.add_(after)
     return y
 
 
@@ -441,39 +486,47 @@ SHAPE_FIELDS = 10  # per tile in meta: max_m, mt, nt, stages, swap, fold, xr, wn
 def meta(state: MmaState) -> list[int]:
     """The state's integers, for the traced op (its tensors travel as op inputs)."""
     flat = [state.N, state.K, state.bits, state.shift, state.chunks, state.n_pad, state.slice_chunks]
-    flat += [state.device, state.gpc]
+    flat += [state.device, state.gpc, state.code]
     for t in state.tiles:
         flat += [t.max_m, t.mt, t.nt, t.stages, int(t.swap), int(t.fold), t.xr, t.wn, int(t.wgmma), t.wk]
     return flat
 
 
 def from_meta(
-    w: torch.Tensor, sz: torch.Tensor, perm: torch.Tensor | None, m: list[int], act: torch.dtype
+    w: torch.Tensor,
+    sz: torch.Tensor,
+    perm: torch.Tensor | None,
+    col_scale: torch.Tensor | None,
+    book: torch.Tensor | None,
+    m: list[int],
+    act: torch.dtype,
 ) -> MmaState:
-    N, K, bits, shift, chunks, n_pad, slice_chunks, dev, gpc = m[:9]
+    N, K, bits, shift, chunks, n_pad, slice_chunks, dev, gpc, code = m[:10]
     tiles = []
-    for i in range(9, len(m), SHAPE_FIELDS):
+    for i in range(10, len(m), SHAPE_FIELDS):
         max_m, mt, nt, stages, swap, fold, xr, wn, wgmma, wk = m[i : i + SHAPE_FIELDS]
         shape = Shape(max_m, mt, nt, stages, bool(swap), bool(fold), xr, wn, bool(wgmma))
-        tiles.append(make_tile(shape, act, bits, gpc, dev, wk))
-    dense = Launch(function(SOURCE, dense_expr(act, bits, gpc), dev), DENSE_ARGS)
+        tiles.append(make_tile(shape, act, code, gpc, dev, wk))
+    dense = Launch(function(SOURCE, dense_expr(act, code, gpc), dev), DENSE_ARGS)
     return MmaState(
-        w, sz, perm, N, K, n_pad, chunks, shift, tuple(tiles), dense, slice_chunks, act, act, dev, bits, gpc
-    )
+        w, sz, perm, N, K, n_pad, chunks, shift, tuple(tiles), dense, slice_chunks, act, act, dev, bits, gpc,
+        code, col_scale, book,
+    )  # fmt: skip
 
 
-def tile_expr(act: torch.dtype, bits: int, gpc: int, shape: Shape) -> str:
+def tile_expr(act: torch.dtype, code: int, gpc: int, shape: Shape) -> str:
+    """The kernel instance for one launch shape (``code``: 4, 8, E2M1 or LUT4; wgmma is integer-only)."""
     if shape.wgmma:
-        return f"wna16_wgmma<{CT[act]}, {bits}, {shape.xr}, {shape.wn // 4}, {gpc}, {shape.stages}>"
+        return f"wna16_wgmma<{CT[act]}, {code}, {shape.xr}, {shape.wn // 4}, {gpc}, {shape.stages}>"
     b = {True: "true", False: "false"}
     return (
-        f"wna16_mma<{CT[act]}, {bits}, {shape.mt}, {shape.nt}, {shape.wn}, {gpc}, {shape.stages}, {shape.xr}, "
+        f"wna16_mma<{CT[act]}, {code}, {shape.mt}, {shape.nt}, {shape.wn}, {gpc}, {shape.stages}, {shape.xr}, "
         f"{b[shape.swap]}, {b[shape.fold]}>"
     )
 
 
-def dense_expr(act: torch.dtype, bits: int, gpc: int) -> str:
-    return f"wna16_dequant<{CT[act]}, {bits}, {gpc}>"
+def dense_expr(act: torch.dtype, code: int, gpc: int) -> str:
+    return f"wna16_dequant<{CT[act]}, {code}, {gpc}>"
 
 
 @torch.library.custom_op("quantrt::wna16_mma", mutates_args=())
@@ -483,10 +536,12 @@ def wna16_mma_op(
     sz: torch.Tensor,
     perm: torch.Tensor | None,
     bias: torch.Tensor | None,
+    col_scale: torch.Tensor | None,
+    book: torch.Tensor | None,
     meta: list[int],
 ) -> torch.Tensor:
     """The launcher as a torch op, so torch.compile traces through it (eager calls skip the op layer)."""
-    return run(from_meta(w, sz, perm, meta, x.dtype), x, bias, None)
+    return run(from_meta(w, sz, perm, col_scale, book, meta, x.dtype), x, bias, None)
 
 
 # The fake only needs the output shape, [M, N]; N is meta[0] (the last argument).
@@ -503,3 +558,4 @@ class CudaMmaW8A16(CudaMmaWNA16):
     name = "cuda.mma_w8a16"
     description = "CUDA int8 weight-only on tensor cores (mma.sync, lane-order repack); cuBLAS on dequantized slices for large M"
     bits = 8
+    code = 8

@@ -65,7 +65,8 @@ def _conditions(spec: LayerSpec, caps: Any) -> list[tuple[bool, str, dict[str, A
     ]
 
 
-def _prepare_fp4(weight: CanonicalWeight) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, str]:
+def prepare_fp4(weight: CanonicalWeight) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, str]:
+    """Codes, 1-byte scales as stored and NVFP4's global scale per row; NaN scale codes refused."""
     nv = weight.scheme.family == "nvfp4"
     scales = weight["scales"]
     if nv:
@@ -84,7 +85,7 @@ def _prepare_fp4(weight: CanonicalWeight) -> tuple[torch.Tensor, torch.Tensor, t
     return weight["qweight"].contiguous(), scales.contiguous(), row, "e4m3" if nv else "e8m0"
 
 
-def _prepare_bnb4(weight: CanonicalWeight) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def prepare_bnb4(weight: CanonicalWeight) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     s, N, K = weight.scheme, weight.N, weight.K
     G = s.group_size
     assert G is not None
@@ -116,10 +117,10 @@ class CudaTritonLut4(dense_slices.DequantSlicesKernel):
 
         s = weight.scheme
         if s.family in ("nvfp4", "mxfp4"):
-            codes, scales, row, kind = _prepare_fp4(weight)
+            codes, scales, row, kind = prepare_fp4(weight)
             table = None
         else:
-            codes, scales, table = _prepare_bnb4(weight)
+            codes, scales, table = prepare_bnb4(weight)
             row, kind = None, "f32"
         G = s.group_size
         assert G is not None

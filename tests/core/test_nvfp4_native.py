@@ -109,8 +109,8 @@ def test_plans_pick_native_fp4_on_b200_and_the_substitute_on_hopper() -> None:
     spec = LayerSpec(parse_scheme("w4a4-nvfp4"), 4096, 4096, act_dtype=torch.bfloat16)
     api, _ = torch_fp4.torch_fp4_api()
     b200 = select(spec, "cuda:0", caps=load_preset("b200"))
-    assert b200.kernel.name == ("cuda.torch_scaled_mm_nvfp4" if api else "cuda.triton_fp4")
+    assert b200.kernel.name == ("cuda.torch_scaled_mm_nvfp4" if api else "cuda.mma_fp4")
     h200 = select(spec, "cuda:0", caps=load_preset("h200"))
-    assert (h200.kernel.name, h200.label) == ("cuda.triton_fp4", "weight-only substitute")
+    assert (h200.kernel.name, h200.label) == ("cuda.mma_fp4", "weight-only substitute")
     why = {c.name: c.verdict.reason for c in h200.candidates}["cuda.torch_scaled_mm_nvfp4"]
     assert "sm >= 100" in why, why

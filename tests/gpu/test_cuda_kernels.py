@@ -219,6 +219,9 @@ LAUNCH_SHAPES = [  # explicit launch shapes of the mma kernel, beyond what the c
         ("w4a16-int-g32-sym", torch.float16),
         ("w8a16-int-ch-sym", torch.bfloat16),
         ("w8a16-int-g128-asym", torch.float16),
+        ("w4a16-nvfp4", torch.bfloat16),
+        ("w4a16-mxfp4", torch.float16),
+        ("w4a16-nf4-g64", torch.bfloat16),
     ],
     ids=str,
 )
@@ -235,24 +238,24 @@ def test_mma_launch_shapes_match_reference(scheme: str, dtype: torch.dtype) -> N
     state = layer._state
     dev = torch.cuda.current_device()
     limit = mk.smem_limit(dev)
-    szb = mk.sz_bytes(dtype, state.bits)
+    szb = mk.sz_bytes(dtype, state.code)
     g = torch.Generator().manual_seed(5)
     hopper = torch.cuda.get_device_capability(dev) == (9, 0)
     for row in LAUNCH_SHAPES:
-        if row.get("wgmma") and not hopper:
-            continue  # sm_90a code
-        shape = mk.Shape.of(row, state.bits, dtype, state.gpc)
+        if row.get("wgmma") and (not hopper or state.code != state.bits):
+            continue  # sm_90a code, integer codes only
+        shape = mk.Shape.of(row, state.bits, dtype, state.gpc, foldable=state.code == state.bits)
         for wk in (1, 3):
             if shape.smem(wk, state.gpc, szb, state.bits) > limit:
                 continue
-            tile = mk.make_tile(shape, dtype, state.bits, state.gpc, dev, wk)
+            tile = mk.make_tile(shape, dtype, state.code, state.gpc, dev, wk)
             st = dataclasses.replace(state, tiles=(dataclasses.replace(tile, max_m=1 << 30),))
             for m in (1, 7, shape.rows, shape.rows + 5):  # one row block, and past it
                 x = torch.randn(m, K + 3, generator=g)[:, 3:]  # not 16-byte aligned
                 y = mk.run(st, x.to("cuda", dtype), bias.to("cuda", dtype), None)
                 ref = reference.linear(x.to(dtype), canon, bias.to(dtype), out_dtype=torch.float32)
                 err = rel(y.cpu(), ref)
-                assert err < TOL[dtype], (row, wk, m, err, mk.tile_expr(dtype, state.bits, state.gpc, shape))
+                assert err < TOL[dtype], (row, wk, m, err, mk.tile_expr(dtype, state.code, state.gpc, shape))
 
 
 @pytest.mark.parametrize(

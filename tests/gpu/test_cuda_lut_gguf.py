@@ -42,17 +42,25 @@ def build(scheme: str, K: int, N: int, dtype: torch.dtype, seed: int, kernel: st
 
 
 def awkward_k(scheme: str) -> int:
-    """K a multiple of the format's block but of no tile: 21 legacy GGUF blocks, 3 super-blocks, 11 groups of 64."""
+    """K a multiple of the format's block but of no tile: 21 legacy GGUF blocks, 3 super-blocks, 11 groups of 64 (5 of 128)."""
     if scheme.startswith("gguf"):
         return 32 * 21 if scheme.endswith(("_0", "_1")) else 256 * 3
-    return 64 * 11
+    return 128 * 5 if "-g128" in scheme else 64 * 11
 
 
 CASES = [
+    ("w4a16-nvfp4", "cuda.mma_fp4", torch.bfloat16),
+    ("w4a16-nvfp4", "cuda.mma_fp4", torch.float16),
+    ("w4a16-mxfp4", "cuda.mma_fp4", torch.bfloat16),
+    ("w4a16-mxfp4", "cuda.mma_fp4", torch.float16),
     ("w4a16-nvfp4", "cuda.triton_fp4", torch.bfloat16),
     ("w4a16-nvfp4", "cuda.triton_fp4", torch.float16),
     ("w4a16-mxfp4", "cuda.triton_fp4", torch.bfloat16),
     ("w4a16-mxfp4", "cuda.triton_fp4", torch.float16),
+    ("w4a16-nf4-g64", "cuda.mma_bnb4", torch.bfloat16),
+    ("w4a16-nf4-g64-dq", "cuda.mma_bnb4", torch.float16),
+    ("w4a16-bnbfp4-g64", "cuda.mma_bnb4", torch.bfloat16),
+    ("w4a16-nf4-g128", "cuda.mma_bnb4", torch.float16),  # one group per chunk: unfolded, chunk shift
     ("w4a16-nf4-g64", "cuda.triton_bnb4", torch.bfloat16),
     ("w4a16-nf4-g64-dq", "cuda.triton_bnb4", torch.float16),
     ("w4a16-bnbfp4-g64", "cuda.triton_bnb4", torch.float16),
@@ -82,7 +90,7 @@ def test_kernel_matches_reference(scheme: str, kernel: str, dtype: torch.dtype) 
 def test_w4a4_nvfp4_runs_as_labelled_weight_only_substitute_on_hopper() -> None:
     layer, canon, bias = build("w4a4-nvfp4", 1024, 256, torch.bfloat16, seed=4)
     if torch.cuda.get_device_capability() < (10, 0):
-        assert layer.kernel_name == "cuda.triton_fp4" and layer.selection.label == "weight-only substitute"
+        assert layer.kernel_name == "cuda.mma_fp4" and layer.selection.label == "weight-only substitute"
     x = torch.randn(7, 1024, device="cuda", dtype=torch.bfloat16)
     ref = reference.linear(x, canon, bias, out_dtype=torch.float32, weight_only=True)
     assert rel(layer(x), ref) < TOL[torch.bfloat16]
@@ -90,11 +98,16 @@ def test_w4a4_nvfp4_runs_as_labelled_weight_only_substitute_on_hopper() -> None:
 
 def test_dense_path_in_several_slices_matches_reference() -> None:
     """A workspace smaller than the weight: cuBLAS runs slice by slice (bias per slice)."""
-    for scheme in ("w4a16-nvfp4", "gguf-q6_k"):
-        layer, canon, bias = build(scheme, 512, 700, torch.bfloat16, seed=9)
-        layer._state = dataclasses.replace(layer._state, slice_rows=256)
+    for scheme, kernel in (("w4a16-nvfp4", "cuda.triton_fp4"), ("gguf-q6_k", "cuda.triton_gguf"),
+                           ("w4a16-nvfp4", "cuda.mma_fp4")):  # fmt: skip
+        layer, canon, bias = build(scheme, 512, 700, torch.bfloat16, seed=9, kernel=kernel)
+        if kernel == "cuda.mma_fp4":  # K slices of one 128-input chunk, the column factor after the sum
+            layer._state = dataclasses.replace(layer._state, slice_chunks=1)
+            assert "K slices of 128" in layer._kernel.strategy(layer._state, 300)
+        else:
+            layer._state = dataclasses.replace(layer._state, slice_rows=256)
+            assert "slices of 256" in layer._kernel.strategy(layer._state, 300)
         x = torch.randn(300, 512, device="cuda", dtype=torch.bfloat16)
-        assert "slices of 256" in layer._kernel.strategy(layer._state, 300)
         ref = reference.linear(x, canon, bias, out_dtype=torch.float32)
         assert rel(layer(x), ref) < TOL[torch.bfloat16], scheme
         out = torch.full((300, 700), float("nan"), device="cuda", dtype=torch.bfloat16)
@@ -122,14 +135,17 @@ def _fp4_weight(scheme: str, N: int, K: int, g: torch.Generator) -> CanonicalWei
     return CanonicalWeight(s, N, K, {"qweight": qweight, **t})
 
 
+@pytest.mark.parametrize("kernel", ["cuda.mma_fp4", "cuda.triton_fp4"])
 @pytest.mark.parametrize("scheme", ["w4a16-nvfp4", "w4a16-mxfp4"])
 @pytest.mark.parametrize("M", [1, 16, 300])
-def test_fp4_adversarial_codes_and_scales(scheme: str, M: int) -> None:
+def test_fp4_adversarial_codes_and_scales(scheme: str, M: int, kernel: str) -> None:
     g = torch.Generator().manual_seed(M)
     N, K = 136, 1024
     canon = _fp4_weight(scheme, N, K, g)
-    layer = QuantLinear.from_canonical(canon, device="cuda", act_dtype=torch.bfloat16)
-    assert layer.kernel_name == "cuda.triton_fp4", layer.selection.explain()
+    layer = QuantLinear.from_canonical(
+        canon, device="cuda", act_dtype=torch.bfloat16, overrides=Overrides(kernel=kernel)
+    )
+    assert layer.kernel_name == kernel, layer.selection.explain()
     x = torch.randn(M, K, generator=g).to(torch.bfloat16)
     w = reference.dequantize(canon).double()
     y = layer(x.cuda()).float().cpu()
@@ -145,14 +161,16 @@ def test_fp4_adversarial_codes_and_scales(scheme: str, M: int) -> None:
 
 
 def _fixture_tensors() -> list[tuple[str, str, np.ndarray, list[int]]]:
-    found = []
+    """The first 2-D tensor of each type across the fixture files (every file holds q6_k, so
+    taking one per file would test q6_k alone)."""
+    found, seen = [], set()
     for path in sorted(FIXTURES.glob("*.gguf")):
         reader = gguf.GGUFReader(path)
         for t in reader.tensors:
             name = t.tensor_type.name.lower()
-            if name in GGUF_TYPES and len(t.shape) == 2:
+            if name in GGUF_TYPES and len(t.shape) == 2 and name not in seen:
+                seen.add(name)
                 found.append((path.name, name, np.array(t.data), [int(v) for v in t.shape]))
-                break
     return found
 
 
@@ -181,7 +199,14 @@ def test_gguf_llama_cpp_files_match_gguf_py() -> None:
 
 @pytest.mark.parametrize(
     "scheme,m",
-    [("w4a16-nvfp4", 1), ("w4a16-mxfp4", 16), ("w4a16-nf4-g64", 1), ("gguf-q4_k", 1), ("gguf-q8_0", 4)],
+    [
+        ("w4a16-nvfp4", 1),
+        ("w4a16-mxfp4", 16),
+        ("w4a16-nf4-g64", 1),
+        ("gguf-q4_k", 1),
+        ("gguf-q8_0", 4),
+        ("w4a16-nvfp4", 300),
+    ],
 )
 def test_cuda_graph_replay_equals_eager(scheme: str, m: int) -> None:
     layer, _, _ = build(scheme, 4096, 4096, torch.bfloat16, seed=1)
@@ -200,7 +225,7 @@ def test_cuda_graph_replay_equals_eager(scheme: str, m: int) -> None:
     assert rel(y, layer(x)) < 1e-3
 
 
-@pytest.mark.parametrize("scheme", ["w4a16-nvfp4", "w4a16-nf4-g64", "gguf-q4_k"])
+@pytest.mark.parametrize("scheme", ["w4a16-nvfp4", "w4a16-mxfp4", "w4a16-nf4-g64", "gguf-q4_k"])
 def test_small_batches_compile_fullgraph(scheme: str) -> None:
     layer, canon, bias = build(scheme, 512, 256, torch.bfloat16, seed=5)
     for m in (1, 3):

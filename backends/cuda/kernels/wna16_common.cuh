@@ -9,6 +9,13 @@ namespace qrt {
 
 typedef unsigned int u32;
 
+// Weight codes a kernel instance reads (its CODE template argument): 4 and 8 are unsigned
+// integers of that width, E2M1 is fp4 (sign, 2 exponent bits, 1 mantissa bit) and LUT4 an index
+// into a 16-value code book (bitsandbytes NF4/FP4), both packed as 4-bit codes in int4's lane layout.
+constexpr int E2M1 = 41;
+constexpr int LUT4 = 42;
+__host__ __device__ constexpr int code_bits(int code) { return code == 8 ? 8 : 4; }
+
 template <typename T> struct Kind;
 template <> struct Kind<__half> {
   typedef __half2 T2;
@@ -141,6 +148,23 @@ template <typename T, int BITS> struct Param {
 template <> struct Param<__nv_bfloat16, 8> {
   typedef float2 type;
 };
+// fp4: one scale per group and column in the activation dtype (no zero point)
+template <typename T> struct Param<T, E2M1> {
+  typedef T type;
+};
+template <typename T> struct Param<T, LUT4> {
+  typedef T type;
+};
+
+// LUT4: the code book as 256 pairs, entry b = (book[b & 15], book[b >> 4]) in the activation
+// dtype, copied to shared memory by each block (load_book) before its first decode.
+__shared__ u32 book_pairs[256];
+template <int CODE> __device__ __forceinline__ void load_book(const u32* __restrict__ book) {
+  if constexpr (CODE == LUT4) {
+    for (int i = threadIdx.x; i < 256; i += blockDim.x) book_pairs[i] = book[i];
+    __syncthreads();
+  }
+}
 
 // Dequantized pair registers (v - zb) * s of tile kt, for the unfolded path.
 template <typename T, int BITS> struct Deq {
@@ -162,6 +186,39 @@ template <> struct Deq<__nv_bfloat16, 8> {
       f[i] = (__uint_as_float(__byte_perm(w, 0x4B000000u, 0x7440 | i)) - (8388608.f - 2176.f) - p.x) * p.y;
     b0 = as_u32(__floats2bfloat162_rn(f[0], f[1]));
     b1 = as_u32(__floats2bfloat162_rn(f[2], f[3]));
+  }
+};
+// fp4 pairs: e2m1 (s, e1 e0 m) placed as a subnormal fp16 (bits 9..11, value * 2^-14) or bf16
+// (bits 6..8, value * 2^-126), exact for every code including -0; the stored scale carries the
+// 2^14 or 2^126 back (prepared at load, see mma_wna16.fp4_params), so one multiply per pair
+// gives code * scale, and its product has at most 7 significant bits: exact in either dtype.
+template <typename T> struct Fp4Bits;
+template <> struct Fp4Bits<__half> {
+  static __device__ __forceinline__ u32 pair(u32 s) { return ((s & 0x00070007u) << 9) | ((s & 0x00080008u) << 12); }
+};
+template <> struct Fp4Bits<__nv_bfloat16> {
+  static __device__ __forceinline__ u32 pair(u32 s) { return ((s & 0x00070007u) << 6) | ((s & 0x00080008u) << 12); }
+};
+template <typename T> struct Deq<T, E2M1> {
+  static __device__ __forceinline__ void run(const uint4& v, int kt, T p, u32& b0, u32& b1) {
+    typedef typename Kind<T>::T2 T2;
+    const T2 s = T2{p, p};
+    const u32 w = word(v, kt >> 1) >> (8 * (kt & 1));
+    b0 = as_u32(__hmul2(as_t2<T2>(Fp4Bits<T>::pair(w)), s));
+    b1 = as_u32(__hmul2(as_t2<T2>(Fp4Bits<T>::pair(w >> 4)), s));
+  }
+};
+// LUT4 pairs: byte 0 of the shifted word holds the codes of inputs (4kt, 4kt+2), byte 2 those of
+// (4kt+1, 4kt+3) (see Codes<T, 4>), so two lookups of the pair table and two byte permutes give
+// the pairs (4kt, 4kt+1) and (4kt+2, 4kt+3); one multiply by the group's scale.
+template <typename T> struct Deq<T, LUT4> {
+  static __device__ __forceinline__ void run(const uint4& v, int kt, T p, u32& b0, u32& b1) {
+    typedef typename Kind<T>::T2 T2;
+    const T2 s = T2{p, p};
+    const u32 w = word(v, kt >> 1) >> (8 * (kt & 1));
+    const u32 t0 = book_pairs[w & 0xFF], t1 = book_pairs[(w >> 16) & 0xFF];
+    b0 = as_u32(__hmul2(as_t2<T2>(__byte_perm(t0, t1, 0x5410)), s));
+    b1 = as_u32(__hmul2(as_t2<T2>(__byte_perm(t0, t1, 0x7632)), s));
   }
 };
 // A column's (zb, s) as floats, for the folded path's per-group fix-up.

@@ -29,14 +29,18 @@
 // chunk (1 when a group spans whole chunks, chunk c then uses group c >> cpg_log2). Layouts:
 // w [Npad/8/TG][chunks][TG][32] uint4, sz [groups][Npad]; x rows 16-byte aligned (ldx % 8 == 0).
 // Column blocks may run past Npad (the last one, when 8*NT*WN does not divide it): those warps
-// read tile 0 instead and their columns are never stored.
-template <typename T, int BITS, int MT, int NT, int WN, int GPC, int STAGES, int XR, bool SWAP, bool FOLD>
+// read tile 0 instead and their columns are never stored. cs (nullable): an fp32 factor per
+// column applied to the sums before the bias (fp4 and code-book scales keep their range there);
+// book: the LUT4 code book as 256 pairs (see load_book), null for other codes.
+template <typename T, int CODE, int MT, int NT, int WN, int GPC, int STAGES, int XR, bool SWAP, bool FOLD>
 __global__ void wna16_mma(const T* __restrict__ x, const uint4* __restrict__ w, const void* __restrict__ sz,
-                          const T* __restrict__ bias, T* __restrict__ y, long long M_, long long K_,
+                          const T* __restrict__ bias, const float* __restrict__ cs,
+                          const unsigned int* __restrict__ book, T* __restrict__ y, long long M_, long long K_,
                           long long ldx_, long long ldy_, long long N_, long long Npad_, long long chunks_,
                           long long cpg_log2_) {
   using namespace qrt;
-  typedef typename Param<T, BITS>::type P;
+  constexpr int BITS = code_bits(CODE);
+  typedef typename Param<T, CODE>::type P;
   constexpr int KC = BITS == 4 ? 128 : 64;
   constexpr int TILES = KC / 16;       // k16 tiles per chunk
   constexpr int LK = KC / 4;           // inputs per lane per chunk
@@ -70,6 +74,7 @@ __global__ void wna16_mma(const T* __restrict__ x, const uint4* __restrict__ w, 
 
   extern __shared__ uint4 smem[];
   uint4* ring = smem + wk * STAGES * STAGE;
+  load_book<CODE>(book);
 
   constexpr int ACC = SWAP ? NT / 2 * PARTS : MT * NT;
   constexpr int SXN = SWAP ? PARTS : MT;
@@ -186,16 +191,16 @@ __global__ void wna16_mma(const T* __restrict__ x, const uint4* __restrict__ w, 
               mma<T>(sx[pi], first, Kind<T>::ones2(), Kind<T>::ones2(), Kind<T>::ones2(), Kind<T>::ones2(),
                      xlo[pi], xhi[pi]);
 #pragma unroll
-            for (int v = 0; v < virtual_tiles<T, BITS>(); v++) {
+            for (int v = 0; v < virtual_tiles<T, CODE>(); v++) {
               u32 xb0[PARTS], xb1[PARTS];
 #pragma unroll
-              for (int pi = 0; pi < PARTS; pi++) folded_x<T, BITS>(xlo[pi], xhi[pi], v, xb0[pi], xb1[pi]);
-              const int vt = kt * virtual_tiles<T, BITS>() + v;
+              for (int pi = 0; pi < PARTS; pi++) folded_x<T, CODE>(xlo[pi], xhi[pi], v, xb0[pi], xb1[pi]);
+              const int vt = kt * virtual_tiles<T, CODE>() + v;
 #pragma unroll
               for (int j2 = 0; j2 < NT / 2; j2++) {
                 u32 a0, a1, a2, a3;
-                folded_codes<T, BITS>(wv[2 * j2], vt, a0, a2);
-                folded_codes<T, BITS>(wv[2 * j2 + 1], vt, a1, a3);
+                folded_codes<T, CODE>(wv[2 * j2], vt, a0, a2);
+                folded_codes<T, CODE>(wv[2 * j2 + 1], vt, a1, a3);
 #pragma unroll
                 for (int pi = 0; pi < PARTS; pi++)
                   mma<T>(tmp[j2 * PARTS + pi], first && v == 0, a0, a1, a2, a3, xb0[pi], xb1[pi]);
@@ -206,8 +211,8 @@ __global__ void wna16_mma(const T* __restrict__ x, const uint4* __restrict__ w, 
 #pragma unroll
             for (int j2 = 0; j2 < NT / 2; j2++) {
               u32 a0, a1, a2, a3;
-              Deq<T, BITS>::run(wv[2 * j2], kt, prm[q * NT * 8 + 16 * j2 + g], a0, a2);
-              Deq<T, BITS>::run(wv[2 * j2 + 1], kt, prm[q * NT * 8 + 16 * j2 + 8 + g], a1, a3);
+              Deq<T, CODE>::run(wv[2 * j2], kt, prm[q * NT * 8 + 16 * j2 + g], a0, a2);
+              Deq<T, CODE>::run(wv[2 * j2 + 1], kt, prm[q * NT * 8 + 16 * j2 + 8 + g], a1, a3);
 #pragma unroll
               for (int pi = 0; pi < PARTS; pi++) mma<T>(acc[j2 * PARTS + pi], false, a0, a1, a2, a3, xlo[pi], xhi[pi]);
             }
@@ -226,18 +231,18 @@ __global__ void wna16_mma(const T* __restrict__ x, const uint4* __restrict__ w, 
             for (int i = 0; i < MT; i++)
               mma<T>(sx[i], first, lo[i][0], lo[i][1], hi[i][0], hi[i][1], Kind<T>::ones2(), Kind<T>::ones2());
 #pragma unroll
-            for (int v = 0; v < virtual_tiles<T, BITS>(); v++) {
+            for (int v = 0; v < virtual_tiles<T, CODE>(); v++) {
               u32 A[MT][4];
 #pragma unroll
               for (int i = 0; i < MT; i++) {
-                folded_x<T, BITS>(lo[i][0], hi[i][0], v, A[i][0], A[i][2]);
-                folded_x<T, BITS>(lo[i][1], hi[i][1], v, A[i][1], A[i][3]);
+                folded_x<T, CODE>(lo[i][0], hi[i][0], v, A[i][0], A[i][2]);
+                folded_x<T, CODE>(lo[i][1], hi[i][1], v, A[i][1], A[i][3]);
               }
-              const int vt = kt * virtual_tiles<T, BITS>() + v;
+              const int vt = kt * virtual_tiles<T, CODE>() + v;
 #pragma unroll
               for (int j = 0; j < NT; j++) {
                 u32 b0, b1;
-                folded_codes<T, BITS>(wv[j], vt, b0, b1);
+                folded_codes<T, CODE>(wv[j], vt, b0, b1);
 #pragma unroll
                 for (int i = 0; i < MT; i++)
                   mma<T>(tmp[i * NT + j], first && v == 0, A[i][0], A[i][1], A[i][2], A[i][3], b0, b1);
@@ -248,7 +253,7 @@ __global__ void wna16_mma(const T* __restrict__ x, const uint4* __restrict__ w, 
 #pragma unroll
             for (int j = 0; j < NT; j++) {
               u32 b0, b1;
-              Deq<T, BITS>::run(wv[j], kt, prm[q * NT * 8 + 8 * j + g], b0, b1);
+              Deq<T, CODE>::run(wv[j], kt, prm[q * NT * 8 + 8 * j + g], b0, b1);
 #pragma unroll
               for (int i = 0; i < MT; i++)
                 mma<T>(acc[i * NT + j], false, lo[i][0], lo[i][1], hi[i][0], hi[i][1], b0, b1);
@@ -326,6 +331,7 @@ __global__ void wna16_mma(const T* __restrict__ x, const uint4* __restrict__ w, 
     if (n < N) {
       float v = 0.f;
       for (int u = 0; u < WK; u++) v += red[u * ROWS * COLS + e];
+      if (cs) v *= cs[n];
       if (bias) v += Kind<T>::to_float(bias[n]);
       y[(long long)(m0 + e / COLS) * ldy + n] = Kind<T>::from_float(v);
     }
@@ -335,12 +341,14 @@ __global__ void wna16_mma(const T* __restrict__ x, const uint4* __restrict__ w, 
 // Large M: write chunks [c_begin, c_begin + c_count) of the dequantized weight, [N, ldo] in T,
 // for a dense GEMM after. One warp per 8 columns x one chunk (8 warps per block): lane (g, t)
 // decodes KC/4 consecutive inputs of column g; the warp then stores whole rows, lanes in order.
-template <typename T, int BITS, int GPC>
-__global__ void wna16_dequant(const uint4* __restrict__ w, const void* __restrict__ sz, T* __restrict__ out,
+template <typename T, int CODE, int GPC>
+__global__ void wna16_dequant(const uint4* __restrict__ w, const void* __restrict__ sz, const unsigned int* __restrict__ book,
+                              T* __restrict__ out,
                               long long N_, long long K_, long long Npad_, long long chunks_, long long c_begin_,
                               long long c_count_, long long ldo_, long long cpg_log2_) {
   using namespace qrt;
-  typedef typename Param<T, BITS>::type P;
+  constexpr int BITS = code_bits(CODE);
+  typedef typename Param<T, CODE>::type P;
   constexpr int KC = BITS == 4 ? 128 : 64;
   constexpr int TILES = KC / 16;
   constexpr int LK = KC / 4;
@@ -351,6 +359,7 @@ __global__ void wna16_dequant(const uint4* __restrict__ w, const void* __restric
   __shared__ uint4 stage[8][8 * RP];  // [warp][row * RP + piece]: 8 warps per block
   const int wid = threadIdx.x >> 5;
   const int item = blockIdx.x * (blockDim.x >> 5) + wid;
+  load_book<CODE>(book);  // before any thread leaves
   if (item >= (N + 7) / 8 * c_count) return;  // whole warps only
   const int ntile = item / c_count, c = c_begin + item % c_count;
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
@@ -361,7 +370,7 @@ __global__ void wna16_dequant(const uint4* __restrict__ w, const void* __restric
 #pragma unroll
   for (int kt = 0; kt < TILES; kt++) {
     const int gi = GPC == 1 ? (c >> cpg_log2) : c * GPC + (t * LK + kt * 4) / GL;
-    Deq<T, BITS>::run(v, kt, __ldg(szc + (long long)gi * Npad), o[2 * kt], o[2 * kt + 1]);
+    Deq<T, CODE>::run(v, kt, __ldg(szc + (long long)gi * Npad), o[2 * kt], o[2 * kt + 1]);
   }
   // lane (g, t) holds pieces t*TILES/2 .. of row g; regroup through shared memory so that
   // consecutive lanes store consecutive 16-byte pieces of a row (whole sectors)
