@@ -3,7 +3,10 @@ runs today, dense fp32 and bf16 ``F.linear`` and torch's packed int4/int8 ops, i
 one run on the threads torch is set to use.
 
 Times are medians of repeated calls (after warm-up), each repeat long enough to be timed by
-``perf_counter``. Every row records kernel, strategy, threads, git SHA and versions; load figures
+``perf_counter``. Within a row, quantrt and every baseline run interleaved repeat by repeat
+(:func:`interleaved_ms`), so a co-tenant slowing the machine for a few seconds moves them alike
+and the ratios hold; timing the dense baselines once per shape and the schemes minutes later let
+such noise through (2026-12-03: the same cell's dense bf16 time moved between 7.6 and 10.7 ms). Every row records kernel, strategy, threads, git SHA and versions; load figures
 give the prepared weight's bytes (from the storages the kernel's state holds) against the bytes the
 checkpoint stores, the issue's memory rule (within 1.10x).
 """
@@ -37,20 +40,23 @@ SCHEMES = (
 TORCH_PACKED = {("int", 4): "cpu.torch_int4pack", ("int", 8): "cpu.torch_int8pack"}
 
 
-def median_ms(fn: Callable[[], Any], min_s: float = 0.25, reps: int = 7) -> float:
-    """Median over ``reps`` repeats of the mean time of back-to-back calls, in milliseconds."""
-    fn()
-    t0 = time.perf_counter()
-    fn()
-    once = max(time.perf_counter() - t0, 1e-6)
-    inner = max(1, int(min_s / reps / once))
-    times = []
-    for _ in range(reps):
+def interleaved_ms(fns: dict[str, Callable[[], Any]], min_s: float = 0.25, reps: int = 7) -> dict[str, float]:
+    """Per function, the median over ``reps`` rounds of the mean time of back-to-back calls (ms);
+    each round runs every function in turn, each for about ``min_s / reps`` seconds."""
+    inner = {}
+    for k, fn in fns.items():
+        fn()
         t0 = time.perf_counter()
-        for _ in range(inner):
-            fn()
-        times.append((time.perf_counter() - t0) / inner)
-    return statistics.median(times) * 1e3
+        fn()
+        inner[k] = max(1, int(min_s / reps / max(time.perf_counter() - t0, 1e-6)))
+    times: dict[str, list[float]] = {k: [] for k in fns}
+    for _ in range(reps):
+        for k, fn in fns.items():
+            t0 = time.perf_counter()
+            for _ in range(inner[k]):
+                fn()
+            times[k].append((time.perf_counter() - t0) / inner[k])
+    return {k: statistics.median(v) * 1e3 for k, v in times.items()}
 
 
 def state_bytes(obj: Any) -> int:
@@ -123,7 +129,7 @@ def run_cpu(
     for K, N in shapes:
         w = torch.randn(N, K, generator=g) * 0.02
         xs = {m: torch.randn(m, K, generator=g) for m in ms}
-        dense = {m: _dense_ms(w, xs[m]) for m in ms}
+        w16 = w.to(torch.bfloat16)
         for scheme in schemes:
             progress(f"{scheme} {K}x{N}: quantizing")
             canon = quantize(w, scheme)
@@ -145,7 +151,7 @@ def run_cpu(
             )
             base = packed_baseline(canon, act_dtype)
             for m in ms:
-                row = _row(scheme, K, N, m, layer, base, xs[m].to(act_dtype), dense[m])
+                row = _row(scheme, K, N, m, layer, base, xs[m], act_dtype, w, w16)
                 doc["rows"].append(row)
                 progress(
                     f"  M={m}: {row['quantrt_ms']:.3f} ms, {row['vs_dense_bf16']}x dense bf16 "
@@ -154,19 +160,30 @@ def run_cpu(
     return doc
 
 
-def _dense_ms(w: torch.Tensor, x: torch.Tensor) -> dict[str, float]:
+def _row(
+    scheme: str,
+    K: int,
+    N: int,
+    m: int,
+    layer: Any,
+    base: Any,
+    x32: torch.Tensor,
+    act_dtype: torch.dtype,
+    w: torch.Tensor,
+    w16: torch.Tensor,
+) -> dict[str, Any]:
+    """One cell: quantrt, dense fp32 and bf16 ``F.linear`` and the packed baseline, interleaved."""
     import torch.nn.functional as F
 
-    w16, x16 = w.to(torch.bfloat16), x.to(torch.bfloat16)
-    return {
-        "dense_fp32_ms": median_ms(lambda: F.linear(x, w)),
-        "dense_bf16_ms": median_ms(lambda: F.linear(x16, w16)),
+    x, x16 = x32.to(act_dtype), x32.to(torch.bfloat16)
+    fns: dict[str, Callable[[], Any]] = {
+        "quantrt_ms": lambda: layer(x),
+        "dense_fp32_ms": lambda: F.linear(x32, w),
+        "dense_bf16_ms": lambda: F.linear(x16, w16),
     }
-
-
-def _row(
-    scheme: str, K: int, N: int, m: int, layer: Any, base: Any, x: torch.Tensor, dense: dict[str, float]
-) -> dict[str, Any]:
+    if base is not None:
+        name, fn = base
+        fns[f"{name}_ms"] = lambda: fn(x)
     row: dict[str, Any] = {
         "scheme": scheme,
         "K": K,
@@ -174,12 +191,9 @@ def _row(
         "M": m,
         "kernel": layer.kernel_name,
         "strategy": layer._kernel.strategy(layer._state, m),
-        "quantrt_ms": median_ms(lambda: layer(x)),
-        **dense,
+        **interleaved_ms(fns),
     }
     if base is not None:
-        name, fn = base
-        row[f"{name}_ms"] = median_ms(lambda: fn(x))
         row[f"vs_{name}"] = round(row[f"{name}_ms"] / row["quantrt_ms"], 3)
     row["vs_dense_bf16"] = round(row["dense_bf16_ms"] / row["quantrt_ms"], 3)
     row["vs_dense_fp32"] = round(row["dense_fp32_ms"] / row["quantrt_ms"], 3)

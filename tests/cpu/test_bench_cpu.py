@@ -2,9 +2,11 @@
 bytes come from the kernel's storages, and the CLI writes the JSON."""
 
 import dataclasses
+import itertools
 import json
 import subprocess
 import sys
+import time
 
 import torch
 
@@ -22,6 +24,26 @@ def test_state_bytes_counts_each_storage_once():
     b = torch.zeros(10, dtype=torch.float32)
     st = _State(a, (a[10:], {"b": b, "view": b.view(2, 5)}, [None, 3]))
     assert bench_cpu.state_bytes(st) == 100 + 40
+
+
+def test_interleaved_timing_runs_every_function_in_each_round():
+    """Rounds alternate the functions (a slow stretch of the machine hits them alike), and each
+    median is its own function's cost: a call that sleeps 2 ms measures at least that, one that
+    sleeps 4 ms at least 4 and more than the first."""
+    calls: list[str] = []
+
+    def make(name: str, s: float):
+        def fn() -> None:
+            calls.append(name)
+            time.sleep(s)
+
+        return fn
+
+    t = bench_cpu.interleaved_ms({"a": make("a", 0.002), "b": make("b", 0.004)}, min_s=0.06, reps=3)
+    assert t["a"] >= 1.99 and t["b"] >= 3.99 and t["b"] > t["a"], t
+    timed = calls[4:]  # two warm-up calls each first
+    switches = sum(1 for u, v in itertools.pairwise(timed) if u != v)
+    assert switches >= 5, calls  # a, b, a, b, a, b blocks: the rounds interleave
 
 
 def test_run_cpu_rows_are_consistent():
