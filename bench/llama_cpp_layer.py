@@ -4,8 +4,10 @@ Writes a one-layer llama model (hidden 4096, ffn 14336, 32 query / 8 kv heads, v
 context 256) in F16 with gguf's writer, quantizes it with llama.cpp's own ``llama-quantize`` into
 each type asked for, times llama.cpp's per-token decode with ``llama-bench`` (``-p 0 -n N``, the
 threads asked for), and times quantrt's seven linears of the same file at M=1 (the dispatcher's
-kernels, the same threads). llama.cpp's figure also holds its norms, rope, attention over a short
-context and a 256-row output layer: a few percent.
+kernels, the same threads). The two sides alternate round by round (one ``llama-bench`` run, then
+nine quantrt passes) and each reports its median over the rounds, so load from other work on a
+shared machine hits both alike. llama.cpp's figure also holds its norms, rope, attention over a
+short context and a 256-row output layer: a few percent.
 
 llama.cpp is not a dependency: point ``--llama-bin`` at a build's ``bin`` folder (``cmake -B build
 -DGGML_NATIVE=ON && cmake --build build --target llama-bench llama-quantize``; llama-cpp-python's
@@ -24,6 +26,7 @@ import os
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -104,9 +107,21 @@ def seven_linears_ms(layers: list, reps: int) -> float:
     return float(np.median(times))
 
 
-def quantrt_dense_ms(model: Path, act_dtype: torch.dtype, reps: int) -> dict[str, object]:
-    """The seven F16 linears of block 0 at M=1 through the dense layer a checkpoint's unquantized
-    linears get on the CPU (``backends/cpu/dense_native.py``: the weight kept in fp16), summed."""
+def interleaved(llama: Callable[[], dict], ours: Callable[[], float], rounds: int) -> tuple[dict, list, list]:
+    """Alternate one llama-bench run and one batch of quantrt passes ``rounds`` times, so a stretch
+    of load from other work on the machine hits both sides alike (timing all of one side, then the
+    other, let such a stretch decide the ratio: Q6_K read 0.95x one run and 1.2x the next)."""
+    ll, qq, last = [], [], {}
+    for _ in range(rounds):
+        last = llama()
+        ll.append(last["ms_per_token"])
+        qq.append(ours())
+    return last, ll, qq
+
+
+def quantrt_dense_layers(model: Path, act_dtype: torch.dtype) -> tuple[list, dict[str, str]]:
+    """The seven F16 linears of block 0, each with an M=1 input, as the dense layer a checkpoint's
+    unquantized linears get on the CPU (``backends/cpu/dense_native.py``: the weight kept in fp16)."""
 
     import gguf
 
@@ -123,12 +138,12 @@ def quantrt_dense_ms(model: Path, act_dtype: torch.dtype, reps: int) -> dict[str
         kernels[name] = f"F16 -> {type(layer).__name__} {getattr(layer, 'strategy', lambda m: '')(1)}"
     if len(layers) != len(LINEARS):
         raise SystemExit(f"{model}: expected {len(LINEARS)} F16 linears in block 0, found {kernels}")
-    return {"ms_per_token": seven_linears_ms(layers, reps), "kernels": kernels}
+    return layers, kernels
 
 
-def quantrt_linears_ms(model: Path, act_dtype: torch.dtype, reps: int) -> dict[str, object]:
-    """The seven linears of block 0 at M=1 through QuantLinear (the dispatcher's kernels), summed;
-    median over ``reps`` timed passes."""
+def quantrt_linear_layers(model: Path, act_dtype: torch.dtype) -> tuple[list, dict[str, str]]:
+    """The seven linears of block 0 through QuantLinear (the dispatcher's kernels), each with an
+    M=1 input."""
 
     from quantrt.checkpoint import open_checkpoint
     from quantrt.layers import QuantLinear
@@ -143,7 +158,7 @@ def quantrt_linears_ms(model: Path, act_dtype: torch.dtype, reps: int) -> dict[s
         kernels[prefix] = f"{qw.scheme} -> {layer.kernel_name}"
     if len(layers) != len(LINEARS):
         raise SystemExit(f"{model}: expected {len(LINEARS)} quantized linears in block 0, found {kernels}")
-    return {"ms_per_token": seven_linears_ms(layers, reps), "kernels": kernels}
+    return layers, kernels
 
 
 def main() -> int:
@@ -152,7 +167,7 @@ def main() -> int:
     ap.add_argument("--types", default="Q4_0,Q8_0,Q4_K_M,Q6_K")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--tokens", type=int, default=32, help="llama-bench: tokens generated per run")
-    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--reps", type=int, default=7, help="rounds: one llama-bench run, then 9 quantrt passes")
     ap.add_argument("--act-dtype", default="fp32", choices=("fp32", "bf16"))
     ap.add_argument("--workdir", help="keep the GGUF files here (default: a temporary folder)")
     ap.add_argument("--out", help="write the results JSON here")
@@ -176,16 +191,21 @@ def main() -> int:
                 check=True,
                 capture_output=True,
             )
-        llama = llama_decode_ms(binp / "llama-bench", dst, args.threads, args.tokens, args.reps)
-        timing = quantrt_dense_ms if t == "F16" else quantrt_linears_ms
-        ours = timing(dst, act, max(args.reps, 9))
+        layers, kernels = (quantrt_dense_layers if t == "F16" else quantrt_linear_layers)(dst, act)
+        llama, ll, qq = interleaved(
+            lambda dst=dst: llama_decode_ms(binp / "llama-bench", dst, args.threads, args.tokens, 1),
+            lambda layers=layers: seven_linears_ms(layers, 9),
+            args.reps,
+        )
+        lm, qm = float(np.median(ll)), float(np.median(qq))
         row = {
             "type": t,
-            "llama_cpp_ms_per_token": round(llama["ms_per_token"], 3),
-            "llama_cpp_ms_stddev": round(llama["ms_stddev"], 3),
-            "quantrt_seven_linears_ms": round(ours["ms_per_token"], 3),
-            "vs_llama_cpp": round(llama["ms_per_token"] / ours["ms_per_token"], 3),
-            "kernels": ours["kernels"],
+            "llama_cpp_ms_per_token": round(lm, 3),
+            "llama_cpp_rounds_ms": [round(v, 3) for v in ll],
+            "quantrt_seven_linears_ms": round(qm, 3),
+            "quantrt_rounds_ms": [round(v, 3) for v in qq],
+            "vs_llama_cpp": round(lm / qm, 3),
+            "kernels": kernels,
             "llama_cpp_build": llama["build"],
         }
         rows.append(row)
