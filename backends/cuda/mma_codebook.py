@@ -36,7 +36,7 @@ from quantrt.specs import LayerSpec
 from .mma_wna16 import E2M1, LUT4, CudaMmaWNA16, groups_per_chunk
 from .triton_lut4 import prepare_bnb4, prepare_fp4
 from .wna16_layout import KC, N_ALIGN
-from .wna16_rules import ACT_DTYPES
+from .wna16_rules import device_conditions
 
 #: the exponent a decoded e2m1 code carries (fp16 / bf16 subnormal placement), returned by the scale
 DECODE_EXP = {torch.float16: 14, torch.bfloat16: 126}
@@ -101,19 +101,6 @@ def bnb4_operands(
     return codes, scale_layout(rel, weight.K, G, act), col, book_pairs(book, act)
 
 
-def _conditions(spec: LayerSpec, caps: Any) -> list[tuple[bool, str, dict[str, Any]]]:
-    return [
-        ((caps.sm or 0) >= 80, "sm >= 80 (mma.sync and cp.async)", {"sm": caps.sm}),
-        (
-            "cupy" in caps.libraries,
-            "cupy importable (NVRTC compiles the kernel)",
-            {"libraries": caps.libraries},
-        ),
-        (spec.op == "linear", "op == 'linear'", {"op": spec.op}),
-        (spec.act_dtype in ACT_DTYPES, "activations bf16 or fp16", {"act_dtype": spec.act_dtype}),
-    ]
-
-
 class CudaMmaFp4(CudaMmaWNA16):
     name = "cuda.mma_fp4"
     description = (
@@ -132,7 +119,7 @@ class CudaMmaFp4(CudaMmaWNA16):
     def supports(cls, spec: LayerSpec, caps: Any) -> Verdict:
         s = spec.scheme
         return check(
-            *_conditions(spec, caps),
+            *device_conditions(spec, caps, "cupy", "NVRTC compiles the kernel"),
             (s.family in ("nvfp4", "mxfp4"), "NVFP4 or MXFP4 weights", {"weight": s.weight}),
             (
                 s.group_size is not None and groups_per_chunk(4, s.group_size) > 1,
@@ -169,7 +156,7 @@ class CudaMmaBnb4(CudaMmaFp4):
         s = spec.scheme
         G = s.group_size
         return check(
-            *_conditions(spec, caps),
+            *device_conditions(spec, caps, "cupy", "NVRTC compiles the kernel"),
             (s.family == "bnb4", "bitsandbytes NF4/FP4 weights", {"weight": s.weight}),
             (
                 G is not None and groups_per_chunk(4, G) > 0,

@@ -18,12 +18,21 @@ ACT_DTYPES = (torch.float16, torch.bfloat16)
 Condition = tuple[bool, str, dict[str, Any]]
 
 
+def device_conditions(spec: LayerSpec, caps: Any, library: str, built_by: str) -> list[Condition]:
+    """What the tensor-core kernel needs of the device and the call, whatever the weights."""
+    return [
+        ((caps.sm or 0) >= 80, "sm >= 80 (mma.sync and cp.async)", {"sm": caps.sm}),
+        (library in caps.libraries, f"{library} importable ({built_by})", {"libraries": caps.libraries}),
+        (spec.op == "linear", "op == 'linear'", {"op": spec.op}),
+        (spec.act_dtype in ACT_DTYPES, "activations bf16 or fp16", {"act_dtype": spec.act_dtype}),
+    ]
+
+
 def wna16_conditions(spec: LayerSpec, caps: Any, bits: int, library: str, built_by: str) -> list[Condition]:
     """The shared requirements, in the order ``explain`` reports the first that fails."""
     s = spec.scheme
     return [
-        ((caps.sm or 0) >= 80, "sm >= 80 (mma.sync and cp.async)", {"sm": caps.sm}),
-        (library in caps.libraries, f"{library} importable ({built_by})", {"libraries": caps.libraries}),
+        *device_conditions(spec, caps, library, built_by),
         (
             s.weight == "int" and s.bits == bits,
             f"{bits}-bit integer weights",
@@ -31,8 +40,6 @@ def wna16_conditions(spec: LayerSpec, caps: Any, bits: int, library: str, built_
         ),
         (s.weight_only, "weight-only scheme", {"act": s.act}),
         (s.granularity in ("group", "channel"), "group or channel scales", {"granularity": s.granularity}),
-        (spec.op == "linear", "op == 'linear'", {"op": spec.op}),
-        (spec.act_dtype in ACT_DTYPES, "activations bf16 or fp16", {"act_dtype": spec.act_dtype}),
         (
             not s.act_order or spec.k_full,
             "act-order with the full K on this rank",
