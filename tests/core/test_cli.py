@@ -115,11 +115,12 @@ def test_run_embedded_default_checks_against_reference() -> None:
     got = {(row["scheme"], row["M"]): row for row in doc["results"]}
     assert set(got) == {(s, m) for s in ("w8a16-int-ch-sym", "w4a16-int-g128-asym") for m in (1, 5)}
     # the native CPU kernels where this CPU has AVX-512 BF16 (the CI machines do), torch's packed ops otherwise
-    native = probe().cpu.has("avx512f", "avx512bw", "avx512vl", "avx512_bf16")
-    assert got[("w4a16-int-g128-asym", 1)]["kernel"] == (
-        "cpu.native_wint" if native else "cpu.torch_int4pack"
-    )
-    assert got[("w8a16-int-ch-sym", 5)]["kernel"] == ("cpu.native_wint" if native else "cpu.torch_int8pack")
+    # (their AMX subclass where the CPU has AMX tiles)
+    cpu = probe().cpu
+    native = cpu.has("avx512f", "avx512bw", "avx512vl", "avx512_bf16")
+    wint = "cpu.amx_wint" if cpu.has("amx_bf16", "amx_tile") else "cpu.native_wint"
+    assert got[("w4a16-int-g128-asym", 1)]["kernel"] == (wint if native else "cpu.torch_int4pack")
+    assert got[("w8a16-int-ch-sym", 5)]["kernel"] == (wint if native else "cpu.torch_int8pack")
     for row in doc["results"]:
         assert row["ok"] and 0 < max(row["errors"].values()) < doc["tolerance"]
         assert row["ms"] > 0 and row["dense_ms"] > 0

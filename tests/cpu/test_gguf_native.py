@@ -51,6 +51,8 @@ DESIGN = 1e-2
 KERNEL = CpuNativeGGUF()
 #: this machine runs the 16-row AVX-512 VNNI groups (else every row takes the scalar code)
 SIMD = gguf_native.SIMD_FEATURES <= probe().cpu.features
+#: dispatch prefers the AMX subclass of the native kernel where the CPU has AMX tiles
+AMX = {"amx_bf16", "amx_tile"} <= set(probe().cpu.features)
 GROUP = 16 if SIMD else 0
 
 
@@ -190,7 +192,7 @@ def check_exact(
 def test_dispatch_picks_it_and_says_why_not():
     cw = rtn_weight("q4_k", 32, 256, seed=0)
     layer = QuantLinear.from_canonical(cw, device="cpu", act_dtype=torch.bfloat16)
-    assert layer.kernel_name == "cpu.native_gguf"
+    assert layer.kernel_name == ("cpu.amx_gguf" if AMX else "cpu.native_gguf")
     caps = probe().cpu
     spec = LayerSpec(cw.scheme, 256, 32)
     ok = CpuNativeGGUF.supports(spec, caps)

@@ -31,6 +31,8 @@ CODEBOOK_F32 = 1e-4
 LOOSE = 1e-2
 
 CPU = probe().cpu
+#: dispatch prefers the AMX subclasses of the native weight-only kernels where the CPU has AMX tiles
+AMX = {"amx_bf16", "amx_tile"} <= set(CPU.features)
 HERE = NativeLut.supports(LayerSpec(parse_scheme("w4a16-nvfp4"), 256, 256), CPU)
 pytestmark = pytest.mark.skipif(not HERE, reason=f"cpu.native_lut cannot run here: {HERE.reason}")
 
@@ -358,7 +360,8 @@ def test_dispatch_picks_the_native_kernel(scheme: str) -> None:
         torch.randn(64, 256, generator=gen), scheme, calib=torch.randn(8, 256, generator=gen)
     )
     lin = QuantLinear.from_canonical(w, device="cpu", act_dtype=torch.bfloat16)
-    assert lin.kernel_name == "cpu.native_lut"
+    weight_only = parse_scheme(scheme).weight_only  # W8A8 fp8 has no AMX path
+    assert lin.kernel_name == ("cpu.amx_lut" if AMX and weight_only else "cpu.native_lut")
     assert (
         NativeLut.label(LayerSpec(w.scheme, 256, 64)) == "native"
     )  # activations quantized as the scheme says
