@@ -4,7 +4,8 @@ The tensor-core W4A16/W8A16 kernel in CUDA C++ (``mma_wna16.py``, ``kernels/``, 
 CuPy) ranks first where CuPy is importable, and serves NVFP4/MXFP4 and bitsandbytes NF4/FP4 weight-only too (``mma_codebook.py``); the portable Triton W4A16/W8A16 (``backends/triton``)
 next; the Triton fp8 (W8A8 per tensor/channel, block fp8, weight-only) and int8 W8A8 kernels
 (``triton_w8a8.py``); the Triton 4-bit code-book kernels for NVFP4, MXFP4 and bitsandbytes NF4/FP4
-(``triton_lut4.py``) and GGUF's ten block types (``triton_gguf.py``); W4A4 NVFP4 on Blackwell's fp4
+(``triton_lut4.py``) and GGUF's ten block types (``triton_gguf.py``), with a CUDA GEMV for
+q8_0/q4_k/q6_k ahead of it (``gguf_gemv.py``); W4A4 NVFP4 on Blackwell's fp4
 units through torch (``torch_fp4.py``); then torch's own ops (tinygemm int4, cuBLASLt fp8 and int8). Launch shapes
 come from ``tunings/``.
 """
@@ -16,6 +17,7 @@ from typing import Any
 
 def register(registry: Any) -> None:
     """Entry point of the ``quantrt.backends`` group."""
+    from .gguf_gemv import CudaGemvGGUF
     from .mma_codebook import CudaMmaBnb4, CudaMmaFp4
     from .mma_wna16 import CudaMmaW4A16, CudaMmaW8A16
     from .torch_fp4 import CudaScaledMMNvfp4
@@ -39,6 +41,7 @@ def register(registry: Any) -> None:
         CudaMmaBnb4,
         CudaTritonFp4,
         CudaTritonBnb4,
+        CudaGemvGGUF,
         CudaTritonGGUF,
         CudaScaledMMFp8,
         CudaIntMM,

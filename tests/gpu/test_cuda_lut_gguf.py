@@ -68,7 +68,14 @@ CASES = [
     *[(f"gguf-{t}", "cuda.triton_gguf", torch.bfloat16) for t in GGUF_TYPES],
     ("gguf-q4_k", "cuda.triton_gguf", torch.float16),
     ("gguf-q8_0", "cuda.triton_gguf", torch.float16),
+    *[
+        (f"gguf-{t}", "cuda.gemv_gguf", dt)
+        for t in ("q4_k", "q6_k")
+        for dt in (torch.bfloat16, torch.float16)
+    ],
 ]
+#: the GGUF types the CUDA GEMV takes (the others stay with the Triton GEMV)
+CUDA_GEMV_TYPES = ("q4_k", "q6_k")
 
 
 @pytest.mark.parametrize("scheme,kernel,dtype", CASES, ids=str)
@@ -190,11 +197,58 @@ def test_gguf_llama_cpp_files_match_gguf_py() -> None:
             .double()
         )
         layer = QuantLinear.from_canonical(canon, device="cuda", act_dtype=torch.float16)
-        assert layer.kernel_name == "cuda.triton_gguf"
+        assert layer.kernel_name == ("cuda.gemv_gguf" if t in CUDA_GEMV_TYPES else "cuda.triton_gguf")
         for M in (1, 3, 200):
             x = torch.randn(M, K).half()
             ref = x.double() @ w.T
             assert rel(layer(x.cuda()), ref) < TOL[torch.float16], (fname, M)
+
+
+#: llama.cpp's block layouts: (elements, bytes) and the byte offsets of the fp16 scales in a block
+GGUF_BLOCK = {"q4_k": (256, 144, (0, 2)), "q6_k": (256, 210, (208,))}
+
+
+@pytest.mark.parametrize("t", CUDA_GEMV_TYPES)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_gemv_gguf_random_blocks_match_gguf_py(t: str, dtype: torch.dtype) -> None:
+    """Blocks of random bytes (every code, 6-bit scale and min, negative q6_k scales) with finite
+    fp16 block scales, against gguf-py's dequantizer: the CUDA GEMV at M=1 with the table's shape
+    and with forced shapes of several x rows per block (what ci/tune_gguf_gemv.py sweeps), the
+    Triton GEMV after it; K with a partial last step, N not a multiple of any block's rows."""
+    from gguf.quants import dequantize as gguf_dequantize
+
+    from quantrt.backends.cuda import gguf_gemv
+    from quantrt.backends.cuda.cupy_kernels import Launch, function
+
+    B, T, d_offsets = GGUF_BLOCK[t]
+    g = torch.Generator().manual_seed(7)
+    for K, N in [(B * 3, 37), (B * 21, 45), (B * 40, 9)]:
+        blocks = torch.randint(0, 256, (N, K // B, T), generator=g, dtype=torch.uint8)
+        for off in d_offsets:
+            d = (torch.rand(N, K // B, generator=g) * 0.02 - 0.01).half()
+            blocks[:, :, off : off + 2] = d.view(torch.uint8).reshape(N, K // B, 2)
+        qweight = blocks.reshape(N, -1)
+        w = torch.from_numpy(gguf_dequantize(qweight.numpy(), gguf.GGMLQuantizationType[t.upper()]))
+        w = w.reshape(N, K).double()
+        canon = CanonicalWeight(parse_scheme(f"gguf-{t}"), N, K, {"qweight": qweight})
+        bias = torch.randn(N, generator=g)
+        layer = QuantLinear.from_canonical(canon, bias=bias.to(dtype), device="cuda", act_dtype=dtype)
+        assert layer.kernel_name == "cuda.gemv_gguf", layer.selection.explain()
+        table = layer._state
+        forced = [
+            gguf_gemv.GemvShape(8, r, xm, wp) for r, xm, wp in ((2, 4, 4), (1, 4, 2), (3, 2, 8), (1, 1, 1))
+        ]
+        for shape in (None, *forced):
+            if shape is not None:  # every batch size on one forced launch shape
+                fn = Launch(function(gguf_gemv.SOURCE, shape.expr(dtype, t), 0), gguf_gemv.ARGS)
+                layer._state = dataclasses.replace(table, shapes=(shape,), launches=(fn,))
+            for M in (1, 2, 3, 4, 7, 8):
+                x = torch.randn(M, K, generator=g).to(dtype)
+                ref = x.double() @ w.T + bias.to(dtype).double()
+                y = layer(x.cuda())
+                path = layer._kernel.strategy(layer._state, M)
+                assert path.startswith("cuda gemv" if M <= layer._state.shapes[-1].max_m else "triton gemv")
+                assert rel(y, ref) < TOL[dtype], (K, N, M, shape, path, rel(y, ref))
 
 
 @pytest.mark.parametrize(
@@ -205,6 +259,7 @@ def test_gguf_llama_cpp_files_match_gguf_py() -> None:
         ("w4a16-nf4-g64", 1),
         ("gguf-q4_k", 1),
         ("gguf-q8_0", 4),
+        ("gguf-q6_k", 1),
         ("w4a16-nvfp4", 300),
     ],
 )
@@ -225,7 +280,7 @@ def test_cuda_graph_replay_equals_eager(scheme: str, m: int) -> None:
     assert rel(y, layer(x)) < 1e-3
 
 
-@pytest.mark.parametrize("scheme", ["w4a16-nvfp4", "w4a16-mxfp4", "w4a16-nf4-g64", "gguf-q4_k"])
+@pytest.mark.parametrize("scheme", ["w4a16-nvfp4", "w4a16-mxfp4", "w4a16-nf4-g64", "gguf-q4_k", "gguf-q5_k"])
 def test_small_batches_compile_fullgraph(scheme: str) -> None:
     layer, canon, bias = build(scheme, 512, 256, torch.bfloat16, seed=5)
     for m in (1, 3):
