@@ -4,7 +4,8 @@
 # quick benchmark and the embedded default, and leave everything in $OUT.
 # Usage (device tool): bash ci/gpu.sh            (bench off: QUANTRT_GPU_BENCH=0; sweep the CUDA
 # W4A16 launch shapes first and use them: QUANTRT_GPU_TUNE=1; the Triton W8A8 tiles:
-# QUANTRT_GPU_TUNE_W8A8=1; the FP4/NF4 and GGUF kernels: QUANTRT_GPU_TUNE_LUT=1; bench schemes:
+# QUANTRT_GPU_TUNE_W8A8=1; the FP4/NF4 and GGUF kernels: QUANTRT_GPU_TUNE_LUT=1; the CUDA GGUF GEMV:
+# QUANTRT_GPU_TUNE_GGUF_GEMV=1; bench schemes:
 # QUANTRT_BENCH_SCHEMES, shapes: QUANTRT_BENCH_SHAPES, batch sizes: QUANTRT_BENCH_MS; test paths: QUANTRT_GPU_TESTS)
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -55,6 +56,16 @@ if [ "${QUANTRT_GPU_TUNE_LUT:-0}" = 1 ] && [ "$status" = 0 ]; then
     [ -f "$OUT/${part}_${arch}.json" ] && cp "$OUT/${part}_${arch}.json" "backends/cuda/tunings/${part}_${arch}.json"
   done
   python3 -m pytest -q -p no:cacheprovider tests/gpu/test_cuda_lut_gguf.py 2>&1 | tee "$OUT/gpu-tests-lut.log" | tail -n 2
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+fi
+if [ "${QUANTRT_GPU_TUNE_GGUF_GEMV:-0}" = 1 ] && [ "$status" = 0 ]; then
+  # sweep the CUDA GGUF GEMV's launch shapes and its bound against the Triton GEMV, use them for the
+  # rest of this run (commit the file from $OUT afterwards) and test the GGUF kernels again
+  arch=$(python3 -c "import torch; print('sm_%d%d' % torch.cuda.get_device_capability())")
+  python3 ci/tune_gguf_gemv.py --out "$OUT/gguf_gemv_${arch}.json" > "$OUT/tune-gguf-gemv.log" 2>&1 \
+    || { tail -n 5 "$OUT/tune-gguf-gemv.log"; status=1; }
+  [ -f "$OUT/gguf_gemv_${arch}.json" ] && cp "$OUT/gguf_gemv_${arch}.json" "backends/cuda/tunings/gguf_gemv_${arch}.json"
+  python3 -m pytest -q -p no:cacheprovider tests/gpu/test_cuda_lut_gguf.py -k gguf 2>&1 | tee "$OUT/gpu-tests-gguf.log" | tail -n 2
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 fi
 if [ "${QUANTRT_GPU_BENCH:-1}" = 1 ]; then
