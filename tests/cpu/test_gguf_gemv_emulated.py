@@ -20,7 +20,6 @@ import torch
 from gguf.quants import dequantize as gguf_dequantize
 
 from quantrt.backends.cuda import gguf_gemv
-from quantrt.backends.triton.gguf import gguf_planes, plane_list
 
 SOURCE = Path(gguf_gemv.__file__).parent / "kernels" / gguf_gemv.SOURCE
 pytestmark = pytest.mark.skipif(
@@ -140,6 +139,14 @@ def ext():
 BLOCK = {"q4_k": (256, 144, (0, 2)), "q6_k": (256, 210, (208,))}
 
 
+def planes_of(q: torch.Tensor, t: str, N: int, K: int) -> list[torch.Tensor]:
+    """The kernel's planes, imported late: importing a Triton module before tests/triton/conftest.py
+    sets TRITON_INTERPRET would build its kernels for a GPU in this process."""
+    from quantrt.backends.triton.gguf import gguf_planes, plane_list
+
+    return plane_list(gguf_planes(q, t, N, K), t)
+
+
 def random_blocks(t: str, N: int, K: int, g: torch.Generator) -> torch.Tensor:
     """Random bytes in every field (all codes, scales, mins, signs) with finite fp16 block scales."""
     B, T, d_offsets = BLOCK[t]
@@ -160,7 +167,7 @@ def test_lane_decode_matches_gguf_py(ext, t: str, dtype: torch.dtype) -> None:
         q = random_blocks(t, N, K, g)
         w = gguf_dequantize(q.numpy(), gguf.GGMLQuantizationType[t.upper()]).reshape(N, K).astype(np.float64)
         x = torch.randn(3, K, generator=g).to(dtype)
-        planes = plane_list(gguf_planes(q, t, N, K), t)
+        planes = planes_of(q, t, N, K)
         y = ext.emulate(x.view(torch.int16), planes, gguf_gemv.TYPE_ID[t], N, K, dtype == torch.float16)
         ref = x.double().numpy() @ w.T
         err = np.linalg.norm(y.double().numpy() - ref) / np.linalg.norm(ref)
@@ -172,7 +179,7 @@ def test_a_wrong_lane_mapping_is_caught(ext) -> None:
     t, K, N = "q4_k", 512, 2
     q = random_blocks(t, N, K, torch.Generator().manual_seed(5))
     w = gguf_dequantize(q.numpy(), gguf.GGMLQuantizationType.Q4_K).reshape(N, K).astype(np.float64)
-    planes = plane_list(gguf_planes(q, t, N, K), t)
+    planes = planes_of(q, t, N, K)
     planes[1] = planes[1].clone()
     planes[1][:, [0, 17]] = planes[1][:, [17, 0]]
     x = torch.randn(1, K, dtype=torch.float64).to(torch.bfloat16)
