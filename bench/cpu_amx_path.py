@@ -1,10 +1,11 @@
-"""The AMX kernels' large-batch path (dequantize row slices to bf16, then torch's oneDNN matmul)
-against the native path of the same prepared weight, on this CPU.
+"""The AMX kernels' paths on this CPU: the native panel GEMM with its products on AMX tiles (where
+the native library has them), dequantized bf16 row slices through torch's oneDNN matmul, and the
+native AVX-512 GEMV / panel GEMM, all on one prepared weight, beside dense bf16 ``F.linear``.
 
-On a CPU without AMX, oneDNN runs the matmul on AVX-512 BF16, so this measures the dequantization
-cost and the cross-over the AMX path must beat; on a Sapphire Rapids machine the same script gives
-the real cross-over (``cpu.amx_*``'s ``AMX_FROM_M`` is set from it). Both paths run interleaved in
-one process; medians in ms.
+On a CPU without AMX, oneDNN runs the matmul on AVX-512 BF16 and there are no tiles, so this
+measures the dequantization cost; on a CPU with AMX it gives the cross-overs the ``cpu.amx_*``
+kernels use (``TILES_FROM_M``, ``amx_from_m``). Every path runs interleaved in one process, round
+by round; medians in ms.
 
     python bench/cpu_amx_path.py [--threads 2] [--repeats 7] [--m 16,64,256] [--out FILE.json]
 """
@@ -24,19 +25,40 @@ import torch
 
 from quantrt import reference
 from quantrt.backends.cpu import amx
+from quantrt.capability import probe
 from quantrt.specs import LayerSpec
 
-SCHEMES = (("w4a16-int-g128-sym", amx.AmxWint), ("w4a16-nf4-g64", amx.AmxLut), ("gguf-q4_k", amx.AmxGGUF))
+SCHEMES = (
+    ("w4a16-int-g128-sym", amx.AmxWint),
+    ("w8a16-int-ch-sym", amx.AmxWint),
+    ("w4a16-nf4-g64", amx.AmxLut),
+    ("w4a16-nvfp4", amx.AmxLut),
+    ("w8a16-fp8-ch", amx.AmxLut),
+    ("gguf-q4_k", amx.AmxGGUF),
+)
 
 
-def median_ms(fn, repeats: int) -> float:
-    fn()
-    ts = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
+def interleaved_ms(fns: list, repeats: int) -> list[float]:
+    """Median ms of each function, timed round by round (one call of each per round), so the
+    machine's load swings reach every side alike."""
+    for fn in fns:
         fn()
-        ts.append(time.perf_counter() - t0)
-    return statistics.median(ts) * 1e3
+    ts: list[list[float]] = [[] for _ in fns]
+    for _ in range(repeats):
+        for i, fn in enumerate(fns):
+            t0 = time.perf_counter()
+            fn()
+            ts[i].append(time.perf_counter() - t0)
+    return [statistics.median(v) * 1e3 for v in ts]
+
+
+def cpu_name() -> str:
+    try:
+        import cpuinfo
+
+        return str(cpuinfo.get_cpu_info().get("brand_raw", ""))
+    except Exception:  # py-cpuinfo is optional here
+        return platform.processor() or platform.machine()
 
 
 def main() -> None:
@@ -45,30 +67,58 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--shape", default="4096x4096", help="KxN")
     ap.add_argument("--m", default="16,64,256")
+    ap.add_argument("--schemes", default=",".join(s for s, _ in SCHEMES))
     ap.add_argument("--out")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     K, N = (int(v) for v in args.shape.split("x"))
     rows = []
+    wanted = args.schemes.split(",")
     for scheme, cls in SCHEMES:
+        if scheme not in wanted:
+            continue
         canon = reference.quantize(torch.randn(N, K) * 0.02, scheme)
+        dense = torch.randn(N, K).bfloat16() * 0.02  # the unquantized layer's F.linear, for scale
         kernel = cls()
         state = kernel.prepare(canon, LayerSpec(canon.scheme, K, N, act_dtype=torch.bfloat16))
-        native = dataclasses.replace(state, amx_from=1 << 30)
-        via_amx = dataclasses.replace(state, amx_from=1)
+        # the same prepared weight four ways: the native AVX-512 GEMV / panel GEMM, the panel GEMM on
+        # AMX tiles (where the library has them), dequant + oneDNN; and dense bf16 for scale
+        avx_inner = dataclasses.replace(state.inner, tiles_m=1 << 62) if state.tiles else state.inner
+        avx = dataclasses.replace(state, amx_from=1 << 30, tiles=False, inner=avx_inner)
+        via_dequant = dataclasses.replace(state, amx_from=1, tiles=False, inner=avx_inner)
+        tiles = (
+            dataclasses.replace(state, inner=dataclasses.replace(state.inner, tiles_m=1))
+            if state.tiles
+            else None
+        )
         for m in (int(v) for v in args.m.split(",")):
             x = torch.randn(m, K).bfloat16()
-            a = median_ms(lambda: kernel.apply(via_amx, x), args.repeats)  # noqa: B023
-            n = median_ms(lambda: kernel.apply(native, x), args.repeats)  # noqa: B023
-            rows.append({"scheme": scheme, "K": K, "N": N, "M": m, "amx_path_ms": round(a, 2),
-                         "native_ms": round(n, 2), "native_strategy": kernel.strategy(native, m)})  # fmt: skip
-            print(f"{scheme} M={m}: dequant+oneDNN {a:.1f} ms, native {n:.1f} ms")
+            fns = [
+                lambda: kernel.apply(via_dequant, x),  # noqa: B023
+                lambda: kernel.apply(avx, x),  # noqa: B023
+                lambda: torch.nn.functional.linear(x, dense),  # noqa: B023
+            ]
+            if tiles is not None:
+                fns.append(lambda: kernel.apply(tiles, x))  # noqa: B023
+            ts = interleaved_ms(fns, args.repeats)
+            row = {"scheme": scheme, "K": K, "N": N, "M": m, "amx_path_ms": round(ts[0], 2),
+                   "native_ms": round(ts[1], 2), "dense_bf16_ms": round(ts[2], 2),
+                   "native_strategy": kernel.strategy(avx, m)}  # fmt: skip
+            if tiles is not None:
+                row["tiles_ms"] = round(ts[3], 2)
+            rows.append(row)
+            print(
+                f"{scheme} M={m}: dequant+oneDNN {ts[0]:.2f} ms, native AVX-512 {ts[1]:.2f} ms, dense bf16 "
+                f"F.linear {ts[2]:.2f} ms"
+                + (f", panel GEMM on AMX tiles {ts[3]:.2f} ms" if tiles is not None else "")
+            )
     sha = subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
     ).stdout.strip()
     doc = {
         "date": datetime.date.today().isoformat(),
-        "cpu": platform.processor() or platform.machine(),
+        "cpu": cpu_name(),
+        "amx_tiles": probe().cpu.has("amx_bf16", "amx_tile"),
         "threads": args.threads,
         "git_sha": sha,
         "torch": torch.__version__,

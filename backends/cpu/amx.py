@@ -2,14 +2,15 @@
 
 Why: a prefill-sized batch is compute-bound, and on CPUs with AMX the fastest bf16 multiplier is
 AMX's tile unit, which torch's CPU bf16 matmul (oneDNN) already drives (and which falls back to
-AVX-512 BF16 where there is no AMX, so the numbers are the same everywhere). So at ``M >= AMX_FROM_M``
+AVX-512 BF16 where there is no AMX, so the numbers are the same everywhere). So from ``amx_from_m`` rows on
 these kernels dequantize the prepared weight in row slices into a bounded bf16 scratch buffer
 (``SCRATCH_BYTES``, native code: ``dequant_rows`` of the parent's module, exact: the fp32 dequantized
 weight rounded once to bf16) and multiply each slice with ``torch.mm`` in bf16 (fp32 accumulation
 inside oneDNN). Activations are rounded to bf16 on that path (bf16 is what AMX multiplies), so fp32
 activations lose their low bits there. Small batches keep the parent's native GEMV: a GEMV is
 bandwidth-bound, and AMX does not help it. One prepared layout (the parent's) serves both paths;
-the scratch is per call and declared in ``workspace_bytes``.
+the bf16 scratch is one buffer per thread, reused across calls and layers
+(:func:`reused_scratch`), and declared in ``workspace_bytes``.
 
 The kernels subclass the native weight-only kernels and win dispatch just ahead of them only when
 the probe reports AMX bf16 tiles (``amx_bf16`` and ``amx_tile``).
@@ -17,6 +18,7 @@ the probe reports AMX bf16 tiles (``amx_bf16`` and ``amx_tile``).
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,14 +33,14 @@ from .native_common import round_up
 
 #: probe features the AMX path needs (AMX tile registers and the bf16 tile multiply)
 AMX_FEATURES = ("amx_bf16", "amx_tile")
-#: batch sizes from which the AMX path runs. Below, the native kernels decode the weight once into
-#: L2-resident panels; this path writes and re-reads 16-bit weights, which only pays once the matmul
-#: dominates. On the Zen 4 here (oneDNN on AVX-512 BF16, 2 threads, 4096x4096;
-#: bench/results/cpu-2026-12-03-amx-path.json) the dequantization alone costs about what the native
-#: path needs at M = 64..256 (this path 7-34 ms at M=16 where the native one takes 1.4-2.2 ms; at
-#: M=256, 25-41 ms against 16-24 ms). With AMX's several-fold bf16 throughput on the matmul, the
-#: cross-over is estimated near M = 256; bench/cpu_amx_path.py measures it on a Sapphire Rapids machine.
-AMX_FROM_M = 256
+#: batch sizes from which the AMX path runs, unless a kernel class sets its own ``amx_from_m``. Below,
+#: the native kernels decode the weight once into L2-resident panels; this path writes and re-reads
+#: 16-bit weights, which only pays once the matmul dominates. Measured on this project's Xeon with
+#: AMX (2 threads, bench/results/cpu-2026-12-03-amx-xeon-*.json, both paths of one prepared weight
+#: timed round by round): int4 g128 and NF4 cross over at M = 20-24 on 4096x4096 and 4096x14336
+#: (at M=256 the AMX path is 4x faster: 9.2 against 40 ms), GGUF q4_k, whose native GEMM runs on
+#: 8-bit activations with VNNI and whose dequantization is slower, only at M = 384.
+AMX_FROM_M = 24
 #: the bf16 scratch of one row slice stays within this many bytes (32 MiB)
 SCRATCH_BYTES = 32 << 20
 #: output rows per tile of every parent layout (wint/lut tiles, GGUF groups): slices are multiples
@@ -50,6 +52,22 @@ def slice_rows(N: int, K: int, budget: int = SCRATCH_BYTES) -> int:
     tile), no more than the layer's rows rounded up to a tile."""
     rows = max(ROW_TILE, budget // (2 * max(K, 1)) // ROW_TILE * ROW_TILE)
     return min(rows, round_up(max(N, 1), ROW_TILE))
+
+
+_local = threading.local()
+
+
+def reused_scratch(rows: int, K: int) -> torch.Tensor:
+    """A bf16 [rows, K] buffer kept per thread across calls and layers (at most ``SCRATCH_BYTES``).
+
+    A fresh 32 MiB tensor per call comes from the OS untouched, and faulting its pages in cost more
+    than the dequantization itself (measured on a Sapphire Rapids class Xeon, 4096x4096 int4: 9.6 ms
+    into a fresh buffer, 2.0 ms into a reused one). One buffer per thread keeps concurrent callers
+    apart; every AMX layer of the thread shares it."""
+    buf = getattr(_local, "scratch", None)
+    if buf is None or buf.numel() < rows * K:
+        buf = _local.scratch = torch.empty(rows * K, dtype=torch.bfloat16)
+    return buf[: rows * K].view(rows, K)
 
 
 def amx_verdict(caps: Any) -> Verdict:
@@ -75,6 +93,7 @@ class AmxState:
     amx_from: int  # batch sizes from which the AMX path runs
     out_dtype: torch.dtype
     dequant: Any  # dequant_rows(inner, n0, n1, out)
+    tiles: bool = False  # the parent's panel GEMM runs on AMX tiles (it serves every M itself)
 
     @property
     def nbytes(self) -> int:
@@ -86,6 +105,13 @@ class _AmxPath:
 
     _parent: type[Kernel]
     _module: Any
+    #: batch sizes from which this kernel takes the AMX path (see AMX_FROM_M)
+    amx_from_m: int = AMX_FROM_M
+
+    def tiles_ready(self, inner: Any) -> bool:
+        """Whether the parent's own panel GEMM runs on AMX tiles for this weight (then it serves
+        every batch size, and the dequant + oneDNN path is not used)."""
+        return False
 
     @classmethod
     def supports(cls, spec: LayerSpec, caps: Any) -> Verdict:
@@ -95,7 +121,7 @@ class _AmxPath:
         amx = amx_verdict(caps)
         if not amx:
             return amx
-        return Verdict.yes(f"AMX bf16 via oneDNN from M >= {AMX_FROM_M}; below: {v.reason}")
+        return Verdict.yes(f"AMX bf16 via oneDNN from M >= {cls.amx_from_m}; below: {v.reason}")
 
     def _inner_prepare(self, weight: CanonicalWeight, spec: LayerSpec) -> Any:
         return self._parent.prepare(self, weight, spec)  # type: ignore[arg-type]
@@ -107,12 +133,15 @@ class _AmxPath:
             inner.N,
             inner.K,
             slice_rows(inner.N, inner.K),
-            AMX_FROM_M,
+            self.amx_from_m,
             spec.output_dtype,
             self._module.dequant_rows,
+            self.tiles_ready(inner),
         )
 
     def strategy(self, state: AmxState, m: int) -> str:
+        if state.tiles:
+            return self._parent.strategy(self, state.inner, m)  # type: ignore[arg-type]
         if m >= state.amx_from:
             return (
                 f"amx: dequant bf16 slices of {state.rows} rows + oneDNN matmul (activations rounded to bf16)"
@@ -120,8 +149,8 @@ class _AmxPath:
         return self._parent.strategy(self, state.inner, m)  # type: ignore[arg-type]
 
     def workspace_bytes(self, spec: LayerSpec, max_m: int) -> int:
-        small = self._parent.workspace_bytes(self, spec, min(max_m, AMX_FROM_M - 1))  # type: ignore[arg-type]
-        if max_m < AMX_FROM_M:
+        small = self._parent.workspace_bytes(self, spec, min(max_m, self.amx_from_m - 1))  # type: ignore[arg-type]
+        if max_m < self.amx_from_m:
             return small
         K, N = spec.K_part, spec.N_part
         rows = slice_rows(N, K)
@@ -135,7 +164,7 @@ class _AmxPath:
         bias: torch.Tensor | None = None,
         out: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        if x.dim() != 2 or x.shape[0] < state.amx_from:
+        if state.tiles or x.dim() != 2 or x.shape[0] < state.amx_from:
             return self._parent.apply(self, state.inner, x, bias, out)  # type: ignore[arg-type]
         M = wint_native._check_call(x, state.K, bias, state.N)
         N = state.N
@@ -145,7 +174,7 @@ class _AmxPath:
         if y is None:
             y = torch.empty((M, N), dtype=state.out_dtype)
         xb = x.to(torch.bfloat16)
-        scratch = torch.empty((state.rows, state.K), dtype=torch.bfloat16)
+        scratch = reused_scratch(state.rows, state.K)
         for n0 in range(0, N, state.rows):
             n1 = min(N, n0 + state.rows)
             w = state.dequant(state.inner, n0, n1, scratch[: n1 - n0])
@@ -158,17 +187,32 @@ class _AmxPath:
 
 
 class AmxWint(_AmxPath, wint_native.NativeWint):
-    """Integer weight-only layers: the native GEMV below AMX_FROM_M rows, AMX bf16 (oneDNN) from there."""
+    """Integer weight-only layers: the native GEMV below ``TILES_FROM_M`` rows, from there the native
+    panel GEMM with its products on AMX tiles (``qrt::amx_block``: the decoded L2 panels are AMX's
+    weight operand as they are). Where K or the group is not a multiple of 32 (no whole 32-k tiles),
+    bf16 dequant slices through oneDNN from ``amx_from_m`` rows instead.
+
+    Measured on this project's Xeon with AMX (2 threads, bench/results/cpu-2026-12-03-amx-tiles.json):
+    at 4096x4096 and M=64, 1.9 ms against 10.7 ms on AVX-512 BF16, 4.8 ms for dequant + oneDNN and
+    2.9 ms for dense bf16 ``F.linear``; the tiles beat the GEMV from M=4."""
 
     name = "cpu.amx_wint"
     priority = wint_native.NativeWint.priority - 1
-    description = "int2/3/4/8 weight-only: native GEMV (small M), bf16 dequant slices + oneDNN AMX matmul"
+    description = "int2/3/4/8 weight-only: native GEMV (M < 4), native panel GEMM on AMX tiles above"
     _parent = wint_native.NativeWint
     _module = wint_native
+    #: batch sizes from which the panel GEMM runs on AMX tiles
+    TILES_FROM_M = 4
+
+    def tiles_ready(self, inner: Any) -> bool:
+        if not wint_native._library().quantrt_wint_amx_ready(inner.desc):
+            return False
+        inner.tiles_m = self.TILES_FROM_M
+        return True
 
 
 class AmxLut(_AmxPath, lut_native.NativeLut):
-    """NF4/FP4, fp8, NVFP4, MXFP4 weight-only layers: the native GEMV below AMX_FROM_M rows, AMX bf16
+    """NF4/FP4, fp8, NVFP4, MXFP4 weight-only layers: the native GEMV below ``amx_from_m`` rows, AMX bf16
     (oneDNN) from there. W8A8 fp8 schemes stay on the parent (their activations are fp8, not bf16)."""
 
     name = "cpu.amx_lut"
@@ -178,6 +222,14 @@ class AmxLut(_AmxPath, lut_native.NativeLut):
     )
     _parent = lut_native.NativeLut
     _module = lut_native
+    #: batch sizes from which the panel GEMM runs on AMX tiles (measured: NF4, NVFP4, fp8 at M=3)
+    TILES_FROM_M = 3
+
+    def tiles_ready(self, inner: Any) -> bool:
+        if not lut_native._library().quantrt_lut_amx_ready(inner.desc):
+            return False
+        inner.tiles_m = self.TILES_FROM_M
+        return True
 
     @classmethod
     def supports(cls, spec: LayerSpec, caps: Any) -> Verdict:
@@ -195,7 +247,7 @@ class AmxLut(_AmxPath, lut_native.NativeLut):
 
 
 class AmxGGUF(_AmxPath, gguf_native.CpuNativeGGUF):
-    """GGUF block types: llama.cpp's 8-bit-activation GEMV below AMX_FROM_M rows; from there the
+    """GGUF block types: llama.cpp's 8-bit-activation GEMV below ``amx_from_m`` rows; from there the
     exactly dequantized weights (no activation quantization) times bf16 activations on AMX (oneDNN)."""
 
     name = "cpu.amx_gguf"
@@ -203,6 +255,7 @@ class AmxGGUF(_AmxPath, gguf_native.CpuNativeGGUF):
     description = "GGUF: native 8-bit-activation GEMV (small M), exact bf16 dequant slices + AMX matmul"
     _parent = gguf_native.CpuNativeGGUF
     _module = gguf_native
+    amx_from_m = 384
 
 
 KERNELS: tuple[type[Kernel], ...] = (AmxWint, AmxLut, AmxGGUF)

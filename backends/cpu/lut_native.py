@@ -66,6 +66,8 @@ def _library() -> ctypes.CDLL:
         lib.quantrt_lut_linear.argtypes = [
             ctypes.POINTER(i64), ptr, i32, i64, i64, i64, ptr, i32, ptr, i32, i64, i32, i32,
         ]  # fmt: skip
+        lib.quantrt_lut_amx_ready.restype = i32
+        lib.quantrt_lut_amx_ready.argtypes = [ctypes.POINTER(i64)]
         lib.quantrt_lut_dequant_rows.restype = i32
         lib.quantrt_lut_dequant_rows.argtypes = [ctypes.POINTER(i64), ptr, i64, i64, ptr, i32, i64, i32]
         lib._quantrt_typed = True
@@ -246,6 +248,7 @@ class LutState:
     out_dtype: torch.dtype
     fn: Any
     acts: Fp8Acts | None = None  # W8A8 fp8: how activations are quantized
+    tiles_m: int = 1 << 62  # from here the panel GEMM runs on AMX tiles (set by cpu.amx_lut)
 
     @property
     def nbytes(self) -> int:
@@ -341,7 +344,13 @@ class NativeLut(Kernel):
         return LutState(tensors, desc, N, K, LARGE_M[bits], spec.output_dtype, fn, acts)
 
     def strategy(self, state: LutState, m: int) -> str:
-        path = "panel-gemm" if m >= state.large_m else "gemv"
+        path = (
+            "panel-gemm on AMX tiles"
+            if m >= state.tiles_m
+            else "panel-gemm"
+            if m >= state.large_m
+            else "gemv"
+        )
         if state.acts is not None:
             return (
                 f"fp8 activations ({state.acts.granularity}) quantized as the scheme says, fp32 math + {path}"
@@ -363,8 +372,9 @@ class NativeLut(Kernel):
         if state.acts is not None:
             x = state.acts.apply(x)  # fp32 [M, K]: the codes times their scales
         return run_linear(
-            self.name, state.fn, state.desc, x, bias, out, state.N, state.out_dtype, state.large_m
-        )
+            self.name, state.fn, state.desc, x, bias, out, state.N, state.out_dtype, state.large_m,
+            tiles_m=state.tiles_m,
+        )  # fmt: skip
 
 
 def dequant_rows(

@@ -71,11 +71,12 @@ def check_rc(rc: int, name: str) -> None:
 
 def run_linear(
     name: str, fn: Any, desc: Any, x: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor | None,
-    N: int, out_dtype: torch.dtype, large_m: int, extra: tuple = (),
+    N: int, out_dtype: torch.dtype, large_m: int, extra: tuple = (), tiles_m: int = 1 << 62,
 ) -> torch.Tensor:  # fmt: skip
     """One call of a native linear entry point with the C ABI the wint/lut libraries share:
     ``fn(desc, x, x dtype, M, x strides, *extra, bias, bias dtype, y, y dtype, y row stride,
-    threads, large)``; output into ``out`` when given, the rc checked."""
+    threads, strategy)``, strategy 0 the GEMV, 1 the panel GEMM from ``large_m`` rows, 2 the panel
+    GEMM on AMX tiles from ``tiles_m`` rows; output into ``out`` when given, the rc checked."""
     M = x.shape[0]
     y = output_buffer(out, M, N, out_dtype)
     if M:
@@ -84,7 +85,8 @@ def run_linear(
         rc = fn(
             desc, x.data_ptr(), DTYPE_CODE[x.dtype], M, x.stride(0), x.stride(1), *extra,
             0 if bias is None else bias.data_ptr(), 0 if bias is None else DTYPE_CODE[bias.dtype],
-            y.data_ptr(), DTYPE_CODE[y.dtype], y.stride(0), torch.get_num_threads(), M >= large_m,
+            y.data_ptr(), DTYPE_CODE[y.dtype], y.stride(0), torch.get_num_threads(),
+            2 if M >= tiles_m else int(M >= large_m),
         )  # fmt: skip
         check_rc(rc, name)
     return finish(y, out)

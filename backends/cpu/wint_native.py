@@ -56,6 +56,8 @@ def _library() -> ctypes.CDLL:
         ]  # fmt: skip
         lib.quantrt_w8a8_quantize.restype = i32
         lib.quantrt_w8a8_quantize.argtypes = [ptr, i32, i64, i64, i64, i64, ctypes.c_float, ptr, ptr, i32]
+        lib.quantrt_wint_amx_ready.restype = i32
+        lib.quantrt_wint_amx_ready.argtypes = [desc]
         lib.quantrt_wint_dequant_rows.restype = i32
         lib.quantrt_wint_dequant_rows.argtypes = [desc, i64, i64, ptr, i32, i64, i32]
         lib._quantrt_typed = True
@@ -118,6 +120,7 @@ class WintState:
     large_m: int
     out_dtype: torch.dtype
     fn: Any
+    tiles_m: int = 1 << 62  # from here the panel GEMM runs on AMX tiles (set by cpu.amx_wint)
 
     @property
     def nbytes(self) -> int:
@@ -206,6 +209,8 @@ class NativeWint(Kernel):
         )
 
     def strategy(self, state: WintState, m: int) -> str:
+        if m >= state.tiles_m:
+            return "panel-gemm on AMX tiles"
         return "panel-gemm" if m >= state.large_m else "gemv"
 
     def workspace_bytes(self, spec: LayerSpec, max_m: int) -> int:
@@ -222,8 +227,9 @@ class NativeWint(Kernel):
     ) -> torch.Tensor:
         _check_call(x, state.K, bias, state.N)
         return run_linear(
-            self.name, state.fn, state.desc, x, bias, out, state.N, state.out_dtype, state.large_m
-        )
+            self.name, state.fn, state.desc, x, bias, out, state.N, state.out_dtype, state.large_m,
+            tiles_m=state.tiles_m,
+        )  # fmt: skip
 
 
 # -- W8A8 --------------------------------------------------------------------------------------

@@ -2,13 +2,15 @@
 
 - dequant_rows of every native layout equals the reference's fp32 dequantization rounded to bf16,
   bit for bit, for row ranges that start and end inside a row tile;
-- the AMX kernels' apply, below and at/above AMX_FROM_M, against the fp32 reference (DESIGN.md's
+- the AMX kernels' apply, below and at/above their ``amx_from_m``, against the fp32 reference (DESIGN.md's
   relative Frobenius error < 1e-2; bf16 activations). This CPU need not have AMX: the kernel classes
   are instantiated directly, and oneDNN's bf16 matmul runs the same arithmetic on AVX-512 BF16;
 - dispatch picks them with the spr-amx capabilities and not with zen4's, and says why.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 import torch
@@ -128,23 +130,25 @@ APPLY_SCHEMES = (
 @pytest.mark.parametrize("scheme", APPLY_SCHEMES)
 def test_apply_below_and_above_the_threshold(scheme: str) -> None:
     w, k, st = prepared(scheme)
-    assert st.rows % amx.ROW_TILE == 0 and st.amx_from == amx.AMX_FROM_M
+    st.tiles = False  # the dequant + oneDNN path (what a K with no whole 32-k tiles takes on AMX CPUs)
+    assert st.rows % amx.ROW_TILE == 0 and st.amx_from == k.amx_from_m
     st.rows = amx.slice_rows(N, K, budget=2 * K * 32)  # 32-row slices: several slices, a partial last one
     assert st.rows == 32
-    for m in (1, 3, 70, amx.AMX_FROM_M, amx.AMX_FROM_M + 5):
+    for m in (1, 3, k.amx_from_m - 1, k.amx_from_m, k.amx_from_m + 5):
         x = torch.randn(m, K).bfloat16()
         y = k.apply(st, x)
         assert y.shape == (m, N) and y.dtype == torch.bfloat16
         err = rel(y, reference.linear(x, w, out_dtype=torch.float32))
         assert err < LOOSE, f"{scheme} M={m}: {err:.3g}"
         path = k.strategy(st, m)
-        assert path.startswith("amx: dequant bf16 slices of 32 rows") == (m >= amx.AMX_FROM_M), path
+        assert path.startswith("amx: dequant bf16 slices of 32 rows") == (m >= k.amx_from_m), path
 
 
 @pytest.mark.parametrize("scheme", ("w4a16-int-g128-asym", "w4a16-nf4-g64-dq", "gguf-q4_k"))
 def test_apply_strided_x_bias_out_and_empty(scheme: str) -> None:
     w, k, st = prepared(scheme, act=torch.float32, out=torch.float32)
-    st.amx_from = 16  # the AMX path from 16 rows, so the 40-row batches below take it
+    st.tiles = False  # the dequant + oneDNN path, from 16 rows, so the 40-row batches below take it
+    st.amx_from = 16
     big = torch.randn(40, 2 * K)
     x = big[:, ::2]  # non-contiguous, fp32 (rounded to bf16 on the AMX path)
     assert not x.is_contiguous()
@@ -203,3 +207,61 @@ def test_w8a8_fp8_stays_on_the_parent() -> None:
     assert lut_native.NativeLut.supports(spec, caps)
     v = amx.AmxLut.supports(spec, caps)
     assert not v and "weight-only" in v.reason
+
+
+# -- the native panel GEMM on AMX tiles (qrt::amx_block in native/csrc/common.h) -------------------
+
+#: the native libraries were built with AMX tiles and Linux granted them to this process
+TILES = bool(wint_native._library().quantrt_wint_isa() & 4)
+TILE_SCHEMES = (
+    "w4a16-int-g128-sym",
+    "w4a16-int-g128-asym",
+    "w4a16-int-g128-asym-actorder",
+    "w8a16-int-ch-sym",
+    "w3a16-int-g128-asym",
+    "w2a16-int-g64-sym",
+    "w4a16-nf4-g64-dq",
+    "w4a16-bnbfp4-g64",
+    "w4a16-nvfp4",
+    "w4a16-mxfp4",
+    "w8a16-fp8-ch",
+    "w8a16-fp8-block128",
+    "w8a16-fp8e5m2-ch",
+)
+
+
+@pytest.mark.skipif(
+    not TILES, reason="no AMX tiles on this CPU (or Linux refused them): the AVX-512 path runs"
+)
+@pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float16, torch.float32), ids=str)
+@pytest.mark.parametrize("scheme", TILE_SCHEMES)
+def test_panel_gemm_on_amx_tiles_matches_the_reference_and_the_avx512_path(
+    scheme: str, dtype: torch.dtype
+) -> None:
+    """Every M from the threshold through several 16-row tiles and a partial one, strided x, a bias,
+    fp32 output: against the fp32 reference (DESIGN.md's metric) and against the same panels on
+    AVX-512 BF16 (the same exact bf16 products, fp32 sums in another order)."""
+    w, k, st = prepared(scheme, act=dtype, out=torch.float32, n=N)
+    assert st.tiles and st.inner.tiles_m == k.TILES_FROM_M
+    avx = dataclasses.replace(st.inner, tiles_m=1 << 62)
+    bias = torch.randn(N)
+    for m in (1, k.TILES_FROM_M - 1, k.TILES_FROM_M, 15, 16, 17, 33, 70):
+        x = torch.randn(m, 2 * K)[:, ::2].to(dtype)
+        y = k.apply(st, x, bias)
+        path = k.strategy(st, m)
+        assert (path == "panel-gemm on AMX tiles") == (m >= k.TILES_FROM_M), (m, path)
+        assert rel(y, reference.linear(x, w, bias, out_dtype=torch.float32)) < LOOSE, (scheme, m)
+        if m >= k.TILES_FROM_M:
+            y_avx = k._parent.apply(k, avx, x, bias)
+            assert k._parent.strategy(k, avx, m) in ("panel-gemm", "gemv")
+            assert rel(y, y_avx) < 1e-5, (scheme, m, rel(y, y_avx))
+
+
+@pytest.mark.skipif(not TILES, reason="no AMX tiles on this CPU (or Linux refused them)")
+def test_without_whole_32_k_tiles_the_dequant_path_serves_large_batches() -> None:
+    w = reference.quantize(torch.randn(N, 100), "w8a16-int-ch-sym")  # K = 100: no whole 32-k tiles
+    k = amx.AmxWint()
+    st = k.prepare(w, LayerSpec(w.scheme, 100, N, act_dtype=torch.bfloat16))
+    assert not st.tiles and k.strategy(st, k.amx_from_m).startswith("amx: dequant bf16 slices")
+    x = torch.randn(k.amx_from_m + 3, 100).bfloat16()
+    assert rel(k.apply(st, x), reference.linear(x, w, out_dtype=torch.float32)) < LOOSE

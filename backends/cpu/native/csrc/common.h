@@ -6,6 +6,10 @@
 #include <cstring>
 #include <immintrin.h>
 #include <omp.h>
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512F__) && defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 namespace qrt {
 
@@ -102,6 +106,75 @@ inline void store16_rounded(void* out, int32_t odt, int64_t i, __m512 v, __mmask
       break;
     default: _mm512_mask_storeu_ps(static_cast<float*>(out) + i, m, v);
   }
+}
+#endif
+
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512F__) && defined(__linux__)
+#define QRT_AMX 1
+// ---- AMX tiles (Sapphire Rapids and later), for the panel GEMMs of wint.cpp and lut.cpp ----------
+// Their decoded panels are already AMX's weight operand: a panel pair p holds, for 16 output rows,
+// the bf16 pair (w[k], w[k+1]) of each row side by side (64 bytes), which is one row of a B tile of
+// _tile_dpbf16ps; 16 consecutive pairs (32 k) are one tile, loaded with the pair stride.
+
+// Linux gives a process AMX tile state only on request (arch_prctl ARCH_REQ_XCOMP_PERM for
+// XFEATURE_XTILEDATA); asked once, the answer kept. Without it a tile instruction faults.
+inline bool amx_permitted() {
+  static const bool ok = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0;
+  return ok;
+}
+
+// tiles 0-3: four 16-column fp32 accumulators of rm rows; 4, 6, 7: bf16 activation parts, rm rows
+// of 32 k; 5: a weight tile (16 pairs of k for 16 output rows). Per thread, before the first tile op.
+struct alignas(64) TileConfig {
+  uint8_t palette, start_row, reserved[14];
+  uint16_t colsb[16];
+  uint8_t rows[16];
+};
+inline void amx_configure(int rm) {
+  TileConfig c{};
+  c.palette = 1;
+  for (int t = 0; t < 8; ++t) {
+    c.colsb[t] = 64;
+    c.rows[t] = uint8_t(t == 5 ? 16 : rm);
+  }
+  _tile_loadconfig(&c);
+}
+
+// stage[r][64] (fp32, r < rm as configured) = sum over pairs p < np (np a multiple of 16), parts
+// e < NP and sub-weights j < NQ of (x_e[r][k], x_e[r][k+1]) . (panel pair (p, j) of tile n), for the
+// four 16-row tiles n of a panel laid out [pair][NQ][4 tiles][32 words]; x_e at x + e * pstride with
+// rows ld words apart, its k = 0 at pair 0. Exact bf16 products, fp32 sums (as _mm512_dpbf16_ps).
+template <int NP, int NQ>
+inline void amx_block(const uint16_t* panel, int64_t np, const uint16_t* x, int64_t ld, int64_t pstride,
+                      float* stage) {
+  static_assert(NP >= 1 && NP <= 3, "three activation parts at most (tiles 4, 6, 7)");
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  const int64_t xb = ld * 2, wb = NQ * 4 * 32 * 2;  // bytes between rows of x, between panel pairs
+  for (int64_t p = 0; p < np; p += 16) {
+    _tile_loadd(4, x + 2 * p, xb);
+    if constexpr (NP > 1) _tile_loadd(6, x + pstride + 2 * p, xb);
+    if constexpr (NP > 2) _tile_loadd(7, x + 2 * pstride + 2 * p, xb);
+    for (int j = 0; j < NQ; ++j) {
+      const uint16_t* w = panel + (p * NQ + j) * 4 * 32;
+#define QRT_AMX_TILE(n)                                 \
+  _tile_loadd(5, w + n * 32, wb);                       \
+  _tile_dpbf16ps(n, 4, 5);                              \
+  if constexpr (NP > 1) _tile_dpbf16ps(n, 6, 5);        \
+  if constexpr (NP > 2) _tile_dpbf16ps(n, 7, 5);
+      QRT_AMX_TILE(0)
+      QRT_AMX_TILE(1)
+      QRT_AMX_TILE(2)
+      QRT_AMX_TILE(3)
+#undef QRT_AMX_TILE
+    }
+  }
+  _tile_stored(0, stage, 256);
+  _tile_stored(1, stage + 16, 256);
+  _tile_stored(2, stage + 32, 256);
+  _tile_stored(3, stage + 48, 256);
 }
 #endif
 

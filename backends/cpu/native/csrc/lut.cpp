@@ -437,8 +437,20 @@ void micro_dispatch(int r, const uint16_t* panel, int64_t np, const XView& x, fl
   }
 }
 
+// Whether the large-M path can run on AMX tiles for this weight: compiled for and permitted on this
+// CPU, and every fold a whole number of 32-k weight tiles.
+bool amx_ready(const int64_t* d) {
+#ifdef QRT_AMX
+  const int64_t span = int(d[L_SKIND]) == SK_E4M3 ? d[L_KC] : d[L_FOLD];
+  return qrt::amx_permitted() && d[L_KP] % 32 == 0 && span % 32 == 0 && d[L_KC] % 32 == 0;
+#else
+  (void)d;
+  return false;
+#endif
+}
+
 template <int B, int NQ, int NP>
-int large(const int64_t* d, const XView& x, const YView& y, int64_t M, int threads) {
+int large(const int64_t* d, const XView& x, const YView& y, int64_t M, int threads, bool amx) {
   constexpr int S = 2 * Dec<B, NQ>::P;
   const int64_t T = d[L_T], Kp = d[L_KP], kc = d[L_KC], fold = d[L_FOLD], ng = d[L_NG];
   const int64_t nblk = (T + NT - 1) / NT;
@@ -447,6 +459,7 @@ int large(const int64_t* d, const XView& x, const YView& y, int64_t M, int threa
   const char* scales = reinterpret_cast<const char*>(d[L_SCALES]);
   const bool pre = sk == SK_E4M3;  // scales multiplied into the panel: one fold per chunk
   const int64_t span = pre ? kc : fold;
+  amx = amx && amx_ready(d);
   int failed = 0;
 #pragma omp parallel num_threads(std::min<int64_t>(threads, nblk)) reduction(| : failed)
   {
@@ -454,6 +467,10 @@ int large(const int64_t* d, const XView& x, const YView& y, int64_t M, int threa
     float* C = static_cast<float*>(tl_c.get(sizeof(float) * NT * TILE * M));
     const Tabs tb = load_tabs(d);
     if (!panel || !C) failed = 1;
+#ifdef QRT_AMX
+    alignas(64) float stage[TILE * NT * TILE];
+    int rows_configured = 0;  // the tile shape loaded in this thread (0: none)
+#endif
 #pragma omp for schedule(dynamic, 1)
     for (int64_t b = 0; b < nblk; ++b) {
       if (failed) continue;
@@ -470,6 +487,22 @@ int large(const int64_t* d, const XView& x, const YView& y, int64_t M, int threa
             sv[n] = n >= ntv ? _mm512_setzero_ps()
                     : pre    ? _mm512_set1_ps(1.0f)
                              : fold_scale(sk, scales + ((t0 + n) * ng + f) * TILE * esz, 0);
+#ifdef QRT_AMX
+          if (amx) {  // 16 rows of x per tile product, then the same fold per row
+            for (int64_t m0 = 0; m0 < M; m0 += TILE) {
+              const int rm = int(std::min<int64_t>(TILE, M - m0));
+              if (rm != rows_configured) qrt::amx_configure(rows_configured = rm);
+              qrt::amx_block<NP, NQ>(panel + (g0 - k0) / 2 * NQ * NT * 32, (g1 - g0) / 2, x.p + m0 * x.ld + g0,
+                                     x.ld, x.pstride, stage);
+              for (int i = 0; i < rm; ++i) {
+                const float* s = stage + i * NT * TILE;
+                fold_row(C + (m0 + i) * NT * TILE, _mm512_load_ps(s), _mm512_load_ps(s + 16), _mm512_load_ps(s + 32),
+                         _mm512_load_ps(s + 48), sv);
+              }
+            }
+            continue;
+          }
+#endif
           for (int64_t m0 = 0; m0 < M; m0 += MR) {
             const XView xr{x.p + m0 * x.ld + g0, x.ld, x.pstride, 2};
             micro_dispatch<NP, NQ>(int(std::min<int64_t>(MR, M - m0)), panel + (g0 - k0) / 2 * NQ * NT * 32,
@@ -480,19 +513,23 @@ int large(const int64_t* d, const XView& x, const YView& y, int64_t M, int threa
       for (int64_t m = 0; m < M; ++m)
         for (int n = 0; n < ntv; ++n) store_tile_row(y, m, (t0 + n) * TILE, _mm512_load_ps(C + (m * NT + n) * TILE));
     }
+#ifdef QRT_AMX
+    if (rows_configured) _tile_release();
+#endif
   }
   return failed ? 2 : 0;
 }
 
+// big: 0 the GEMV, 1 the panel GEMM on AVX-512 BF16, 2 the panel GEMM on AMX tiles (where amx_ready)
 template <int B, int NQ, int NP>
-int run_one(const int64_t* d, const XView& x, const YView& y, int64_t M, int threads, bool big) {
-  if (big) return large<B, NQ, NP>(d, x, y, M, threads);
+int run_one(const int64_t* d, const XView& x, const YView& y, int64_t M, int threads, int big) {
+  if (big) return large<B, NQ, NP>(d, x, y, M, threads, big == 2);
   gemv<B, NQ, NP>(d, x, y, M, threads);
   return 0;
 }
 
 template <int B>
-int run_bits(const int64_t* d, const XView& x, int NP, int NQ, const YView& y, int64_t M, int threads, bool big) {
+int run_bits(const int64_t* d, const XView& x, int NP, int NQ, const YView& y, int64_t M, int threads, int big) {
   switch (NP) {
     case 1: return run_one<B, 1, 1>(d, x, y, M, threads, big);
     case 2: return run_one<B, 1, 2>(d, x, y, M, threads, big);
@@ -517,9 +554,20 @@ int32_t quantrt_lut_isa() {
 #endif
 }
 
+// 1 when the large-M path of this weight runs on AMX tiles when asked (big = 2), else 0
+int32_t quantrt_lut_amx_ready(const int64_t* d) {
+#ifdef QRT_LUT
+  return amx_ready(d) ? 1 : 0;
+#else
+  (void)d;
+  return 0;
+#endif
+}
+
 // y[M, N] = x[M, K] @ W.T + bias for a prepared weight `d` (see the layout above).
 // x: dtype code xdt, element strides sxm/sxk; y: dtype ydt, row stride ldy (unit column stride);
-// bias: dtype bdt or null; big: the large-M strategy. Returns 0, 1 when not compiled, 2 when out of memory.
+// bias: dtype bdt or null; big: the strategy (0 GEMV, 1 panel GEMM, 2 panel GEMM on AMX tiles where
+// quantrt_lut_amx_ready, else 1). Returns 0, 1 when not compiled, 2 when out of memory.
 int32_t quantrt_lut_linear(const int64_t* d, const void* x, int32_t xdt, int64_t M, int64_t sxm, int64_t sxk,
                            const void* bias, int32_t bdt, void* y, int32_t ydt, int64_t ldy, int32_t threads,
                            int32_t big) {

@@ -452,20 +452,36 @@ void micro_dispatch(int r, const uint16_t* panel, int64_t np, const XView& x, fl
   }
 }
 
+// Whether the large-M path can run on AMX tiles for this weight: compiled for and permitted on this
+// CPU, and every fold a whole number of 32-k weight tiles.
+bool amx_ready(const int64_t* d) {
+#ifdef QRT_AMX
+  return qrt::amx_permitted() && d[W_KP] % 32 == 0 && d[W_FOLD] % 32 == 0 && d[W_KC] % 32 == 0;
+#else
+  (void)d;
+  return false;
+#endif
+}
+
 template <int B, int NP>
 int large(const int64_t* d, const XView& x, const float* xsum, int64_t nf, const YView& y, int64_t M,
-          int threads) {
+          int threads, bool amx) {
   constexpr int S = 2 * Dec<B>::P;
   const int64_t T = d[W_T], Kp = d[W_KP], kc = d[W_KC], fold = d[W_FOLD], ng = d[W_NG];
   const int64_t sstr = d[W_SSTRIDE] * TILE, nblk = (T + NT - 1) / NT;
   const float* scales = reinterpret_cast<const float*>(d[W_SCALES]);
   const int16_t* zeros = reinterpret_cast<const int16_t*>(d[W_ZEROS]);
+  amx = amx && amx_ready(d);
   int failed = 0;
 #pragma omp parallel num_threads(std::min<int64_t>(threads, nblk)) reduction(| : failed)
   {
     uint16_t* panel = static_cast<uint16_t*>(tl_panel.get(sizeof(uint16_t) * NT * TILE * kc));
     float* C = static_cast<float*>(tl_c.get(sizeof(float) * NT * TILE * M));
     if (!panel || !C) failed = 1;
+#ifdef QRT_AMX
+    alignas(64) float stage[TILE * NT * TILE];
+    int rows_configured = 0;  // the tile shape loaded in this thread (0: none)
+#endif
 #pragma omp for schedule(dynamic, 1)
     for (int64_t b = 0; b < nblk; ++b) {
       if (failed) continue;
@@ -485,6 +501,22 @@ int large(const int64_t* d, const XView& x, const float* xsum, int64_t nf, const
                                                                 _mm256_loadu_si256((const __m256i*)(zeros + o)))))
                                      : _mm512_setzero_ps();
           }
+#ifdef QRT_AMX
+          if (amx) {  // 16 rows of x per tile product, then the same fold per row
+            for (int64_t m0 = 0; m0 < M; m0 += TILE) {
+              const int rm = int(std::min<int64_t>(TILE, M - m0));
+              if (rm != rows_configured) qrt::amx_configure(rows_configured = rm);
+              qrt::amx_block<NP, 1>(panel + (g0 - k0) / 2 * NT * 32, (g1 - g0) / 2, x.p + m0 * x.ld + g0, x.ld,
+                                    x.pstride, stage);
+              for (int i = 0; i < rm; ++i) {
+                const float* s = stage + i * NT * TILE;
+                fold_row(C + (m0 + i) * NT * TILE, _mm512_load_ps(s), _mm512_load_ps(s + 16), _mm512_load_ps(s + 32),
+                         _mm512_load_ps(s + 48), sv, zeros ? zs : nullptr, xsum ? xsum[(m0 + i) * nf + f] : 0.0f);
+              }
+            }
+            continue;
+          }
+#endif
           for (int64_t m0 = 0; m0 < M; m0 += MR) {
             const XView xr{x.p + m0 * x.ld + g0, x.ld, x.pstride, 2};
             micro_dispatch<NP>(int(std::min<int64_t>(MR, M - m0)), panel + (g0 - k0) / 2 * NT * 32, (g1 - g0) / 2,
@@ -497,17 +529,22 @@ int large(const int64_t* d, const XView& x, const float* xsum, int64_t nf, const
         for (int n = 0; n < ntv; ++n)
           store_tile_row(y, m, (t0 + n) * TILE, _mm512_load_ps(C + (m * NT + n) * TILE));
     }
+#ifdef QRT_AMX
+    if (rows_configured) _tile_release();
+#endif
   }
   return failed ? 2 : 0;
 }
 
+// big: 0 the GEMV, 1 the panel GEMM on AVX-512 BF16, 2 the panel GEMM on AMX tiles (where amx_ready)
 template <int B>
 int run_bits(const int64_t* d, const XView& x, int NP, const float* xsum, int64_t nf, const YView& y, int64_t M,
-             int threads, bool big) {
+             int threads, int big) {
+  const bool amx = big == 2;
   switch (NP) {
-    case 1: return big ? large<B, 1>(d, x, xsum, nf, y, M, threads) : (gemv<B, 1>(d, x, xsum, nf, y, M, threads), 0);
-    case 2: return big ? large<B, 2>(d, x, xsum, nf, y, M, threads) : (gemv<B, 2>(d, x, xsum, nf, y, M, threads), 0);
-    default: return big ? large<B, 3>(d, x, xsum, nf, y, M, threads) : (gemv<B, 3>(d, x, xsum, nf, y, M, threads), 0);
+    case 1: return big ? large<B, 1>(d, x, xsum, nf, y, M, threads, amx) : (gemv<B, 1>(d, x, xsum, nf, y, M, threads), 0);
+    case 2: return big ? large<B, 2>(d, x, xsum, nf, y, M, threads, amx) : (gemv<B, 2>(d, x, xsum, nf, y, M, threads), 0);
+    default: return big ? large<B, 3>(d, x, xsum, nf, y, M, threads, amx) : (gemv<B, 3>(d, x, xsum, nf, y, M, threads), 0);
   }
 }
 #endif  // QRT_WINT
@@ -690,12 +727,26 @@ int32_t quantrt_wint_isa() {
 #ifdef QRT_W8A8
   r |= 2;
 #endif
+#if defined(QRT_WINT) && defined(QRT_AMX)
+  if (qrt::amx_permitted()) r |= 4;  // the panel GEMM can run on AMX tiles (big = 2)
+#endif
   return r;
+}
+
+// 1 when the large-M path of this weight runs on AMX tiles when asked (big = 2), else 0
+int32_t quantrt_wint_amx_ready(const int64_t* d) {
+#ifdef QRT_WINT
+  return amx_ready(d) ? 1 : 0;
+#else
+  (void)d;
+  return 0;
+#endif
 }
 
 // y[M, N] = x[M, K] @ W.T + bias for a prepared integer weight `d` (see the layout above).
 // x: dtype code xdt, element strides sxm/sxk; y: dtype ydt, row stride ldy (unit column stride);
-// bias: dtype bdt or null; big: the large-M strategy. Returns 0, 1 when not compiled, 2 when out of memory.
+// bias: dtype bdt or null; big: the strategy (0 GEMV, 1 panel GEMM, 2 panel GEMM on AMX tiles where
+// quantrt_wint_amx_ready, else 1). Returns 0, 1 when not compiled, 2 when out of memory.
 int32_t quantrt_wint_linear(const int64_t* d, const void* x, int32_t xdt, int64_t M, int64_t sxm, int64_t sxk,
                             const void* bias, int32_t bdt, void* y, int32_t ydt, int64_t ldy, int32_t threads,
                             int32_t big) {
