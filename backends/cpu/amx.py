@@ -36,7 +36,7 @@ AMX_FEATURES = ("amx_bf16", "amx_tile")
 #: batch sizes from which the AMX path runs, unless a kernel class sets its own ``amx_from_m``. Below,
 #: the native kernels decode the weight once into L2-resident panels; this path writes and re-reads
 #: 16-bit weights, which only pays once the matmul dominates. Measured on this project's Xeon with
-#: AMX (2 threads, bench/results/cpu-2026-12-03-amx-xeon-*.json, both paths of one prepared weight
+#: AMX (2 threads, bench/results/cpu-2026-12-03-amx-crossover-*.json, both paths of one prepared weight
 #: timed round by round): int4 g128 and NF4 cross over at M = 20-24 on 4096x4096 and 4096x14336
 #: (at M=256 the AMX path is 4x faster: 9.2 against 40 ms), GGUF q4_k, whose native GEMM runs on
 #: 8-bit activations with VNNI and whose dequantization is slower, only at M = 384.
@@ -192,7 +192,7 @@ class AmxWint(_AmxPath, wint_native.NativeWint):
     weight operand as they are). Where K or the group is not a multiple of 32 (no whole 32-k tiles),
     bf16 dequant slices through oneDNN from ``amx_from_m`` rows instead.
 
-    Measured on this project's Xeon with AMX (2 threads, bench/results/cpu-2026-12-03-amx-tiles.json):
+    Measured on this project's Xeon with AMX (2 threads, bench/results/cpu-2026-12-03-amx-tiles-4096x4096.json):
     at 4096x4096 and M=64, 1.9 ms against 10.7 ms on AVX-512 BF16, 4.8 ms for dequant + oneDNN and
     2.9 ms for dense bf16 ``F.linear``; the tiles beat the GEMV from M=4."""
 
