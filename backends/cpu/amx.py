@@ -192,9 +192,9 @@ class AmxWint(_AmxPath, wint_native.NativeWint):
     weight operand as they are). Where K or the group is not a multiple of 32 (no whole 32-k tiles),
     bf16 dequant slices through oneDNN from ``amx_from_m`` rows instead.
 
-    Measured on this project's Xeon with AMX (2 threads, bench/results/cpu-2026-12-03-amx-tiles-4096x4096.json):
-    at 4096x4096 and M=64, 1.9 ms against 10.7 ms on AVX-512 BF16, 4.8 ms for dequant + oneDNN and
-    2.9 ms for dense bf16 ``F.linear``; the tiles beat the GEMV from M=4."""
+    Measured on this project's Xeon with AMX (2 threads, bench/results/cpu-2026-12-03-amx-tiles-*.json):
+    at 4096x4096 and M=64, 1.74 ms against 10.2 ms on AVX-512 BF16, 4.2 ms for dequant + oneDNN and
+    2.6 ms for dense bf16 ``F.linear``; the tiles beat the GEMV from M=4."""
 
     name = "cpu.amx_wint"
     priority = wint_native.NativeWint.priority - 1
