@@ -159,6 +159,19 @@ _AMD_MODELS = {
 }
 
 
+#: Intel cores with AMX tiles: a model number that names another core beside AMX flags is a
+#: hypervisor's stand-in (seen: a Xeon with AMX reporting model 167, Rocket Lake, which has none)
+_AMX_MICROARCHS = frozenset({"sapphire_rapids", "emerald_rapids", "granite_rapids"})
+
+
+def consistent_microarch(name: str, features: frozenset[str] | set[str]) -> str:
+    """``name`` unless the features contradict it (AMX tiles on a core without them): then
+    ``unknown``, since the model number cannot be trusted. Dispatch reads features, never this name."""
+    if "amx_tile" in features and name != UNKNOWN and name not in _AMX_MICROARCHS:
+        return UNKNOWN
+    return name
+
+
 def x86_microarch(vendor: str, family: int | None, model: int | None, stepping: int | None = None) -> str:
     """The x86 core design from CPUID family/model, or ``unknown`` when the tables do not know it."""
     if family is None or model is None:
@@ -259,8 +272,14 @@ def cpu_from_cpuinfo(text: str, source: str = "/proc/cpuinfo") -> DeviceCaps | N
             vendor=vendor,
             name=first.get("model name", UNKNOWN) or UNKNOWN,
             arch="x86_64" if "lm" in _common_words(blocks, "flags") else "x86",
-            microarch=x86_microarch(
-                vendor, _int(first.get("cpu family")), _int(first.get("model")), _int(first.get("stepping"))
+            microarch=consistent_microarch(
+                x86_microarch(
+                    vendor,
+                    _int(first.get("cpu family")),
+                    _int(first.get("model")),
+                    _int(first.get("stepping")),
+                ),
+                features,
             ),
             cores=cores,
             features=features,
@@ -308,7 +327,9 @@ def cpu_from_py_cpuinfo(info: Mapping[str, Any]) -> DeviceCaps:
         features = normalize_x86(flags)
         raw_vendor = str(info.get("vendor_id_raw") or "")
         vendor = _X86_VENDORS.get(raw_vendor, raw_vendor.lower() or UNKNOWN)
-        micro = x86_microarch(vendor, info.get("family"), info.get("model"), info.get("stepping"))
+        micro = consistent_microarch(
+            x86_microarch(vendor, info.get("family"), info.get("model"), info.get("stepping")), features
+        )
     count = info.get("count")
     return DeviceCaps(
         kind="cpu",

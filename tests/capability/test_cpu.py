@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from quantrt.capability import ProbeSources, probe
-from quantrt.capability.cpu import cpu_from_cpuinfo, normalize_x86, x86_microarch
+from quantrt.capability.cpu import consistent_microarch, cpu_from_cpuinfo, normalize_x86, x86_microarch
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "probe"
 
@@ -166,3 +166,14 @@ def test_arm_parts(part: str, micro: str) -> None:
     text = f"processor\t: 0\nFeatures\t: fp asimd\nCPU implementer\t: 0x41\nCPU architecture: 8\nCPU part\t: {part}\n"
     cpu = cpu_from_cpuinfo(text)
     assert (cpu.vendor, cpu.microarch, cpu.features) == ("arm", micro, {"neon"})
+
+
+def test_a_model_number_that_contradicts_the_features_is_not_believed() -> None:
+    """A Xeon with AMX under a hypervisor reported family 6 model 167 (Rocket Lake, no AMX)."""
+    assert x86_microarch("intel", 6, 167, 1) == "rocket_lake"
+    assert consistent_microarch("rocket_lake", {"avx512f", "amx_tile", "amx_bf16"}) == "unknown"
+    assert consistent_microarch("sapphire_rapids", {"amx_tile", "amx_bf16"}) == "sapphire_rapids"
+    assert consistent_microarch("rocket_lake", {"avx512f"}) == "rocket_lake"
+    text = "processor\t: 0\nvendor_id\t: GenuineIntel\ncpu family\t: 6\nmodel\t\t: 167\nmodel name\t: Intel(R) Xeon(R) Processor\nstepping\t: 1\nflags\t\t: fpu lm avx2 avx512f amx_tile amx_bf16\n"
+    cpu = cpu_from_cpuinfo(text)
+    assert cpu is not None and cpu.microarch == "unknown" and "amx_tile" in cpu.features
