@@ -42,7 +42,28 @@ from .native_common import native_verdict as _native_verdict
 TILE = 16  # output rows per tile of the prepared layout
 FEATURES = ("avx512f", "avx512bw", "avx512vl", "avx512_bf16")
 #: field order of the int64 descriptor read by lut.cpp (enum LutField)
-FIELDS = ("q", "scales", "rowscale", "tab", "N", "K", "Kp", "T", "ng", "bits", "fold", "skind", "kc", "haslo")
+FIELDS = (
+    "q",
+    "scales",
+    "rowscale",
+    "tab",
+    "N",
+    "K",
+    "Kp",
+    "T",
+    "ng",
+    "bits",
+    "fold",
+    "skind",
+    "kc",
+    "haslo",
+    "pre",
+)
+#: e8m0 codes the panel GEMM may multiply into the decoded panel: every e2m1 value (0.5 .. 6) times
+#: 2^(E - 127) is then an exact normal bf16, and its products with activations stay normal fp32 down
+#: to |x| = 2^-63 (AVX-512 BF16 and AMX flush subnormal products, which the unscaled codes of the
+#: per-group path never produce). Real MXFP4 checkpoints keep E near 127; outside, the group fold runs.
+E8M0_EXACT = (64, 190)
 #: scale kinds of lut.cpp (enum ScaleKind)
 SK_NONE, SK_F32, SK_E4M3, SK_E8M0 = 0, 1, 2, 3
 #: fold length for tensor/channel scales (applied once per row at the end)
@@ -176,6 +197,7 @@ def _prep_fp4(weight: CanonicalWeight, Np: int) -> dict[str, Any]:
         "bits": 4,
         "scales": scales,
         "skind": SK_E4M3 if nv else SK_E8M0,
+        "pre": not nv and bool(((scales >= E8M0_EXACT[0]) & (scales <= E8M0_EXACT[1])).all()),
         "fold": 16 if nv else 32,
         "rowscale": _row_values(weight, weight["global_scale"], Np) if nv else None,
         "tab": tab,
@@ -330,6 +352,7 @@ class NativeLut(Kernel):
             "skind": p["skind"],
             "kc": fold * max(1, PANEL_CODES // fold),
             "haslo": int(p["haslo"]),
+            "pre": int(p.get("pre", False)),
         }
         row = [
             v.data_ptr() if isinstance(v, torch.Tensor) else int(v or 0) for v in (values[f] for f in FIELDS)

@@ -210,6 +210,36 @@ def test_mxfp4_e8m0_extremes_against_double_math() -> None:
         NativeLut().prepare(bad, LayerSpec(w.scheme, K, N))
 
 
+def test_mxfp4_scales_go_into_the_panel_only_where_exact_in_bf16() -> None:
+    """E in [64, 190] (lut_native.E8M0_EXACT) keeps every e2m1 value times 2^(E-127), and its products
+    with activations, normal, so the panel GEMM multiplies the scales into the decoded panel (one fold
+    per K chunk); one code outside turns that off. Both against double-precision math, on the GEMV
+    and the panel GEMM."""
+    from quantrt.backends.cpu.lut_native import E8M0_EXACT, FIELDS
+
+    gen = torch.Generator().manual_seed(9)
+    N, K = 40, 512
+    codes = torch.randint(0, 16, (N, K), generator=gen)
+    codes[:, :16] = torch.arange(16)
+    lo, hi = E8M0_EXACT
+    base = torch.tensor([lo, 100, 127, 160, hi])[torch.arange(N) % 5]
+    E = (base[:, None] - torch.randint(0, 3, (N, K // 32), generator=gen)).clamp(lo, hi).to(torch.uint8)
+    for edge, pre in ((None, 1), (hi + 1, 0), (lo - 1, 0)):
+        if edge is not None:
+            E[3, 5] = edge
+        w = CanonicalWeight(
+            parse_scheme("w4a16-mxfp4"), N, K, {"qweight": pack_fp4(codes), "scales": E.clone()}
+        )
+        values = torch.tensor([e2m1_value(c) for c in range(16)], dtype=torch.float64)[codes]
+        dense = values * torch.pow(2.0, E.double() - 127).repeat_interleave(32, dim=1)
+        for act in (torch.float32, torch.bfloat16):
+            k, st = layer(w, act, torch.float32)
+            assert st.desc[FIELDS.index("pre")] == pre, edge
+            for M in (1, 40):
+                x = (torch.randn(M, K, generator=gen) * 0.01).to(act)
+                assert row_error(k.apply(st, x), x, dense) < TIGHT, (edge, act, M)
+
+
 @pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.float8_e5m2])
 def test_fp8_every_finite_code(dtype: torch.dtype) -> None:
     gen = torch.Generator().manual_seed(5)

@@ -46,7 +46,7 @@ using qrt::F32;
 
 // fields of the int64 descriptor Python builds per prepared weight (pointers as integers)
 enum LutField : int {
-  L_Q, L_SCALES, L_ROWSCALE, L_TAB, L_N, L_K, L_KP, L_T, L_NG, L_BITS, L_FOLD, L_SKIND, L_KC, L_HASLO, L_LEN
+  L_Q, L_SCALES, L_ROWSCALE, L_TAB, L_N, L_K, L_KP, L_T, L_NG, L_BITS, L_FOLD, L_SKIND, L_KC, L_HASLO, L_PRE, L_LEN
 };
 // how the block scales are stored
 enum ScaleKind : int { SK_NONE = 0, SK_F32 = 1, SK_E4M3 = 2, SK_E8M0 = 3 };
@@ -437,11 +437,16 @@ void micro_dispatch(int r, const uint16_t* panel, int64_t np, const XView& x, fl
   }
 }
 
+// Whether the panel GEMM multiplies the block scales into the decoded panel (one fold per K chunk
+// instead of one per group): where code * scale is exact in bf16, e4m3 scales on e2m1 codes (at
+// most 7 significant bits), and e8m0 scales Python found within a safe range (L_PRE, E8M0_EXACT).
+inline bool prescaled(const int64_t* d) { return int(d[L_SKIND]) == SK_E4M3 || d[L_PRE] != 0; }
+
 // Whether the large-M path can run on AMX tiles for this weight: compiled for and permitted on this
 // CPU, and every fold a whole number of 32-k weight tiles.
 bool amx_ready(const int64_t* d) {
 #ifdef QRT_AMX
-  const int64_t span = int(d[L_SKIND]) == SK_E4M3 ? d[L_KC] : d[L_FOLD];
+  const int64_t span = prescaled(d) ? d[L_KC] : d[L_FOLD];
   return qrt::amx_permitted() && d[L_KP] % 32 == 0 && span % 32 == 0 && d[L_KC] % 32 == 0;
 #else
   (void)d;
@@ -457,7 +462,7 @@ int large(const int64_t* d, const XView& x, const YView& y, int64_t M, int threa
   const int sk = int(d[L_SKIND]);
   const int64_t esz = sk == SK_F32 ? 4 : 1;
   const char* scales = reinterpret_cast<const char*>(d[L_SCALES]);
-  const bool pre = sk == SK_E4M3;  // scales multiplied into the panel: one fold per chunk
+  const bool pre = prescaled(d);  // scales multiplied into the panel: one fold per chunk
   const int64_t span = pre ? kc : fold;
   amx = amx && amx_ready(d);
   int failed = 0;
