@@ -83,14 +83,17 @@ def main() -> None:
         state = kernel.prepare(canon, LayerSpec(canon.scheme, K, N, act_dtype=torch.bfloat16))
         # the same prepared weight four ways: the native AVX-512 GEMV / panel GEMM, the panel GEMM on
         # AMX tiles (where the library has them), dequant + oneDNN; and dense bf16 for scale
-        avx_inner = dataclasses.replace(state.inner, tiles_m=1 << 62) if state.tiles else state.inner
-        avx = dataclasses.replace(state, amx_from=1 << 30, tiles=False, inner=avx_inner)
-        via_dequant = dataclasses.replace(state, amx_from=1, tiles=False, inner=avx_inner)
-        tiles = (
-            dataclasses.replace(state, inner=dataclasses.replace(state.inner, tiles_m=1))
-            if state.tiles
-            else None
+        never = 1 << 62
+        avx_inner = dataclasses.replace(state.inner, tiles_m=never) if state.tiles else state.inner
+        avx = dataclasses.replace(state, amx_from=never, tiles=False, inner=avx_inner, gguf_tiles_from=never)
+        via_dequant = dataclasses.replace(
+            state, amx_from=1, tiles=False, inner=avx_inner, gguf_tiles_from=never
         )
+        tiles = None
+        if state.tiles:  # the parent's panel GEMM on tiles from one row
+            tiles = dataclasses.replace(state, inner=dataclasses.replace(state.inner, tiles_m=1))
+        elif state.gguf_tiles_from < never:  # cpu.amx_gguf's own Q4_K tile kernel from one row
+            tiles = dataclasses.replace(state, gguf_tiles_from=1)
         for m in (int(v) for v in args.m.split(",")):
             x = torch.randn(m, K).bfloat16()
             fns = [

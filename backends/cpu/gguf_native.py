@@ -49,6 +49,25 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     fn.argtypes = [i32, ptr, i64, i64, i64, ptr, i64, i64, i64, i32, ptr, i32, ptr, i64, i32, ptr, i32]
     lib.quantrt_gguf_dequant_rows.restype = i32
     lib.quantrt_gguf_dequant_rows.argtypes = [i32, ptr, i64, i64, i64, i64, i64, ptr, i32, i64, i32]
+    lib.quantrt_gguf_tiles_ready.restype = i32
+    lib.quantrt_gguf_tiles_ready.argtypes = []
+    lib.quantrt_gguf_linear_tiles.restype = i32
+    lib.quantrt_gguf_linear_tiles.argtypes = [
+        i32,
+        ptr,
+        i64,
+        i64,
+        i64,
+        ptr,
+        i64,
+        i64,
+        ptr,
+        i32,
+        ptr,
+        i64,
+        i32,
+        i32,
+    ]
     return lib
 
 

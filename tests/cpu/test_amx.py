@@ -265,3 +265,42 @@ def test_without_whole_32_k_tiles_the_dequant_path_serves_large_batches() -> Non
     assert not st.tiles and k.strategy(st, k.amx_from_m).startswith("amx: dequant bf16 slices")
     x = torch.randn(k.amx_from_m + 3, 100).bfloat16()
     assert rel(k.apply(st, x), reference.linear(x, w, out_dtype=torch.float32)) < LOOSE
+
+
+GGUF_TILES = bool(gguf_native.native_library().quantrt_gguf_tiles_ready())
+
+
+@pytest.mark.skipif(not GGUF_TILES, reason="no AMX tiles on this CPU (or Linux refused them)")
+@pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float16, torch.float32), ids=str)
+def test_gguf_q4_k_on_amx_tiles_matches_the_reference_and_the_dequant_path(dtype: torch.dtype) -> None:
+    """Q4_K with every row in a 16-row group (N = 80: a block of 4 groups and one of 1), K of two whole
+    panel chunks and a partial one: from TILES_FROM_M rows the tile kernel, against the fp32 reference
+    (activations rounded to bf16 on this path) and the dequant + oneDNN path (the same bf16 weights)."""
+    n, kk = 80, 2048 * 2 + 256 * 5  # two whole panel chunks and a partial one
+    w = reference.quantize(torch.randn(n, kk) * 0.05, "gguf-q4_k")
+    k = amx.AmxGGUF()
+    st = k.prepare(w, LayerSpec(w.scheme, kk, n, act_dtype=dtype, out_dtype=torch.float32))
+    assert st.gguf_tiles_from == k.TILES_FROM_M
+    bias = torch.randn(n)
+    via_dequant = dataclasses.replace(st, gguf_tiles_from=1 << 62, amx_from=1)
+    for m in (k.TILES_FROM_M - 1, k.TILES_FROM_M, 33, 70):
+        x = torch.randn(m, 2 * kk)[:, ::2].to(dtype)
+        y = k.apply(st, x, bias)
+        tiles = k.strategy(st, m).startswith("amx tiles")
+        assert tiles == (m >= k.TILES_FROM_M)
+        assert rel(y, reference.linear(x, w, bias, out_dtype=torch.float32)) < LOOSE, m
+        if tiles:
+            assert rel(y, k.apply(via_dequant, x, bias)) < 5e-3, m
+    out = torch.full((40, n), float("nan"), dtype=torch.bfloat16)
+    x = torch.randn(40, kk).to(dtype)
+    assert (
+        k.apply(st, x, out=out) is out and rel(out, reference.linear(x, w, out_dtype=torch.float32)) < LOOSE
+    )
+
+
+@pytest.mark.skipif(not GGUF_TILES, reason="no AMX tiles on this CPU (or Linux refused them)")
+def test_gguf_tiles_only_for_q4_k_with_whole_groups() -> None:
+    _, k, st = prepared("gguf-q4_k", n=70)  # 70 rows: 6 ungrouped rows stay canonical
+    assert st.gguf_tiles_from > 1 << 40 and not k.strategy(st, 100).startswith("amx tiles")
+    _, k, st = prepared("gguf-q6_k", n=80)
+    assert st.gguf_tiles_from > 1 << 40

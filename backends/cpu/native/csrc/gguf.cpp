@@ -29,6 +29,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512VNNI__)
 #define QRT_GGUF_SIMD 1
@@ -1082,6 +1083,125 @@ int32_t quantrt_gguf_dequant_rows(int32_t type, const uint8_t* w, int64_t N, int
     }
   }
   return 0;
+}
+
+}  // extern "C"
+
+// ---- large batches on AMX tiles (cpu.amx_gguf) ----------------------------------------------------
+// Q4_K only, rows in 16-row groups (N a multiple of 16). For a block of 4 groups (64 output rows) and
+// a K chunk of 8 super-blocks, the group planes are decoded straight into a bf16 panel in AMX's B-tile
+// layout (qrt::amx_block: pair (k, k+1) of 16 rows per 64-byte row), each weight computed as
+// d * sc * q - dmin * m in fp32 and rounded once to bf16 (what the dequant + oneDNN path multiplied),
+// then every 16 rows of x (bf16) run over the panel on AMX tiles; no per-group fold, the scales are in
+// the panel. A plane (16 rows x 4 code bytes) becomes 4 panel rows: its bytes 0-1 and 2-3, low nibbles
+// (sub-block 2j) and high nibbles (2j + 1).
+namespace {
+#if defined(QRT_AMX) && QRT_GGUF_SIMD
+constexpr int kTileGroups = 4;          // groups per block: 64 output rows, the panel's 4 tiles
+constexpr int64_t kTileChunk = 2048;    // K per panel: 8 super-blocks, 256 KiB of bf16 (stays in L2)
+
+void q4k_panel(const uint8_t* p, const uint8_t* f, int64_t nsb, int g, uint16_t* panel) {
+  const __m512i dup_lo = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
+  const __m512i dup_hi = _mm512_add_epi32(dup_lo, _mm512_set1_epi32(8));
+  const __m512i m4 = _mm512_set1_epi16(0x0F);
+  for (int64_t sb = 0; sb < nsb; ++sb, p += 2048, f += 320) {
+    const __m512 d = f16x16(f), dmin = f16x16(f + 32);
+    QRT_UNROLL
+    for (int s = 0; s < 8; ++s) {  // sub-block s: chunk j = s / 2, low (even s) or high (odd s) nibbles
+      const int j = s >> 1, hi = s & 1;
+      const __m512 a = _mm512_mul_ps(d, _mm512_cvtepi32_ps(bytes_u32(f + 64 + 16 * s)));
+      const __m512 b = _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(bytes_u32(f + 192 + 16 * s)));
+      const __m512 alo = _mm512_permutexvar_ps(dup_lo, a), ahi = _mm512_permutexvar_ps(dup_hi, a);
+      const __m512 blo = _mm512_permutexvar_ps(dup_lo, b), bhi = _mm512_permutexvar_ps(dup_hi, b);
+      QRT_UNROLL
+      for (int c = 0; c < 8; ++c) {
+        const __m512i v = ld(p + 64 * (8 * j + c));
+        QRT_UNROLL
+        for (int h = 0; h < 2; ++h) {  // code bytes 2h, 2h + 1 of every row: one pair of k
+          const __m512i u = _mm512_cvtepu8_epi16(_mm512_cvtepi32_epi16(h ? _mm512_srli_epi32(v, 16) : v));
+          const __m512i q = hi ? _mm512_and_si512(_mm512_srli_epi16(u, 4), m4) : _mm512_and_si512(u, m4);
+          const __m512 qlo = _mm512_cvtepi32_ps(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(q)));
+          const __m512 qhi = _mm512_cvtepi32_ps(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(q, 1)));
+          const __m512 wlo = _mm512_fmsub_ps(qlo, alo, blo), whi = _mm512_fmsub_ps(qhi, ahi, bhi);
+          const int64_t pair = sb * 128 + 32 * j + 16 * hi + 2 * c + h;
+          _mm512_store_si512(panel + (pair * kTileGroups + g) * 32, (__m512i)_mm512_cvtne2ps_pbh(whi, wlo));
+        }
+      }
+    }
+  }
+}
+#endif
+}  // namespace
+
+extern "C" {
+
+// 1 when this build can run quantrt_gguf_linear_tiles (AMX tiles compiled and granted, AVX-512 VNNI)
+int32_t quantrt_gguf_tiles_ready() {
+#if defined(QRT_AMX) && QRT_GGUF_SIMD
+  return qrt::amx_permitted() ? 1 : 0;
+#else
+  return 0;
+#endif
+}
+
+// y = x @ W^T (+ bias) on AMX tiles for a Q4_K weight whose every row is grouped (N = 16 * ngroups):
+// x bf16 [M, K] with row stride ldx (elements), out (row stride som, dtype odt). Returns 0, -1 for
+// bad arguments, -2 when this build or weight cannot take this path, -3 when out of memory.
+int32_t quantrt_gguf_linear_tiles(int32_t type, const uint8_t* w, int64_t N, int64_t K, int64_t ngroups,
+                                  const uint16_t* x, int64_t M, int64_t ldx, const void* bias, int32_t bdt,
+                                  void* out, int64_t som, int32_t odt, int32_t threads) {
+#if defined(QRT_AMX) && QRT_GGUF_SIMD
+  if (type != Q4_K || ngroups * kGroup != N || K % 256 || ldx < K || M < 0) return type == Q4_K ? -1 : -2;
+  if (!qrt::amx_permitted()) return -2;
+  if (M == 0) return 0;
+  const int64_t nb = K / 256, pbytes = nb * kGroup * 128, fbytes = nb * kGroup * 20;
+  const uint8_t* fields = w + ngroups * pbytes;
+  const int64_t nblk = (ngroups + kTileGroups - 1) / kTileGroups;
+  constexpr int64_t W = kTileGroups * kGroup;  // output rows per block
+  int failed = 0;
+#pragma omp parallel num_threads(std::max<int64_t>(1, std::min<int64_t>(threads, nblk))) reduction(| : failed)
+  {
+    uint16_t* panel = static_cast<uint16_t*>(std::aligned_alloc(64, sizeof(uint16_t) * kTileChunk * W));
+    float* C = static_cast<float*>(std::aligned_alloc(64, sizeof(float) * W * ((M + 15) / 16 * 16)));
+    alignas(64) float stage[16 * W];
+    int rows_configured = 0;
+    if (!panel || !C) failed = 1;
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t blk = 0; blk < nblk; ++blk) {
+      if (failed) continue;
+      const int64_t g0 = blk * kTileGroups;
+      const int ntv = int(std::min<int64_t>(kTileGroups, ngroups - g0));
+      std::memset(C, 0, sizeof(float) * W * M);
+      for (int64_t k0 = 0; k0 < K; k0 += kTileChunk) {
+        const int64_t k1 = std::min(K, k0 + kTileChunk), sb0 = k0 / 256;
+        for (int g = 0; g < kTileGroups; ++g) {  // a missing group repeats the last: its columns are not stored
+          const int64_t gi = g0 + std::min(g, ntv - 1);
+          q4k_panel(w + gi * pbytes + sb0 * 2048, fields + gi * fbytes + sb0 * 320, (k1 - k0) / 256, g, panel);
+        }
+        for (int64_t m0 = 0; m0 < M; m0 += 16) {
+          const int rm = int(std::min<int64_t>(16, M - m0));
+          if (rm != rows_configured) qrt::amx_configure(rows_configured = rm);
+          qrt::amx_block<1, 1>(panel, (k1 - k0) / 2, x + m0 * ldx + k0, ldx, 0, stage);
+          for (int i = 0; i < rm; ++i)
+            for (int n = 0; n < W; n += 16) {
+              float* c = C + (m0 + i) * W + n;
+              _mm512_store_ps(c, _mm512_add_ps(_mm512_load_ps(c), _mm512_load_ps(stage + i * W + n)));
+            }
+        }
+      }
+      for (int64_t m = 0; m < M; ++m)
+        for (int64_t n = 0; n < int64_t(ntv) * kGroup; ++n) store(out, som, odt, bias, bdt, m, g0 * kGroup + n, C[m * W + n]);
+    }
+    if (rows_configured) _tile_release();
+    std::free(panel);
+    std::free(C);
+  }
+  return failed ? -3 : 0;
+#else
+  (void)type, (void)w, (void)N, (void)K, (void)ngroups, (void)x, (void)M, (void)ldx, (void)bias, (void)bdt;
+  (void)out, (void)som, (void)odt, (void)threads;
+  return -2;
+#endif
 }
 
 }  // extern "C"
