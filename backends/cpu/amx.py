@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -257,12 +257,11 @@ class AmxGGUF(_AmxPath, gguf_native.CpuNativeGGUF):
     _parent = gguf_native.CpuNativeGGUF
     _module = gguf_native
     amx_from_m = 384
-    #: Q4_K layers whose rows are all in 16-row groups: from this many rows, bf16 panels decoded from
-    #: the group planes (scales multiplied in) on AMX tiles (``quantrt_gguf_linear_tiles``); measured
-    #: against the 8-bit-activation VNNI GEMM on 4096x4096, 4096x14336, 14336x4096: even at 24 rows
-    #: (1.24 / 4.59 / 4.25 ms against 1.40 / 4.64 / 4.82), 1.7x faster at 48
-    TILES_FROM_M = 24
-    TILE_TYPES = ("q4_k",)
+    #: Q4_K, Q8_0 and Q4_0 layers whose rows are all in 16-row groups: from this many rows, bf16 panels
+    #: decoded from the group planes (scales multiplied in) on AMX tiles (``quantrt_gguf_linear_tiles``),
+    #: where they overtake the 8-bit-activation VNNI GEMM (measured on 4096x4096, 4096x14336,
+    #: 14336x4096; Q4_K even at 24 rows and 1.7x faster at 48, Q8_0/Q4_0 even at 24 and ahead from 32)
+    TILES_FROM: ClassVar[dict[str, int]] = {"q4_k": 24, "q8_0": 32, "q4_0": 32}
 
     def tiles_ready(self, inner: Any) -> bool:
         # the parent's apply does not know the tile path: this class's apply routes to it
@@ -272,11 +271,11 @@ class AmxGGUF(_AmxPath, gguf_native.CpuNativeGGUF):
         state = super().prepare(weight, spec)
         inner = state.inner
         if (
-            inner.gguf_type in self.TILE_TYPES
+            inner.gguf_type in self.TILES_FROM
             and inner.groups * 16 == inner.N
             and gguf_native.native_library().quantrt_gguf_tiles_ready()
         ):
-            state.gguf_tiles_from = self.TILES_FROM_M
+            state.gguf_tiles_from = self.TILES_FROM[inner.gguf_type]
         return state
 
     def strategy(self, state: AmxState, m: int) -> str:

@@ -272,22 +272,23 @@ GGUF_TILES = bool(gguf_native.native_library().quantrt_gguf_tiles_ready())
 
 @pytest.mark.skipif(not GGUF_TILES, reason="no AMX tiles on this CPU (or Linux refused them)")
 @pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float16, torch.float32), ids=str)
-def test_gguf_q4_k_on_amx_tiles_matches_the_reference_and_the_dequant_path(dtype: torch.dtype) -> None:
-    """Q4_K with every row in a 16-row group (N = 80: a block of 4 groups and one of 1), K of two whole
-    panel chunks and a partial one: from TILES_FROM_M rows the tile kernel, against the fp32 reference
+@pytest.mark.parametrize("t", ("q4_k", "q8_0", "q4_0"))
+def test_gguf_on_amx_tiles_matches_the_reference_and_the_dequant_path(t: str, dtype: torch.dtype) -> None:
+    """Every row in a 16-row group (N = 80: a block of 4 groups and one of 1), K of two whole panel
+    chunks and a partial one: from its TILES_FROM rows the tile kernel, against the fp32 reference
     (activations rounded to bf16 on this path) and the dequant + oneDNN path (the same bf16 weights)."""
     n, kk = 80, 2048 * 2 + 256 * 5  # two whole panel chunks and a partial one
-    w = reference.quantize(torch.randn(n, kk) * 0.05, "gguf-q4_k")
+    w = reference.quantize(torch.randn(n, kk) * 0.05, f"gguf-{t}")
     k = amx.AmxGGUF()
     st = k.prepare(w, LayerSpec(w.scheme, kk, n, act_dtype=dtype, out_dtype=torch.float32))
-    assert st.gguf_tiles_from == k.TILES_FROM_M
+    assert st.gguf_tiles_from == k.TILES_FROM[t]
     bias = torch.randn(n)
     via_dequant = dataclasses.replace(st, gguf_tiles_from=1 << 62, amx_from=1)
-    for m in (k.TILES_FROM_M - 1, k.TILES_FROM_M, 33, 70):
+    for m in (st.gguf_tiles_from - 1, st.gguf_tiles_from, 33, 70):
         x = torch.randn(m, 2 * kk)[:, ::2].to(dtype)
         y = k.apply(st, x, bias)
         tiles = k.strategy(st, m).startswith("amx tiles")
-        assert tiles == (m >= k.TILES_FROM_M)
+        assert tiles == (m >= st.gguf_tiles_from)
         assert rel(y, reference.linear(x, w, bias, out_dtype=torch.float32)) < LOOSE, m
         if tiles:
             assert rel(y, k.apply(via_dequant, x, bias)) < 5e-3, m
@@ -299,8 +300,9 @@ def test_gguf_q4_k_on_amx_tiles_matches_the_reference_and_the_dequant_path(dtype
 
 
 @pytest.mark.skipif(not GGUF_TILES, reason="no AMX tiles on this CPU (or Linux refused them)")
-def test_gguf_tiles_only_for_q4_k_with_whole_groups() -> None:
+def test_gguf_tiles_only_for_their_types_with_whole_groups() -> None:
     _, k, st = prepared("gguf-q4_k", n=70)  # 70 rows: 6 ungrouped rows stay canonical
     assert st.gguf_tiles_from > 1 << 40 and not k.strategy(st, 100).startswith("amx tiles")
-    _, k, st = prepared("gguf-q6_k", n=80)
-    assert st.gguf_tiles_from > 1 << 40
+    for t in ("gguf-q6_k", "gguf-q5_k", "gguf-q2_k", "gguf-q5_1"):
+        _, k, st = prepared(t, n=80)
+        assert st.gguf_tiles_from > 1 << 40, t

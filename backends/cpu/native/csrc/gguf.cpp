@@ -1088,7 +1088,7 @@ int32_t quantrt_gguf_dequant_rows(int32_t type, const uint8_t* w, int64_t N, int
 }  // extern "C"
 
 // ---- large batches on AMX tiles (cpu.amx_gguf) ----------------------------------------------------
-// Q4_K only, rows in 16-row groups (N a multiple of 16). For a block of 4 groups (64 output rows) and
+// Q4_K, Q8_0 and Q4_0, rows in 16-row groups (N a multiple of 16). For a block of 4 groups (64 output rows) and
 // a K chunk of 8 super-blocks, the group planes are decoded straight into a bf16 panel in AMX's B-tile
 // layout (qrt::amx_block: pair (k, k+1) of 16 rows per 64-byte row), each weight computed as
 // d * sc * q - dmin * m in fp32 and rounded once to bf16 (what the dequant + oneDNN path multiplied),
@@ -1130,6 +1130,68 @@ void q4k_panel(const uint8_t* p, const uint8_t* f, int64_t nsb, int g, uint16_t*
     }
   }
 }
+// Q8_0: 8 planes per block (plane c: codes k = 4c..4c+3, int8), d per block: w = d * q
+void q80_panel(const uint8_t* p, const uint8_t* f, int64_t nblocks, int g, uint16_t* panel) {
+  const __m512i dup_lo = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
+  const __m512i dup_hi = _mm512_add_epi32(dup_lo, _mm512_set1_epi32(8));
+  for (int64_t b = 0; b < nblocks; ++b, p += 512, f += 32) {
+    const __m512 d = f16x16(f);
+    const __m512 dlo = _mm512_permutexvar_ps(dup_lo, d), dhi = _mm512_permutexvar_ps(dup_hi, d);
+    QRT_UNROLL
+    for (int c = 0; c < 8; ++c) {
+      const __m512i v = ld(p + 64 * c);
+      QRT_UNROLL
+      for (int h = 0; h < 2; ++h) {
+        const __m512i q = _mm512_cvtepi8_epi16(_mm512_cvtepi32_epi16(h ? _mm512_srli_epi32(v, 16) : v));
+        const __m512 qlo = _mm512_cvtepi32_ps(_mm512_cvtepi16_epi32(_mm512_castsi512_si256(q)));
+        const __m512 qhi = _mm512_cvtepi32_ps(_mm512_cvtepi16_epi32(_mm512_extracti64x4_epi64(q, 1)));
+        const int64_t pair = b * 16 + 2 * c + h;
+        _mm512_store_si512(panel + (pair * kTileGroups + g) * 32,
+                           (__m512i)_mm512_cvtne2ps_pbh(_mm512_mul_ps(qhi, dhi), _mm512_mul_ps(qlo, dlo)));
+      }
+    }
+  }
+}
+
+// Q4_0: 4 planes per block (plane c: bytes 4c..4c+3, low nibbles k = 4c.., high k = 16 + 4c..), d per
+// block: w = d * (q - 8)
+void q40_panel(const uint8_t* p, const uint8_t* f, int64_t nblocks, int g, uint16_t* panel) {
+  const __m512i dup_lo = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
+  const __m512i dup_hi = _mm512_add_epi32(dup_lo, _mm512_set1_epi32(8));
+  const __m512i m4 = _mm512_set1_epi16(0x0F), eight = _mm512_set1_epi32(8);
+  for (int64_t b = 0; b < nblocks; ++b, p += 256, f += 32) {
+    const __m512 d = f16x16(f);
+    const __m512 dlo = _mm512_permutexvar_ps(dup_lo, d), dhi = _mm512_permutexvar_ps(dup_hi, d);
+    QRT_UNROLL
+    for (int c = 0; c < 4; ++c) {
+      const __m512i v = ld(p + 64 * c);
+      QRT_UNROLL
+      for (int h = 0; h < 2; ++h) {
+        const __m512i u = _mm512_cvtepu8_epi16(_mm512_cvtepi32_epi16(h ? _mm512_srli_epi32(v, 16) : v));
+        QRT_UNROLL
+        for (int hi = 0; hi < 2; ++hi) {
+          const __m512i q = hi ? _mm512_and_si512(_mm512_srli_epi16(u, 4), m4) : _mm512_and_si512(u, m4);
+          const __m512 qlo =
+              _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(q)), eight));
+          const __m512 qhi =
+              _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(q, 1)), eight));
+          const int64_t pair = b * 16 + 8 * hi + 2 * c + h;
+          _mm512_store_si512(panel + (pair * kTileGroups + g) * 32,
+                             (__m512i)_mm512_cvtne2ps_pbh(_mm512_mul_ps(qhi, dhi), _mm512_mul_ps(qlo, dlo)));
+        }
+      }
+    }
+  }
+}
+
+// the panel of `nblocks` blocks of one group (its planes p and fields f at the chunk's first block)
+void type_panel(int32_t type, const uint8_t* p, const uint8_t* f, int64_t nblocks, int g, uint16_t* panel) {
+  switch (type) {
+    case Q4_K: q4k_panel(p, f, nblocks, g, panel); break;
+    case Q8_0: q80_panel(p, f, nblocks, g, panel); break;
+    default: q40_panel(p, f, nblocks, g, panel);
+  }
+}
 #endif
 }  // namespace
 
@@ -1144,17 +1206,19 @@ int32_t quantrt_gguf_tiles_ready() {
 #endif
 }
 
-// y = x @ W^T (+ bias) on AMX tiles for a Q4_K weight whose every row is grouped (N = 16 * ngroups):
+// y = x @ W^T (+ bias) on AMX tiles for a Q4_K, Q8_0 or Q4_0 weight whose every row is grouped (N = 16 * ngroups):
 // x bf16 [M, K] with row stride ldx (elements), out (row stride som, dtype odt). Returns 0, -1 for
 // bad arguments, -2 when this build or weight cannot take this path, -3 when out of memory.
 int32_t quantrt_gguf_linear_tiles(int32_t type, const uint8_t* w, int64_t N, int64_t K, int64_t ngroups,
                                   const uint16_t* x, int64_t M, int64_t ldx, const void* bias, int32_t bdt,
                                   void* out, int64_t som, int32_t odt, int32_t threads) {
 #if defined(QRT_AMX) && QRT_GGUF_SIMD
-  if (type != Q4_K || ngroups * kGroup != N || K % 256 || ldx < K || M < 0) return type == Q4_K ? -1 : -2;
+  if (type != Q4_K && type != Q8_0 && type != Q4_0) return -2;
+  const TypeInfo ti = kInfo[type];
+  if (ngroups * kGroup != N || K % ti.B || ldx < K || M < 0) return -1;
   if (!qrt::amx_permitted()) return -2;
   if (M == 0) return 0;
-  const int64_t nb = K / 256, pbytes = nb * kGroup * 128, fbytes = nb * kGroup * 20;
+  const int64_t nb = K / ti.B, pbytes = nb * kGroup * ti.P, fbytes = nb * kGroup * ti.F;
   const uint8_t* fields = w + ngroups * pbytes;
   const int64_t nblk = (ngroups + kTileGroups - 1) / kTileGroups;
   constexpr int64_t W = kTileGroups * kGroup;  // output rows per block
@@ -1173,10 +1237,11 @@ int32_t quantrt_gguf_linear_tiles(int32_t type, const uint8_t* w, int64_t N, int
       const int ntv = int(std::min<int64_t>(kTileGroups, ngroups - g0));
       std::memset(C, 0, sizeof(float) * W * M);
       for (int64_t k0 = 0; k0 < K; k0 += kTileChunk) {
-        const int64_t k1 = std::min(K, k0 + kTileChunk), sb0 = k0 / 256;
+        const int64_t k1 = std::min(K, k0 + kTileChunk), b0 = k0 / ti.B;
         for (int g = 0; g < kTileGroups; ++g) {  // a missing group repeats the last: its columns are not stored
           const int64_t gi = g0 + std::min(g, ntv - 1);
-          q4k_panel(w + gi * pbytes + sb0 * 2048, fields + gi * fbytes + sb0 * 320, (k1 - k0) / 256, g, panel);
+          type_panel(type, w + gi * pbytes + b0 * kGroup * ti.P, fields + gi * fbytes + b0 * kGroup * ti.F,
+                     (k1 - k0) / ti.B, g, panel);
         }
         for (int64_t m0 = 0; m0 < M; m0 += 16) {
           const int rm = int(std::min<int64_t>(16, M - m0));
