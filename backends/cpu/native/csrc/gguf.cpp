@@ -1088,7 +1088,7 @@ int32_t quantrt_gguf_dequant_rows(int32_t type, const uint8_t* w, int64_t N, int
 }  // extern "C"
 
 // ---- large batches on AMX tiles (cpu.amx_gguf) ----------------------------------------------------
-// Q4_K, Q8_0 and Q4_0, rows in 16-row groups (N a multiple of 16). For a block of 4 groups (64 output rows) and
+// Q4_K, Q6_K, Q8_0 and Q4_0, rows in 16-row groups (N a multiple of 16). For a block of 4 groups (64 output rows) and
 // a K chunk of 8 super-blocks, the group planes are decoded straight into a bf16 panel in AMX's B-tile
 // layout (qrt::amx_block: pair (k, k+1) of 16 rows per 64-byte row), each weight computed as
 // d * sc * q - dmin * m in fp32 and rounded once to bf16 (what the dequant + oneDNN path multiplied),
@@ -1184,11 +1184,59 @@ void q40_panel(const uint8_t* p, const uint8_t* f, int64_t nblocks, int g, uint1
   }
 }
 
+// Q6_K: per super-block 48 planes in gguf_native.PLANE_ORDER (per half n and h: 4 planes of ql words
+// 16n + 4h + c, 4 of ql words 16n + 8 + 4h + c, 4 of qh words 8n + 4h + c), then d and 16 signed
+// sub-block scales: code byte i of plane c in sub-block t = 8n + 2s + h is k = 16t + 4c + i (the
+// reading order of grp_q6_k), w = d * sc[t] * (q - 32)
+void q6k_panel(const uint8_t* p, const uint8_t* f, int64_t nblocks, int g, uint16_t* panel) {
+  const __m512i dup_lo = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
+  const __m512i dup_hi = _mm512_add_epi32(dup_lo, _mm512_set1_epi32(8));
+  const __m512i m4 = mask4(), m30 = _mm512_set1_epi8(0x30), off = _mm512_set1_epi32(32);
+  for (int64_t sb = 0; sb < nblocks; ++sb, p += 3072, f += 288) {
+    const __m512 d = f16x16(f);
+    QRT_UNROLL
+    for (int n = 0; n < 2; ++n) {
+      QRT_UNROLL
+      for (int h = 0; h < 2; ++h) {
+        const uint8_t* run = p + 768 * (2 * n + h);
+        QRT_UNROLL
+        for (int s = 0; s < 4; ++s) {
+          const int t = 8 * n + 2 * s + h;
+          const __m512 a = _mm512_mul_ps(d, _mm512_cvtepi32_ps(bytes_i32(f + 32 + 16 * t)));
+          const __m512 alo = _mm512_permutexvar_ps(dup_lo, a), ahi = _mm512_permutexvar_ps(dup_hi, a);
+          QRT_UNROLL
+          for (int c = 0; c < 4; ++c) {
+            const __m512i src = ld(run + (s & 1 ? 256 : 0) + 64 * c), qh = ld(run + 512 + 64 * c);
+            const __m512i nib = _mm512_and_si512(s < 2 ? src : _mm512_srli_epi16(src, 4), m4);
+            const __m512i hb = s == 0 ? _mm512_slli_epi16(qh, 4)
+                               : s == 1 ? _mm512_slli_epi16(qh, 2)
+                               : s == 2 ? qh
+                                        : _mm512_srli_epi16(qh, 2);
+            const __m512i u = _mm512_ternarylogic_epi32(nib, hb, m30, 0xF8);  // nib | (hb & 0x30)
+            QRT_UNROLL
+            for (int e = 0; e < 2; ++e) {
+              const __m512i q = _mm512_cvtepu8_epi16(_mm512_cvtepi32_epi16(e ? _mm512_srli_epi32(u, 16) : u));
+              const __m512 qlo =
+                  _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(q)), off));
+              const __m512 qhi =
+                  _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(q, 1)), off));
+              const int64_t pair = sb * 128 + 8 * t + 2 * c + e;
+              _mm512_store_si512(panel + (pair * kTileGroups + g) * 32,
+                                 (__m512i)_mm512_cvtne2ps_pbh(_mm512_mul_ps(qhi, ahi), _mm512_mul_ps(qlo, alo)));
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
 // the panel of `nblocks` blocks of one group (its planes p and fields f at the chunk's first block)
 void type_panel(int32_t type, const uint8_t* p, const uint8_t* f, int64_t nblocks, int g, uint16_t* panel) {
   switch (type) {
     case Q4_K: q4k_panel(p, f, nblocks, g, panel); break;
     case Q8_0: q80_panel(p, f, nblocks, g, panel); break;
+    case Q6_K: q6k_panel(p, f, nblocks, g, panel); break;
     default: q40_panel(p, f, nblocks, g, panel);
   }
 }
@@ -1206,14 +1254,14 @@ int32_t quantrt_gguf_tiles_ready() {
 #endif
 }
 
-// y = x @ W^T (+ bias) on AMX tiles for a Q4_K, Q8_0 or Q4_0 weight whose every row is grouped (N = 16 * ngroups):
+// y = x @ W^T (+ bias) on AMX tiles for a Q4_K, Q6_K, Q8_0 or Q4_0 weight whose rows are all grouped (N = 16 * ngroups):
 // x bf16 [M, K] with row stride ldx (elements), out (row stride som, dtype odt). Returns 0, -1 for
 // bad arguments, -2 when this build or weight cannot take this path, -3 when out of memory.
 int32_t quantrt_gguf_linear_tiles(int32_t type, const uint8_t* w, int64_t N, int64_t K, int64_t ngroups,
                                   const uint16_t* x, int64_t M, int64_t ldx, const void* bias, int32_t bdt,
                                   void* out, int64_t som, int32_t odt, int32_t threads) {
 #if defined(QRT_AMX) && QRT_GGUF_SIMD
-  if (type != Q4_K && type != Q8_0 && type != Q4_0) return -2;
+  if (type != Q4_K && type != Q6_K && type != Q8_0 && type != Q4_0) return -2;
   const TypeInfo ti = kInfo[type];
   if (ngroups * kGroup != N || K % ti.B || ldx < K || M < 0) return -1;
   if (!qrt::amx_permitted()) return -2;
