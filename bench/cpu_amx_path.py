@@ -35,6 +35,7 @@ SCHEMES = (
     ("w4a16-nvfp4", amx.AmxLut),
     ("w8a16-fp8-ch", amx.AmxLut),
     ("gguf-q4_k", amx.AmxGGUF),
+    ("gguf-q5_k", amx.AmxGGUF),
     ("gguf-q6_k", amx.AmxGGUF),
     ("gguf-q8_0", amx.AmxGGUF),
     ("gguf-q4_0", amx.AmxGGUF),

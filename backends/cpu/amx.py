@@ -257,12 +257,12 @@ class AmxGGUF(_AmxPath, gguf_native.CpuNativeGGUF):
     _parent = gguf_native.CpuNativeGGUF
     _module = gguf_native
     amx_from_m = 384
-    #: Q4_K, Q6_K, Q8_0 and Q4_0 layers whose rows are all in 16-row groups: from this many rows, bf16
+    #: Q4_K, Q5_K, Q6_K, Q8_0 and Q4_0 layers whose rows are all in 16-row groups: from this many rows, bf16
     #: panels decoded from the group planes (scales multiplied in) on AMX tiles
     #: (``quantrt_gguf_linear_tiles``), where they overtake the 8-bit-activation VNNI GEMM (measured on
-    #: 4096x4096, 4096x14336, 14336x4096: Q6_K ahead from 16 rows, Q4_K even at 24 and 1.7x faster at
-    #: 48, Q8_0/Q4_0 even at 24 and ahead from 32)
-    TILES_FROM: ClassVar[dict[str, int]] = {"q4_k": 24, "q6_k": 16, "q8_0": 32, "q4_0": 32}
+    #: 4096x4096, 4096x14336, 14336x4096: Q6_K ahead from 16 rows, Q4_K/Q5_K even at 24 and 1.7x faster
+    #: at 48, Q8_0/Q4_0 even at 24 and ahead from 32)
+    TILES_FROM: ClassVar[dict[str, int]] = {"q4_k": 24, "q5_k": 24, "q6_k": 16, "q8_0": 32, "q4_0": 32}
 
     def tiles_ready(self, inner: Any) -> bool:
         # the parent's apply does not know the tile path: this class's apply routes to it

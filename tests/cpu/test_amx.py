@@ -272,7 +272,7 @@ GGUF_TILES = bool(gguf_native.native_library().quantrt_gguf_tiles_ready())
 
 @pytest.mark.skipif(not GGUF_TILES, reason="no AMX tiles on this CPU (or Linux refused them)")
 @pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float16, torch.float32), ids=str)
-@pytest.mark.parametrize("t", ("q4_k", "q6_k", "q8_0", "q4_0"))
+@pytest.mark.parametrize("t", ("q4_k", "q5_k", "q6_k", "q8_0", "q4_0"))
 def test_gguf_on_amx_tiles_matches_the_reference_and_the_dequant_path(t: str, dtype: torch.dtype) -> None:
     """Every row in a 16-row group (N = 80: a block of 4 groups and one of 1), K of two whole panel
     chunks and a partial one: from its TILES_FROM rows the tile kernel, against the fp32 reference
@@ -303,6 +303,6 @@ def test_gguf_on_amx_tiles_matches_the_reference_and_the_dequant_path(t: str, dt
 def test_gguf_tiles_only_for_their_types_with_whole_groups() -> None:
     _, k, st = prepared("gguf-q4_k", n=70)  # 70 rows: 6 ungrouped rows stay canonical
     assert st.gguf_tiles_from > 1 << 40 and not k.strategy(st, 100).startswith("amx tiles")
-    for t in ("gguf-q5_k", "gguf-q2_k", "gguf-q3_k", "gguf-q5_1"):
+    for t in ("gguf-q2_k", "gguf-q3_k", "gguf-q5_0", "gguf-q5_1"):
         _, k, st = prepared(t, n=80)
         assert st.gguf_tiles_from > 1 << 40, t

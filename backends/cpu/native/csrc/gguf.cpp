@@ -1088,23 +1088,27 @@ int32_t quantrt_gguf_dequant_rows(int32_t type, const uint8_t* w, int64_t N, int
 }  // extern "C"
 
 // ---- large batches on AMX tiles (cpu.amx_gguf) ----------------------------------------------------
-// Q4_K, Q6_K, Q8_0 and Q4_0, rows in 16-row groups (N a multiple of 16). For a block of 4 groups (64 output rows) and
-// a K chunk of 8 super-blocks, the group planes are decoded straight into a bf16 panel in AMX's B-tile
-// layout (qrt::amx_block: pair (k, k+1) of 16 rows per 64-byte row), each weight computed as
-// d * sc * q - dmin * m in fp32 and rounded once to bf16 (what the dequant + oneDNN path multiplied),
-// then every 16 rows of x (bf16) run over the panel on AMX tiles; no per-group fold, the scales are in
-// the panel. A plane (16 rows x 4 code bytes) becomes 4 panel rows: its bytes 0-1 and 2-3, low nibbles
-// (sub-block 2j) and high nibbles (2j + 1).
+// Q4_K, Q5_K, Q6_K, Q8_0 and Q4_0, rows in 16-row groups (N a multiple of 16). For a block of 4 groups
+// (64 output rows) and a K chunk of 2048, the group planes are decoded straight into a bf16 panel in
+// AMX's B-tile layout (qrt::amx_block: pair (k, k+1) of 16 rows per 64-byte row), each weight computed
+// in fp32 as the type's dequantizer does (d * sc * q - dmin * m, d * q ...) and rounded once to bf16
+// (what the dequant + oneDNN path multiplied), then every 16 rows of x (bf16) run over the panel on
+// AMX tiles: no per-group fold, the scales are in the panel. A plane (16 rows x 4 code bytes) becomes
+// panel rows by its bytes 0-1 and 2-3 (and, for 4-bit codes, its low and high nibbles).
 namespace {
 #if defined(QRT_AMX) && QRT_GGUF_SIMD
 constexpr int kTileGroups = 4;          // groups per block: 64 output rows, the panel's 4 tiles
 constexpr int64_t kTileChunk = 2048;    // K per panel: 8 super-blocks, 256 KiB of bf16 (stays in L2)
 
-void q4k_panel(const uint8_t* p, const uint8_t* f, int64_t nsb, int g, uint16_t* panel) {
+// Q4_K and Q5_K (five: the 8 qh planes first, bit 2j of qh byte l the fifth bit of the low nibble of
+// code byte l of chunk j, bit 2j + 1 that of its high nibble)
+template <bool five>
+void qk45_panel(const uint8_t* p, const uint8_t* f, int64_t nsb, int g, uint16_t* panel) {
   const __m512i dup_lo = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
   const __m512i dup_hi = _mm512_add_epi32(dup_lo, _mm512_set1_epi32(8));
-  const __m512i m4 = _mm512_set1_epi16(0x0F);
-  for (int64_t sb = 0; sb < nsb; ++sb, p += 2048, f += 320) {
+  const __m512i m4 = _mm512_set1_epi16(0x0F), one = _mm512_set1_epi16(1);
+  const int qs = five ? 512 : 0;
+  for (int64_t sb = 0; sb < nsb; ++sb, p += five ? 2560 : 2048, f += 320) {
     const __m512 d = f16x16(f), dmin = f16x16(f + 32);
     QRT_UNROLL
     for (int s = 0; s < 8; ++s) {  // sub-block s: chunk j = s / 2, low (even s) or high (odd s) nibbles
@@ -1115,11 +1119,17 @@ void q4k_panel(const uint8_t* p, const uint8_t* f, int64_t nsb, int g, uint16_t*
       const __m512 blo = _mm512_permutexvar_ps(dup_lo, b), bhi = _mm512_permutexvar_ps(dup_hi, b);
       QRT_UNROLL
       for (int c = 0; c < 8; ++c) {
-        const __m512i v = ld(p + 64 * (8 * j + c));
+        const __m512i v = ld(p + qs + 64 * (8 * j + c));
         QRT_UNROLL
         for (int h = 0; h < 2; ++h) {  // code bytes 2h, 2h + 1 of every row: one pair of k
           const __m512i u = _mm512_cvtepu8_epi16(_mm512_cvtepi32_epi16(h ? _mm512_srli_epi32(v, 16) : v));
-          const __m512i q = hi ? _mm512_and_si512(_mm512_srli_epi16(u, 4), m4) : _mm512_and_si512(u, m4);
+          __m512i q = hi ? _mm512_and_si512(_mm512_srli_epi16(u, 4), m4) : _mm512_and_si512(u, m4);
+          if constexpr (five) {
+            const __m512i qh = ld(p + 64 * c);
+            const __m512i w = _mm512_cvtepu8_epi16(_mm512_cvtepi32_epi16(h ? _mm512_srli_epi32(qh, 16) : qh));
+            const __m512i bit = _mm512_and_si512(_mm512_srl_epi16(w, _mm_cvtsi32_si128(s)), one);
+            q = _mm512_or_si512(q, _mm512_slli_epi16(bit, 4));
+          }
           const __m512 qlo = _mm512_cvtepi32_ps(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(q)));
           const __m512 qhi = _mm512_cvtepi32_ps(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(q, 1)));
           const __m512 wlo = _mm512_fmsub_ps(qlo, alo, blo), whi = _mm512_fmsub_ps(qhi, ahi, bhi);
@@ -1130,6 +1140,7 @@ void q4k_panel(const uint8_t* p, const uint8_t* f, int64_t nsb, int g, uint16_t*
     }
   }
 }
+
 // Q8_0: 8 planes per block (plane c: codes k = 4c..4c+3, int8), d per block: w = d * q
 void q80_panel(const uint8_t* p, const uint8_t* f, int64_t nblocks, int g, uint16_t* panel) {
   const __m512i dup_lo = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
@@ -1234,7 +1245,8 @@ void q6k_panel(const uint8_t* p, const uint8_t* f, int64_t nblocks, int g, uint1
 // the panel of `nblocks` blocks of one group (its planes p and fields f at the chunk's first block)
 void type_panel(int32_t type, const uint8_t* p, const uint8_t* f, int64_t nblocks, int g, uint16_t* panel) {
   switch (type) {
-    case Q4_K: q4k_panel(p, f, nblocks, g, panel); break;
+    case Q4_K: qk45_panel<false>(p, f, nblocks, g, panel); break;
+    case Q5_K: qk45_panel<true>(p, f, nblocks, g, panel); break;
     case Q8_0: q80_panel(p, f, nblocks, g, panel); break;
     case Q6_K: q6k_panel(p, f, nblocks, g, panel); break;
     default: q40_panel(p, f, nblocks, g, panel);
@@ -1254,14 +1266,15 @@ int32_t quantrt_gguf_tiles_ready() {
 #endif
 }
 
-// y = x @ W^T (+ bias) on AMX tiles for a Q4_K, Q6_K, Q8_0 or Q4_0 weight whose rows are all grouped (N = 16 * ngroups):
+// y = x @ W^T (+ bias) on AMX tiles for a Q4_K, Q5_K, Q6_K, Q8_0 or Q4_0 weight whose rows are all grouped
+// (N = 16 * ngroups):
 // x bf16 [M, K] with row stride ldx (elements), out (row stride som, dtype odt). Returns 0, -1 for
 // bad arguments, -2 when this build or weight cannot take this path, -3 when out of memory.
 int32_t quantrt_gguf_linear_tiles(int32_t type, const uint8_t* w, int64_t N, int64_t K, int64_t ngroups,
                                   const uint16_t* x, int64_t M, int64_t ldx, const void* bias, int32_t bdt,
                                   void* out, int64_t som, int32_t odt, int32_t threads) {
 #if defined(QRT_AMX) && QRT_GGUF_SIMD
-  if (type != Q4_K && type != Q6_K && type != Q8_0 && type != Q4_0) return -2;
+  if (type != Q4_K && type != Q5_K && type != Q6_K && type != Q8_0 && type != Q4_0) return -2;
   const TypeInfo ti = kInfo[type];
   if (ngroups * kGroup != N || K % ti.B || ldx < K || M < 0) return -1;
   if (!qrt::amx_permitted()) return -2;
