@@ -94,7 +94,7 @@ class AmxState:
     out_dtype: torch.dtype
     dequant: Any  # dequant_rows(inner, n0, n1, out)
     tiles: bool = False  # the parent's panel GEMM runs on AMX tiles (it serves every M itself)
-    gguf_tiles_from: int = 1 << 62  # cpu.amx_gguf: batch sizes its own Q4_K tile path serves
+    gguf_tiles_from: int = 1 << 62  # cpu.amx_gguf: batch sizes its own GGUF tile kernel serves
 
     @property
     def nbytes(self) -> int:
@@ -115,6 +115,11 @@ class _AmxPath:
         return False
 
     @classmethod
+    def amx_note(cls) -> str:
+        """Which batches take AMX, as ``explain`` reports it."""
+        return f"AMX bf16 via oneDNN from M >= {cls.amx_from_m}"
+
+    @classmethod
     def supports(cls, spec: LayerSpec, caps: Any) -> Verdict:
         v = cls._parent.supports(spec, caps)  # type: ignore[attr-defined]
         if not v:
@@ -122,7 +127,7 @@ class _AmxPath:
         amx = amx_verdict(caps)
         if not amx:
             return amx
-        return Verdict.yes(f"AMX bf16 via oneDNN from M >= {cls.amx_from_m}; below: {v.reason}")
+        return Verdict.yes(f"{cls.amx_note()}; below: {v.reason}")
 
     def _inner_prepare(self, weight: CanonicalWeight, spec: LayerSpec) -> Any:
         return self._parent.prepare(self, weight, spec)  # type: ignore[arg-type]
@@ -187,11 +192,33 @@ class _AmxPath:
         return y
 
 
-class AmxWint(_AmxPath, wint_native.NativeWint):
-    """Integer weight-only layers: the native GEMV below ``TILES_FROM_M`` rows, from there the native
-    panel GEMM with its products on AMX tiles (``qrt::amx_block``: the decoded L2 panels are AMX's
-    weight operand as they are). Where K or the group is not a multiple of 32 (no whole 32-k tiles),
-    bf16 dequant slices through oneDNN from ``amx_from_m`` rows instead.
+class _PanelTiles(_AmxPath):
+    """The native panel GEMM with its products on AMX tiles (``qrt::amx_block``: the decoded L2 panels
+    are AMX's weight operand as they are): the parent's GEMV below ``TILES_FROM_M`` rows, the tiles
+    from there. Where K or the group is not a multiple of 32 (no whole 32-k tiles), bf16 dequant
+    slices through oneDNN from ``amx_from_m`` rows instead."""
+
+    #: batch sizes from which the panel GEMM runs on AMX tiles
+    TILES_FROM_M: int = 4
+    #: the parent library's function saying whether a prepared weight can take the tiles
+    _ready_symbol: str = ""
+
+    @classmethod
+    def amx_note(cls) -> str:
+        return (
+            f"native panel GEMM on AMX tiles from M >= {cls.TILES_FROM_M} (without whole 32-k tiles: "
+            f"{super().amx_note()})"
+        )
+
+    def tiles_ready(self, inner: Any) -> bool:
+        if not getattr(self._module._library(), self._ready_symbol)(inner.desc):
+            return False
+        inner.tiles_m = self.TILES_FROM_M
+        return True
+
+
+class AmxWint(_PanelTiles, wint_native.NativeWint):
+    """Integer weight-only layers on AMX tiles (see ``_PanelTiles``).
 
     Measured on this project's Xeon with AMX (2 threads, bench/results/cpu-2026-12-03-amx-tiles-*.json):
     at 4096x4096 and M=64, 1.74 ms against 10.2 ms on AVX-512 BF16, 4.2 ms for dequant + oneDNN and
@@ -202,35 +229,24 @@ class AmxWint(_AmxPath, wint_native.NativeWint):
     description = "int2/3/4/8 weight-only: native GEMV (M < 4), native panel GEMM on AMX tiles above"
     _parent = wint_native.NativeWint
     _module = wint_native
-    #: batch sizes from which the panel GEMM runs on AMX tiles
     TILES_FROM_M = 4
-
-    def tiles_ready(self, inner: Any) -> bool:
-        if not wint_native._library().quantrt_wint_amx_ready(inner.desc):
-            return False
-        inner.tiles_m = self.TILES_FROM_M
-        return True
+    _ready_symbol = "quantrt_wint_amx_ready"
 
 
-class AmxLut(_AmxPath, lut_native.NativeLut):
-    """NF4/FP4, fp8, NVFP4, MXFP4 weight-only layers: the native GEMV below ``amx_from_m`` rows, AMX bf16
-    (oneDNN) from there. W8A8 fp8 schemes stay on the parent (their activations are fp8, not bf16)."""
+class AmxLut(_PanelTiles, lut_native.NativeLut):
+    """NF4/FP4, fp8, NVFP4, MXFP4 weight-only layers on AMX tiles (see ``_PanelTiles``; measured: NF4,
+    NVFP4 and fp8 ahead of the GEMV at M=3). W8A8 fp8 schemes stay on the parent (their activations
+    are fp8, not bf16)."""
 
     name = "cpu.amx_lut"
     priority = lut_native.NativeLut.priority - 1
     description = (
-        "NF4/FP4/fp8/NVFP4/MXFP4 weight-only: native GEMV (small M), bf16 dequant slices + AMX matmul"
+        "NF4/FP4/fp8/NVFP4/MXFP4 weight-only: native GEMV (M < 3), native panel GEMM on AMX tiles above"
     )
     _parent = lut_native.NativeLut
     _module = lut_native
-    #: batch sizes from which the panel GEMM runs on AMX tiles (measured: NF4, NVFP4, fp8 at M=3)
     TILES_FROM_M = 3
-
-    def tiles_ready(self, inner: Any) -> bool:
-        if not lut_native._library().quantrt_lut_amx_ready(inner.desc):
-            return False
-        inner.tiles_m = self.TILES_FROM_M
-        return True
+    _ready_symbol = "quantrt_lut_amx_ready"
 
     @classmethod
     def supports(cls, spec: LayerSpec, caps: Any) -> Verdict:
@@ -248,12 +264,18 @@ class AmxLut(_AmxPath, lut_native.NativeLut):
 
 
 class AmxGGUF(_AmxPath, gguf_native.CpuNativeGGUF):
-    """GGUF block types: llama.cpp's 8-bit-activation GEMV below ``amx_from_m`` rows; from there the
-    exactly dequantized weights (no activation quantization) times bf16 activations on AMX (oneDNN)."""
+    """GGUF block types: llama.cpp's 8-bit-activation GEMV/GEMM for small batches. From ``TILES_FROM``
+    rows, Q4_K, Q5_K, Q6_K, Q8_0 and Q4_0 layers whose rows fill 16-row groups run on AMX tiles over
+    bf16 panels decoded from those groups with the scales multiplied in; the other types (and layers
+    with ragged rows) take the exactly dequantized weights times bf16 activations on AMX (oneDNN)
+    from ``amx_from_m`` rows."""
 
     name = "cpu.amx_gguf"
     priority = gguf_native.CpuNativeGGUF.priority - 1
-    description = "GGUF: native 8-bit-activation GEMV (small M), exact bf16 dequant slices + AMX matmul"
+    description = (
+        "GGUF: native 8-bit-activation GEMV (small M); bf16 panels decoded from the row groups on AMX tiles "
+        "(Q4_K/Q5_K/Q6_K/Q8_0/Q4_0), else exact bf16 dequant slices + AMX matmul"
+    )
     _parent = gguf_native.CpuNativeGGUF
     _module = gguf_native
     amx_from_m = 384
@@ -264,9 +286,13 @@ class AmxGGUF(_AmxPath, gguf_native.CpuNativeGGUF):
     #: at 48, Q8_0/Q4_0 even at 24 and ahead from 32)
     TILES_FROM: ClassVar[dict[str, int]] = {"q4_k": 24, "q5_k": 24, "q6_k": 16, "q8_0": 32, "q4_0": 32}
 
-    def tiles_ready(self, inner: Any) -> bool:
-        # the parent's apply does not know the tile path: this class's apply routes to it
-        return False
+    @classmethod
+    def amx_note(cls) -> str:
+        types = ", ".join(f"{t.upper()} from M >= {m}" for t, m in cls.TILES_FROM.items())
+        return (
+            f"AMX tiles on bf16 panels decoded from the 16-row groups ({types}); other types and ragged "
+            f"rows: {super().amx_note()}"
+        )
 
     def prepare(self, weight: CanonicalWeight, spec: LayerSpec) -> AmxState:
         state = super().prepare(weight, spec)
@@ -282,7 +308,7 @@ class AmxGGUF(_AmxPath, gguf_native.CpuNativeGGUF):
     def strategy(self, state: AmxState, m: int) -> str:
         if m >= state.gguf_tiles_from:
             return (
-                "amx tiles: bf16 panels decoded from the Q4_K groups (scales in), activations rounded to bf16"
+                "amx tiles: bf16 panels decoded from the GGUF groups (scales in), activations rounded to bf16"
             )
         return super().strategy(state, m)
 
