@@ -19,6 +19,7 @@ import json
 import math
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,20 @@ TYPES = tuple(gguf_gemv.TYPE_ID)
 
 def geomean(v: list[float]) -> float:
     return math.exp(sum(math.log(t) for t in v) / len(v))
+
+
+def timed(built: list[tuple[QuantLinear, int]], m: int, patch: Callable[[Any, int], Any]) -> float:
+    """Geometric-mean microseconds of the layers at batch m, each with its state patched for the run."""
+    times = []
+    for layer, K in built:
+        saved = layer._state
+        layer._state = patch(saved, K)
+        x = torch.randn(m, K, device="cuda", dtype=torch.bfloat16)
+        try:
+            times.append(median_us(lambda layer=layer, x=x: layer(x)))
+        finally:
+            layer._state = saved
+    return geomean(times)
 
 
 def candidates(m: int) -> list[gguf_gemv.GemvShape]:
@@ -79,34 +94,26 @@ def main() -> int:
             gguf_gemv.SOURCE, sorted({c.expr(torch.bfloat16, t) for cs in cands.values() for c in cs}), dev
         )
         rows: dict[str, Any] = {}
+        step = gguf_gemv.STEP_WEIGHTS[t]
         for m in ms:
             best, best_t = None, math.inf
             for c in cands[m]:
-                per = []
-                for layer, K in built:
-                    saved = layer._state
-                    shape = dataclasses.replace(c, warps=min(c.warps, -(-K // gguf_gemv.STEP_WEIGHTS[t])))
-                    fn = Launch(function(gguf_gemv.SOURCE, c.expr(torch.bfloat16, t), dev), gguf_gemv.ARGS)
-                    layer._state = dataclasses.replace(saved, shapes=(shape,), launches=(fn,))
-                    x = torch.randn(m, K, device="cuda", dtype=torch.bfloat16)
-                    try:
-                        per.append(median_us(lambda layer=layer, x=x: layer(x)))
-                    finally:
-                        layer._state = saved
-                us = geomean(per)
+                fn = Launch(function(gguf_gemv.SOURCE, c.expr(torch.bfloat16, t), dev), gguf_gemv.ARGS)
+
+                def patch(
+                    st: Any, K: int, c: gguf_gemv.GemvShape = c, fn: Launch = fn, step: int = step
+                ) -> Any:
+                    shape = dataclasses.replace(c, warps=min(c.warps, -(-K // step)))
+                    return dataclasses.replace(st, shapes=(shape,), launches=(fn,))
+
+                us = timed(built, m, patch)
                 log(f"{t} M={m} rows={c.rows} xm={c.xm} warps={c.warps}: {us:.1f} us")
                 if us < best_t:
                     best, best_t = c, us
-            triton = []  # the layer with no CUDA bound: its Triton GEMV
-            for layer, K in built:
-                saved = layer._state
-                layer._state = dataclasses.replace(saved, shapes=(gguf_gemv.GemvShape(0, 1, 1, 1),))
-                x = torch.randn(m, K, device="cuda", dtype=torch.bfloat16)
-                try:
-                    triton.append(median_us(lambda layer=layer, x=x: layer(x)))
-                finally:
-                    layer._state = saved
-            triton_us = geomean(triton)
+            # the layer with no CUDA bound: its Triton GEMV
+            triton_us = timed(
+                built, m, lambda st, K: dataclasses.replace(st, shapes=(gguf_gemv.GemvShape(0, 1, 1, 1),))
+            )
             log(f"{t} M={m}: best {best} {best_t:.1f} us, Triton GEMV {triton_us:.1f} us")
             sweep[f"{t}_{m}"] = {"cuda_us": round(best_t, 2), "triton_us": round(triton_us, 2)}
             if best is None or best_t >= triton_us:

@@ -1100,12 +1100,41 @@ namespace {
 constexpr int kTileGroups = 4;          // groups per block: 64 output rows, the panel's 4 tiles
 constexpr int64_t kTileChunk = 2048;    // K per panel: 8 super-blocks, 256 KiB of bf16 (stays in L2)
 
+// The pieces every type's panel decoder shares. A panel row is 16 rows x a pair of k, as 32 bf16
+// words (row r at words 2r, 2r + 1); per-row fp32 values (scales) are duplicated into that layout as
+// two halves, rows 0-7 and 8-15.
+struct PairVec {
+  __m512 lo, hi;
+};
+QRT_INLINE PairVec pair_dup(__m512 v) {
+  const __m512i lo = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
+  return {_mm512_permutexvar_ps(lo, v), _mm512_permutexvar_ps(_mm512_add_epi32(lo, _mm512_set1_epi32(8)), v)};
+}
+// bytes 2h, 2h + 1 of every row's 4 plane bytes, as 32 16-bit words (zero- or sign-extended)
+template <bool sign>
+QRT_INLINE __m512i pair_bytes(__m512i v, int h) {
+  const __m256i b = _mm512_cvtepi32_epi16(h ? _mm512_srli_epi32(v, 16) : v);
+  return sign ? _mm512_cvtepi8_epi16(b) : _mm512_cvtepu8_epi16(b);
+}
+// 32 16-bit codes minus `off`, as fp32 halves (rows 0-7, rows 8-15)
+template <bool sign>
+QRT_INLINE PairVec pair_f32(__m512i q, int32_t off) {
+  const __m256i a = _mm512_castsi512_si256(q), b = _mm512_extracti64x4_epi64(q, 1);
+  const __m512i o = _mm512_set1_epi32(off);
+  const __m512i ia = sign ? _mm512_cvtepi16_epi32(a) : _mm512_cvtepu16_epi32(a);
+  const __m512i ib = sign ? _mm512_cvtepi16_epi32(b) : _mm512_cvtepu16_epi32(b);
+  return {_mm512_cvtepi32_ps(_mm512_sub_epi32(ia, o)), _mm512_cvtepi32_ps(_mm512_sub_epi32(ib, o))};
+}
+// panel row `pair` of group slot g <- the weights (rounded once to bf16)
+QRT_INLINE void store_pair(uint16_t* panel, int64_t pair, int g, PairVec w) {
+  _mm512_store_si512(panel + (pair * kTileGroups + g) * 32, (__m512i)_mm512_cvtne2ps_pbh(w.hi, w.lo));
+}
+QRT_INLINE PairVec mul(PairVec q, PairVec s) { return {_mm512_mul_ps(q.lo, s.lo), _mm512_mul_ps(q.hi, s.hi)}; }
+
 // Q4_K and Q5_K (five: the 8 qh planes first, bit 2j of qh byte l the fifth bit of the low nibble of
-// code byte l of chunk j, bit 2j + 1 that of its high nibble)
+// code byte l of chunk j, bit 2j + 1 that of its high nibble): w = d * sc * q - dmin * m
 template <bool five>
 void qk45_panel(const uint8_t* p, const uint8_t* f, int64_t nsb, int g, uint16_t* panel) {
-  const __m512i dup_lo = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
-  const __m512i dup_hi = _mm512_add_epi32(dup_lo, _mm512_set1_epi32(8));
   const __m512i m4 = _mm512_set1_epi16(0x0F), one = _mm512_set1_epi16(1);
   const int qs = five ? 512 : 0;
   for (int64_t sb = 0; sb < nsb; ++sb, p += five ? 2560 : 2048, f += 320) {
@@ -1113,28 +1142,23 @@ void qk45_panel(const uint8_t* p, const uint8_t* f, int64_t nsb, int g, uint16_t
     QRT_UNROLL
     for (int s = 0; s < 8; ++s) {  // sub-block s: chunk j = s / 2, low (even s) or high (odd s) nibbles
       const int j = s >> 1, hi = s & 1;
-      const __m512 a = _mm512_mul_ps(d, _mm512_cvtepi32_ps(bytes_u32(f + 64 + 16 * s)));
-      const __m512 b = _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(bytes_u32(f + 192 + 16 * s)));
-      const __m512 alo = _mm512_permutexvar_ps(dup_lo, a), ahi = _mm512_permutexvar_ps(dup_hi, a);
-      const __m512 blo = _mm512_permutexvar_ps(dup_lo, b), bhi = _mm512_permutexvar_ps(dup_hi, b);
+      const PairVec a = pair_dup(_mm512_mul_ps(d, _mm512_cvtepi32_ps(bytes_u32(f + 64 + 16 * s))));
+      const PairVec b = pair_dup(_mm512_mul_ps(dmin, _mm512_cvtepi32_ps(bytes_u32(f + 192 + 16 * s))));
       QRT_UNROLL
       for (int c = 0; c < 8; ++c) {
         const __m512i v = ld(p + qs + 64 * (8 * j + c));
         QRT_UNROLL
         for (int h = 0; h < 2; ++h) {  // code bytes 2h, 2h + 1 of every row: one pair of k
-          const __m512i u = _mm512_cvtepu8_epi16(_mm512_cvtepi32_epi16(h ? _mm512_srli_epi32(v, 16) : v));
+          const __m512i u = pair_bytes<false>(v, h);
           __m512i q = hi ? _mm512_and_si512(_mm512_srli_epi16(u, 4), m4) : _mm512_and_si512(u, m4);
           if constexpr (five) {
-            const __m512i qh = ld(p + 64 * c);
-            const __m512i w = _mm512_cvtepu8_epi16(_mm512_cvtepi32_epi16(h ? _mm512_srli_epi32(qh, 16) : qh));
+            const __m512i w = pair_bytes<false>(ld(p + 64 * c), h);
             const __m512i bit = _mm512_and_si512(_mm512_srl_epi16(w, _mm_cvtsi32_si128(s)), one);
             q = _mm512_or_si512(q, _mm512_slli_epi16(bit, 4));
           }
-          const __m512 qlo = _mm512_cvtepi32_ps(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(q)));
-          const __m512 qhi = _mm512_cvtepi32_ps(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(q, 1)));
-          const __m512 wlo = _mm512_fmsub_ps(qlo, alo, blo), whi = _mm512_fmsub_ps(qhi, ahi, bhi);
-          const int64_t pair = sb * 128 + 32 * j + 16 * hi + 2 * c + h;
-          _mm512_store_si512(panel + (pair * kTileGroups + g) * 32, (__m512i)_mm512_cvtne2ps_pbh(whi, wlo));
+          const PairVec qf = pair_f32<false>(q, 0);
+          store_pair(panel, sb * 128 + 32 * j + 16 * hi + 2 * c + h, g,
+                     {_mm512_fmsub_ps(qf.lo, a.lo, b.lo), _mm512_fmsub_ps(qf.hi, a.hi, b.hi)});
         }
       }
     }
@@ -1143,23 +1167,13 @@ void qk45_panel(const uint8_t* p, const uint8_t* f, int64_t nsb, int g, uint16_t
 
 // Q8_0: 8 planes per block (plane c: codes k = 4c..4c+3, int8), d per block: w = d * q
 void q80_panel(const uint8_t* p, const uint8_t* f, int64_t nblocks, int g, uint16_t* panel) {
-  const __m512i dup_lo = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
-  const __m512i dup_hi = _mm512_add_epi32(dup_lo, _mm512_set1_epi32(8));
   for (int64_t b = 0; b < nblocks; ++b, p += 512, f += 32) {
-    const __m512 d = f16x16(f);
-    const __m512 dlo = _mm512_permutexvar_ps(dup_lo, d), dhi = _mm512_permutexvar_ps(dup_hi, d);
+    const PairVec d = pair_dup(f16x16(f));
     QRT_UNROLL
     for (int c = 0; c < 8; ++c) {
       const __m512i v = ld(p + 64 * c);
       QRT_UNROLL
-      for (int h = 0; h < 2; ++h) {
-        const __m512i q = _mm512_cvtepi8_epi16(_mm512_cvtepi32_epi16(h ? _mm512_srli_epi32(v, 16) : v));
-        const __m512 qlo = _mm512_cvtepi32_ps(_mm512_cvtepi16_epi32(_mm512_castsi512_si256(q)));
-        const __m512 qhi = _mm512_cvtepi32_ps(_mm512_cvtepi16_epi32(_mm512_extracti64x4_epi64(q, 1)));
-        const int64_t pair = b * 16 + 2 * c + h;
-        _mm512_store_si512(panel + (pair * kTileGroups + g) * 32,
-                           (__m512i)_mm512_cvtne2ps_pbh(_mm512_mul_ps(qhi, dhi), _mm512_mul_ps(qlo, dlo)));
-      }
+      for (int h = 0; h < 2; ++h) store_pair(panel, b * 16 + 2 * c + h, g, mul(pair_f32<true>(pair_bytes<true>(v, h), 0), d));
     }
   }
 }
@@ -1167,28 +1181,19 @@ void q80_panel(const uint8_t* p, const uint8_t* f, int64_t nblocks, int g, uint1
 // Q4_0: 4 planes per block (plane c: bytes 4c..4c+3, low nibbles k = 4c.., high k = 16 + 4c..), d per
 // block: w = d * (q - 8)
 void q40_panel(const uint8_t* p, const uint8_t* f, int64_t nblocks, int g, uint16_t* panel) {
-  const __m512i dup_lo = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
-  const __m512i dup_hi = _mm512_add_epi32(dup_lo, _mm512_set1_epi32(8));
-  const __m512i m4 = _mm512_set1_epi16(0x0F), eight = _mm512_set1_epi32(8);
+  const __m512i m4 = _mm512_set1_epi16(0x0F);
   for (int64_t b = 0; b < nblocks; ++b, p += 256, f += 32) {
-    const __m512 d = f16x16(f);
-    const __m512 dlo = _mm512_permutexvar_ps(dup_lo, d), dhi = _mm512_permutexvar_ps(dup_hi, d);
+    const PairVec d = pair_dup(f16x16(f));
     QRT_UNROLL
     for (int c = 0; c < 4; ++c) {
       const __m512i v = ld(p + 64 * c);
       QRT_UNROLL
       for (int h = 0; h < 2; ++h) {
-        const __m512i u = _mm512_cvtepu8_epi16(_mm512_cvtepi32_epi16(h ? _mm512_srli_epi32(v, 16) : v));
+        const __m512i u = pair_bytes<false>(v, h);
         QRT_UNROLL
         for (int hi = 0; hi < 2; ++hi) {
           const __m512i q = hi ? _mm512_and_si512(_mm512_srli_epi16(u, 4), m4) : _mm512_and_si512(u, m4);
-          const __m512 qlo =
-              _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(q)), eight));
-          const __m512 qhi =
-              _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(q, 1)), eight));
-          const int64_t pair = b * 16 + 8 * hi + 2 * c + h;
-          _mm512_store_si512(panel + (pair * kTileGroups + g) * 32,
-                             (__m512i)_mm512_cvtne2ps_pbh(_mm512_mul_ps(qhi, dhi), _mm512_mul_ps(qlo, dlo)));
+          store_pair(panel, b * 16 + 8 * hi + 2 * c + h, g, mul(pair_f32<false>(q, 8), d));
         }
       }
     }
@@ -1200,9 +1205,7 @@ void q40_panel(const uint8_t* p, const uint8_t* f, int64_t nblocks, int g, uint1
 // sub-block scales: code byte i of plane c in sub-block t = 8n + 2s + h is k = 16t + 4c + i (the
 // reading order of grp_q6_k), w = d * sc[t] * (q - 32)
 void q6k_panel(const uint8_t* p, const uint8_t* f, int64_t nblocks, int g, uint16_t* panel) {
-  const __m512i dup_lo = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
-  const __m512i dup_hi = _mm512_add_epi32(dup_lo, _mm512_set1_epi32(8));
-  const __m512i m4 = mask4(), m30 = _mm512_set1_epi8(0x30), off = _mm512_set1_epi32(32);
+  const __m512i m4 = mask4(), m30 = _mm512_set1_epi8(0x30);
   for (int64_t sb = 0; sb < nblocks; ++sb, p += 3072, f += 288) {
     const __m512 d = f16x16(f);
     QRT_UNROLL
@@ -1213,8 +1216,7 @@ void q6k_panel(const uint8_t* p, const uint8_t* f, int64_t nblocks, int g, uint1
         QRT_UNROLL
         for (int s = 0; s < 4; ++s) {
           const int t = 8 * n + 2 * s + h;
-          const __m512 a = _mm512_mul_ps(d, _mm512_cvtepi32_ps(bytes_i32(f + 32 + 16 * t)));
-          const __m512 alo = _mm512_permutexvar_ps(dup_lo, a), ahi = _mm512_permutexvar_ps(dup_hi, a);
+          const PairVec a = pair_dup(_mm512_mul_ps(d, _mm512_cvtepi32_ps(bytes_i32(f + 32 + 16 * t))));
           QRT_UNROLL
           for (int c = 0; c < 4; ++c) {
             const __m512i src = ld(run + (s & 1 ? 256 : 0) + 64 * c), qh = ld(run + 512 + 64 * c);
@@ -1225,16 +1227,8 @@ void q6k_panel(const uint8_t* p, const uint8_t* f, int64_t nblocks, int g, uint1
                                         : _mm512_srli_epi16(qh, 2);
             const __m512i u = _mm512_ternarylogic_epi32(nib, hb, m30, 0xF8);  // nib | (hb & 0x30)
             QRT_UNROLL
-            for (int e = 0; e < 2; ++e) {
-              const __m512i q = _mm512_cvtepu8_epi16(_mm512_cvtepi32_epi16(e ? _mm512_srli_epi32(u, 16) : u));
-              const __m512 qlo =
-                  _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(q)), off));
-              const __m512 qhi =
-                  _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(q, 1)), off));
-              const int64_t pair = sb * 128 + 8 * t + 2 * c + e;
-              _mm512_store_si512(panel + (pair * kTileGroups + g) * 32,
-                                 (__m512i)_mm512_cvtne2ps_pbh(_mm512_mul_ps(qhi, ahi), _mm512_mul_ps(qlo, alo)));
-            }
+            for (int e = 0; e < 2; ++e)
+              store_pair(panel, sb * 128 + 8 * t + 2 * c + e, g, mul(pair_f32<false>(pair_bytes<false>(u, e), 32), a));
           }
         }
       }
