@@ -6,21 +6,25 @@ Their codes are 4-bit codes like int4's, so they take the same lane-order repack
 (``kernels/wna16_common.cuh``):
 
 - ``E2M1``: a nibble becomes an fp16/bf16 pair by placing its bits as a subnormal (value times
-  2^-14 or 2^-126), and one multiply by the stored scale, which carries that power back, gives
-  code * scale exactly: the product has at most 7 significant bits.
-- ``LUT4``: the 16-value code book is copied into shared memory as 256 pairs (one entry per code
-  byte), so two lookups and two byte permutes give two pairs; one multiply by the scale.
+  2^-14 or 2^-126); the group's scale is stored as one e5m3 byte (:func:`fp4_operands`), widened
+  to an fp16/bf16 pair by one multiply-add, and one multiply gives code * scale * 2^-14 exactly in
+  either dtype: the product has at most 6 significant bits.
+- ``LUT4``: the 16-value code book sits in 8 registers (its values' low and high bytes): byte
+  permutes look up four codes at once in the words of entries 0-7 and 8-15, a byte mask from
+  each code's bit 3 picks one, and two more permutes interleave the bytes into two pairs; one
+  multiply by the scale. No shared memory, so no bank conflicts: the 256-pair table it replaced
+  (``LUT4S``, kept for comparison with one copy per bank) cost 2 lookups per 4 weights from
+  random banks.
 
-Scales are prepared once at load (:func:`split_columns`): per column n the power of two ``c_n``
-at or below its largest scale (times NVFP4's global scale) is split off and applied to the fp32
-sums (the kernel's ``cs``), and each group scale over ``c_n`` (in [0, 2)) is stored in the
-activation dtype, 2 bytes per group and column. e4m3 and e8m0 scales over ``c_n`` are exact in
-bf16, and in fp16 unless a group lies 2^17 or more below its column's largest (then it rounds
-as an fp16 subnormal: a contribution under 2^-14 of the column's). bitsandbytes' fp32 absmax and
-its code book round to the activation dtype (relative 2^-9 in bf16, 2^-12 in fp16). Prepared
-sizes per weight: NVFP4 0.625 bytes (stored 0.5625), MXFP4 0.5625 (0.53), NF4 with blocksize 64
-0.53 (0.5 + 4/64, as the Triton kernel's fp32 absmax). Batches beyond the tuned small-M shapes
-dequantize K slices for cuBLAS, as the integer kernels do.
+FP4 scales stay one byte per group (:func:`fp4_operands`): NVFP4's e4m3 scales times 2^7 and
+MXFP4's e8m0 scales relative to their column's largest are exact e5m3 bytes, and the rest (the
+global scale, the column's power of two, 2^14) is an fp32 factor per column applied to the sums
+(the kernel's ``cs``). Prepared sizes per weight equal the stored ones: NVFP4 0.5625 bytes, MXFP4
+0.53. bitsandbytes' absmax is split the same way (:func:`split_columns`: a power of two per
+column on the sums, the rest in [0, 2) in the activation dtype, 2 bytes per block; its fp32
+absmax and its code book round to the activation dtype, relative 2^-9 in bf16, 2^-12 in fp16):
+0.53 bytes per weight at blocksize 64. Batches beyond the tuned small-M shapes dequantize K slices
+for cuBLAS, as the integer kernels do.
 """
 
 from __future__ import annotations
@@ -38,8 +42,14 @@ from .triton_lut4 import prepare_bnb4, prepare_fp4
 from .wna16_layout import KC, N_ALIGN
 from .wna16_rules import device_conditions
 
-#: the exponent a decoded e2m1 code carries (fp16 / bf16 subnormal placement), returned by the scale
-DECODE_EXP = {torch.float16: 14, torch.bfloat16: 126}
+#: fp4 scale bytes are e5m3: 5 exponent bits (bias 15) over 3 mantissa bits, fp16's bits 7..14
+#: without the sign; the kernel widens one with a single multiply-add (``Fp4Scale``). Only normal
+#: bytes are stored: this one stands in for a zero scale, whose block's codes are zeroed instead.
+E5M3_UNIT = 0x08
+#: e4m3 scales are stored times 2^7 (the largest, 448, then sits at the top of e5m3's range)
+E4M3_LIFT = 7
+#: the power of two a decoded product carries in either dtype (code placement times the widened byte)
+PRODUCT_EXP = -14
 
 
 def split_columns(s: torch.Tensor, row: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -55,36 +65,77 @@ def split_columns(s: torch.Tensor, row: torch.Tensor | None) -> tuple[torch.Tens
     return torch.ldexp(s / c[:, None], -lift[:, None]), torch.ldexp(col, lift).to(torch.float32).contiguous()
 
 
-def scale_layout(rel: torch.Tensor, K: int, G: int, act: torch.dtype, times: float = 1.0) -> torch.Tensor:
+def scale_layout(rel: torch.Tensor, K: int, G: int, act: torch.dtype) -> torch.Tensor:
     """Scales [N, K/G] -> the kernel's [groups over the padded K, Npad] in ``act`` (padding 0)."""
     N = rel.shape[0]
     n_groups = -(-K // KC[4]) * KC[4] // G
     n_pad = -(-N // N_ALIGN) * N_ALIGN
     sz = torch.zeros(n_groups, n_pad, dtype=act, device=rel.device)
-    sz[: K // G, :N] = (rel * times).t().to(act)
+    sz[: K // G, :N] = rel.t().to(act)
     return sz.contiguous()
 
 
-def fp4_params(weight: CanonicalWeight, act: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """(scales [groups, Npad] in ``act``, the kernel's parameter layout; column factors fp32 [N])."""
-    _, raw, row, kind = prepare_fp4(weight)
-    G = weight.scheme.group_size
+def e5m3_bytes(v: torch.Tensor) -> torch.Tensor:
+    """Non-negative values that e5m3 holds exactly as normal numbers -> their bytes (uint8)."""
+    bits = v.to(torch.float16).view(torch.int16).to(torch.int32)
+    if not bool(((bits & 0x7F) == 0).all()) or not bool(((bits >> 10) & 31).ge(1).all()):
+        raise AssertionError("scale not a normal e5m3 value")  # a bug here, not a checkpoint's fault
+    return (bits >> 7).to(torch.uint8)
+
+
+def fp4_operands(weight: CanonicalWeight) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(codes uint8 [N, K/2] as the kernel multiplies them; scale bytes [groups, Npad], the kernel's
+    parameter layout; column factors fp32 [N]).
+
+    NVFP4: byte = |e4m3| * 2^7 (exact: e4m3 spans 2^-9..448), column factor = global * 2^7; a
+    negative scale flips its block's code signs (e2m1 is sign-magnitude, so exactly). MXFP4: byte
+    = 2^(E - Emax + a) with Emax the column's largest exponent and a = min(15, Emax + 13) (keeps
+    the column factor 2^(Emax - a - 113) a normal fp32); groups below 2^-14 there (more than 2^29
+    under the column's largest) are dropped. Zero and dropped scales zero their block's codes.
+    The decoded product code * byte carries 2^-14 in both dtypes (``Deq<T, E2M1>``).
+    """
+    codes, raw, row, kind = prepare_fp4(weight)
+    N, K, G = weight.N, weight.K, weight.scheme.group_size
     assert G is not None
     if kind == "e4m3":
-        s = raw.view(torch.float8_e4m3fn).to(torch.float64)
+        s = raw.view(torch.float8_e4m3fn).to(torch.float32)
+        flip, zero = s < 0, s == 0
+        v = s.abs() * 2.0**E4M3_LIFT
+        assert row is not None
+        col = row.float() * 2.0 ** (-E4M3_LIFT - PRODUCT_EXP)
     else:
-        s = torch.ldexp(torch.ones((), dtype=torch.float64, device=raw.device), raw.to(torch.float64) - 127)
-    rel, col = split_columns(s, row)
-    return scale_layout(rel, weight.K, G, act, 2.0 ** DECODE_EXP[act]), col
+        e = raw.to(torch.int32)
+        emax = e.amax(dim=1, keepdim=True)
+        lift = torch.clamp(emax + 13, max=15)
+        d = e - emax + lift
+        flip, zero = torch.zeros_like(d, dtype=torch.bool), d < -14
+        v = torch.exp2(d.clamp(min=-14).float())
+        col = torch.exp2((emax - lift - 127 - PRODUCT_EXP).view(-1).float())
+    b = torch.where(zero, E5M3_UNIT, e5m3_bytes(torch.where(zero, 1.0, v)).to(torch.int32)).to(torch.uint8)
+    nbytes = G // 2  # code bytes per group
+    keep = torch.where(zero, 0, 0xFF).to(torch.uint8).repeat_interleave(nbytes, dim=1)
+    signs = torch.where(flip, 0x88, 0).to(torch.uint8).repeat_interleave(nbytes, dim=1)
+    codes = ((codes ^ signs) & keep).contiguous()
+    n_groups = -(-K // KC[4]) * KC[4] // G
+    n_pad = -(-N // N_ALIGN) * N_ALIGN
+    sz = torch.zeros(n_groups, n_pad, dtype=torch.uint8, device=v.device)
+    sz[: K // G, :N] = b.t()
+    return codes, sz.contiguous(), col.contiguous()
 
 
-def book_pairs(book: torch.Tensor, act: torch.dtype) -> torch.Tensor:
-    """A 16-value code book -> int32 [256]: entry b holds (book[b & 15], book[b >> 4]) in ``act``,
-    low half first (the kernel's shared-memory table)."""
+def book_table(book: torch.Tensor, act: torch.dtype) -> torch.Tensor:
+    """A 16-value code book -> int32 [264], the kernels' ``book`` (``Book`` in wna16_common.cuh):
+    256 pairs, entry b = (book[b & 15], book[b >> 4]) in ``act``, low half first (the shared-memory
+    variant); then the register variant's 8 words: the values' low bytes four to a word (entries
+    0-3, 4-7, 8-11, 12-15), then their high bytes."""
     bits = book.to(act).view(torch.int16).to(torch.int64) & 0xFFFF
     b = torch.arange(256, device=book.device)
     pairs = bits[b & 15] | (bits[b >> 4] << 16)
-    return (pairs - ((pairs >> 31) << 32)).to(torch.int32)  # as signed 32-bit words
+    shifts = 8 * torch.arange(4, device=book.device)
+    lo = ((bits & 0xFF).view(4, 4) << shifts).sum(dim=1)
+    hi = ((bits >> 8).view(4, 4) << shifts).sum(dim=1)
+    words = torch.cat((pairs, lo, hi))
+    return (words - ((words >> 31) << 32)).to(torch.int32)  # as signed 32-bit words
 
 
 def bnb4_operands(
@@ -98,7 +149,7 @@ def bnb4_operands(
         bad = int((~torch.isfinite(absmax)).sum())
         raise ValueError(f"{weight.scheme.name}: {bad} of {absmax.numel()} absmax values are not finite")
     rel, col = split_columns(absmax.to(torch.float64), None)
-    return codes, scale_layout(rel, weight.K, G, act), col, book_pairs(book, act)
+    return codes, scale_layout(rel, weight.K, G, act), col, book_table(book, act)
 
 
 class CudaMmaFp4(CudaMmaWNA16):
@@ -131,12 +182,14 @@ class CudaMmaFp4(CudaMmaWNA16):
     def operands(
         self, weight: CanonicalWeight, group: int | None, act: torch.dtype
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-        sz, col = fp4_params(weight, act)
-        return weight["qweight"], sz, col, None
+        codes, sz, col = fp4_operands(weight)
+        return codes, sz, col, None
 
     def tile_rows(self, table: dict[str, Any]) -> list[dict[str, Any]]:
-        """Code books may have their own sweep (``small_m_codebook``), else int4's shapes (unfolded)."""
-        return table.get("small_m_codebook", table["small_m"])
+        """Code books may have their own sweep (``small_m_codebook``), else int4's shapes (unfolded);
+        byte scales need 2 n8 tiles per warp at least (16-byte pieces of parameters per group)."""
+        rows = table.get("small_m_codebook", table["small_m"])
+        return [{**r, "nt": max(2, int(r["nt"]))} if "nt" in r else r for r in rows]
 
 
 class CudaMmaBnb4(CudaMmaFp4):

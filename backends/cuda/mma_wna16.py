@@ -42,8 +42,10 @@ CT = {torch.float16: "__half", torch.bfloat16: "__nv_bfloat16"}
 #: integer codes pass their width (4, 8)
 E2M1 = 41
 LUT4 = 42
-#: static shared memory of a LUT4 kernel (the code book as 256 pairs)
-BOOK_SMEM = 1024
+#: LUT4 with the code book in shared memory, one copy per bank (the register book's alternative)
+LUT4S = 43
+#: static shared memory the code book takes per code (LUT4 keeps it in registers)
+BOOK_SMEM = {LUT4S: 32 * 1024}
 
 
 def code_bits(code: int) -> int:
@@ -108,9 +110,9 @@ class MmaState:
     device: int
     bits: int
     gpc: int
-    code: int = 4  # CODE template argument: 4, 8, E2M1 or LUT4
+    code: int = 4  # CODE template argument: 4, 8, E2M1, LUT4 or LUT4S
     col_scale: torch.Tensor | None = None  # fp32 [N] applied to the sums (fp4, code books), or None
-    book: torch.Tensor | None = None  # LUT4: int32 [256], the code book as pairs in the act dtype
+    book: torch.Tensor | None = None  # LUT4/LUT4S: int32 [264], mma_codebook.book_table
 
 
 class CudaMmaWNA16(Kernel):
@@ -153,14 +155,14 @@ class CudaMmaWNA16(Kernel):
         N, K = weight.N, weight.K
         act = spec.act_dtype
         codes, sz, col_scale, book = self.operands(weight, group, act)
-        packed = repack_codes(codes, bits, N, K, perm)
+        packed = repack_codes(codes, bits, N, K, perm, natural=code == LUT4S)
         chunks = packed.shape[1]
         n_pad = packed.shape[0] * TG * 8
         gpc = groups_per_chunk(bits, group)
         cap = torch.cuda.get_device_capability(dev)
         table = tile_table.load("wna16_mma", f"sm_{cap[0]}{cap[1]}")
         sms = torch.cuda.get_device_properties(dev).multi_processor_count
-        limit = smem_limit(dev) - (BOOK_SMEM if code == LUT4 else 0)
+        limit = smem_limit(dev) - BOOK_SMEM.get(code, 0)
         szb = sz_bytes(act, code)
         rows = self.tile_rows(table)
         shapes = [(Shape.of(row, bits, act, gpc, foldable=code == bits), row) for row in rows]
@@ -226,8 +228,11 @@ class CudaMmaWNA16(Kernel):
 
 
 def sz_bytes(act: torch.dtype, code: int) -> int:
-    """Bytes per group parameter: a (zb, s) pair, fp32 pairs for bf16 int8, one scale for fp4 and code books."""
-    if code in (E2M1, LUT4):
+    """Bytes per group parameter: a (zb, s) pair, fp32 pairs for bf16 int8, one e5m3 byte for fp4, one
+    scale in the activation dtype for code books."""
+    if code == E2M1:
+        return 1
+    if code in (LUT4, LUT4S):
         return 2
     return 8 if (act == torch.bfloat16 and code == 8) else 4
 

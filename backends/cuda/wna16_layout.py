@@ -12,6 +12,8 @@ The repack stores, for every 8 output columns and every chunk, lane l's 16 bytes
          input 8j + 2*(u % 4) + u // 4, so ``(w >> 8h) & 0x000F000F`` and ``(w >> 8h+4) & ...``
          are the fp16/bf16 pairs (4h, 4h+1) and (4h+2, 4h+3) after OR-ing in a power of two;
   8-bit: byte b holds input b of the lane's run.
+  Code books read in shared memory (``natural``) keep the canonical order instead: byte b holds
+  inputs 2b (low nibble) and 2b + 1, so each byte is one pair-table index.
 Columns are padded to a multiple of 64 and inputs to a multiple of KC with code 0; the kernel
 zero-fills x past K, so padding contributes nothing.
 
@@ -37,8 +39,9 @@ ROW_SLICE = 4096
 TG = 4
 
 
-def lane_k(bits: int) -> torch.Tensor:
-    """int64 [32 lanes, 16 bytes, 8 // bits codes]: the (row g, input k) of each code, as g * KC + k."""
+def lane_k(bits: int, natural: bool = False) -> torch.Tensor:
+    """int64 [32 lanes, 16 bytes, 8 // bits codes]: the (row g, input k) of each code, as g * KC + k
+    (``natural``: 4-bit codes in the canonical order, byte b = inputs 2b, 2b + 1 of the run)."""
     kc = KC[bits]
     run = kc // 4  # consecutive inputs per lane
     idx = torch.empty(32, 16, 8 // bits, dtype=torch.int64)
@@ -49,7 +52,8 @@ def lane_k(bits: int) -> torch.Tensor:
                 j, i = divmod(byte, 4)  # word j, byte i of that word
                 for nib in range(2):
                     u = 2 * i + nib  # nibble slot in the word
-                    idx[lane, byte, nib] = g * kc + t * run + 8 * j + 2 * (u % 4) + u // 4
+                    k = 2 * byte + nib if natural else 8 * j + 2 * (u % 4) + u // 4
+                    idx[lane, byte, nib] = g * kc + t * run + k
             else:
                 idx[lane, byte, 0] = g * kc + t * run + byte
     return idx
@@ -64,16 +68,17 @@ def codes_rows(qweight: torch.Tensor, bits: int, K: int, rows: slice) -> torch.T
 
 
 def repack_codes(
-    qweight: torch.Tensor, bits: int, N: int, K: int, perm: torch.Tensor | None = None
+    qweight: torch.Tensor, bits: int, N: int, K: int, perm: torch.Tensor | None = None, natural: bool = False
 ) -> torch.Tensor:
-    """Canonical codes -> uint8 [Npad/8/TG, chunks, TG, 32, 16] in the kernel's lane order.
+    """Canonical codes -> uint8 [Npad/8/TG, chunks, TG, 32, 16] in the kernel's lane order
+    (``natural``: see :func:`lane_k`).
 
     The 16 bytes of n8 tile T, chunk c, lane l sit at [T // TG, c, T % TG, l].
     """
     kc = KC[bits]
     chunks = -(-K // kc)
     n_pad = -(-N // N_ALIGN) * N_ALIGN
-    idx = lane_k(bits).to(qweight.device).reshape(-1)
+    idx = lane_k(bits, natural).to(qweight.device).reshape(-1)
     out = torch.zeros(n_pad // 8, chunks, 32, 16, dtype=torch.uint8, device=qweight.device)
     for r0 in range(0, N, ROW_SLICE):
         r1 = min(N, r0 + ROW_SLICE)
@@ -93,12 +98,12 @@ def repack_codes(
     return out.view(n_pad // 8 // TG, TG, chunks, 32, 16).transpose(1, 2).contiguous()
 
 
-def unpack_codes(packed: torch.Tensor, bits: int, N: int, K: int) -> torch.Tensor:
+def unpack_codes(packed: torch.Tensor, bits: int, N: int, K: int, natural: bool = False) -> torch.Tensor:
     """The inverse of ``repack_codes`` (without the permutation): uint8 [N, K]. For tests and tools."""
     kc = KC[bits]
     packed = tile_major(packed)
     tiles, chunks = packed.shape[:2]
-    idx = lane_k(bits).to(packed.device).reshape(-1)
+    idx = lane_k(bits, natural).to(packed.device).reshape(-1)
     if bits == 4:
         vals = torch.stack((packed & 0xF, packed >> 4), dim=-1).reshape(tiles, chunks, -1)
     else:

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from quantrt import reference
-from quantrt.backends.cuda.mma_codebook import bnb4_operands, fp4_params
+from quantrt.backends.cuda.mma_codebook import bnb4_operands, book_table, fp4_operands
 from quantrt.backends.cuda.triton_lut4 import prepare_bnb4
 from quantrt.backends.cuda.wna16_layout import TG, repack_codes
 from quantrt.canonical import CanonicalWeight
@@ -43,14 +43,20 @@ def exact(canon: CanonicalWeight) -> torch.Tensor:
     return v * s.repeat_interleave(G, dim=1)
 
 
+def widen(b: torch.Tensor, act: torch.dtype) -> torch.Tensor:
+    """The kernel's Fp4Scale: an e5m3 byte as fp16 bits 7..14, or bf16 bits 4..11 plus 224 in the exponent."""
+    b = b.to(torch.int32)
+    bits = b << 7 if act == torch.float16 else (b << 4) + 0x7000
+    return (bits - ((bits >> 15) << 16)).to(torch.int16).view(act)
+
+
 def emulate(canon: CanonicalWeight, act: torch.dtype) -> torch.Tensor:
-    """W as the kernel forms it: (decoded code * stored scale) rounded to act, times the column factor."""
+    """W as the kernel forms it: (decoded code * widened scale byte) rounded to act, times the column factor."""
     N, K, G = canon.N, canon.K, canon.scheme.group_size
-    q = canon["qweight"]
+    q, sz, col = fp4_operands(canon)
+    assert q.dtype == sz.dtype == torch.uint8 and col.dtype == torch.float32 and col.shape == (N,)
     codes = torch.stack((q & 0xF, q >> 4), dim=-1).reshape(N, K)
-    sz, col = fp4_params(canon, act)
-    assert sz.dtype == act and col.dtype == torch.float32 and col.shape == (N,)
-    s = sz[: K // G, :N].t().repeat_interleave(G, dim=1)  # [N, K]
+    s = widen(sz[: K // G, :N].t().repeat_interleave(G, dim=1), act)  # [N, K]
     w = decode_bits(codes, act) * s  # one rounding, as __hmul2
     return w.double() * col.double()[:, None]
 
@@ -102,65 +108,140 @@ def test_extreme_codes_and_scales_bf16_exact(scheme: str) -> None:
     assert torch.equal(got[0], torch.zeros(256))
 
 
-def test_fp16_keeps_every_group_within_2_to_the_17_of_its_column_maximum() -> None:
-    """NVFP4's e4m3 scales span 2^-9..448 (2^17.8): fp16 rounds only the groups far below their
-    column's largest; every row whose scales stay within 2^17 is exact."""
+def test_fp16_nvfp4_exact_on_every_scale() -> None:
+    """e4m3 times 2^7 is an exact e5m3 byte and the products stay >= 2^-17: fp16 is exact too."""
     canon = adversarial("w4a16-nvfp4", 70, 256, seed=2)
-    ref = exact(canon)
-    got = emulate(canon, torch.float16)
-    rows = [r for r in range(70) if r != 4]
-    assert torch.equal(got[rows], ref[rows])
-    err = (got[4] - ref[4]).abs().max() / ref[4].abs().max()
-    assert err < 2.0**-14
+    assert torch.equal(emulate(canon, torch.float16), exact(canon))
+
+
+def test_negative_and_negative_zero_e4m3_scales() -> None:
+    """A negative block scale flips its codes' signs (exact); -0 zeroes the block like +0."""
+    canon = adversarial("w4a16-nvfp4", 70, 256, seed=5)
+    sc = canon["scales"].view(torch.uint8)
+    sc[6, ::3] |= 0x80
+    sc[7, 1] = 0x80
+    for act in (torch.bfloat16, torch.float16):
+        got = emulate(canon, act)
+        assert torch.equal(got, exact(canon))
+        assert bool((got[6] < 0).any() and (got[6] > 0).any())
+        assert torch.equal(got[7, 16:32], torch.zeros(16, dtype=torch.float64))
+
+
+def test_mxfp4_groups_far_below_their_column_maximum() -> None:
+    """e8m0 exponents 0, 24, 26, 29 and 30 below the column's largest: bf16 is exact down to 2^-29
+    and drops the rest; fp16 is exact down to 2^-24 and rounds below."""
+    canon = adversarial("w4a16-mxfp4", 8, 256, seed=6)
+    sc = canon["scales"]
+    sc[:] = torch.tensor([140, 140 - 24, 140 - 26, 140 - 29, 140 - 30, 140, 140, 140], dtype=torch.uint8)
+    ref, bf, hf = exact(canon), emulate(canon, torch.bfloat16), emulate(canon, torch.float16)
+    assert torch.equal(bf[:, : 4 * 32], ref[:, : 4 * 32]) and torch.equal(bf[:, 5 * 32 :], ref[:, 5 * 32 :])
+    assert torch.equal(bf[:, 4 * 32 : 5 * 32], torch.zeros(8, 32, dtype=torch.float64))
+    assert torch.equal(hf[:, : 2 * 32], ref[:, : 2 * 32])
+    assert float((hf - ref).abs().max() / ref.abs().max()) < 2.0**-24
 
 
 def test_scale_layout_is_groups_by_padded_columns() -> None:
     canon = adversarial("w4a16-nvfp4", 70, 256, seed=3)
-    sz, col = fp4_params(canon, torch.bfloat16)
+    _, sz, col = fp4_operands(canon)
     assert sz.shape == (2 * 128 // 16, 128) and sz.is_contiguous()  # 2 chunks of 128, 70 -> 128 columns
-    assert torch.equal(sz[:, 70:], torch.zeros(16, 58, dtype=torch.bfloat16))
-    m, _ = torch.frexp(col / 0.37)
-    assert torch.all(m == 0.5)  # powers of two times the global scale
+    assert torch.equal(sz[:, 70:], torch.zeros(16, 58, dtype=torch.uint8))
+    assert torch.equal(col, torch.full((70,), 0.37) * 128)  # the global scale times 2^7
 
 
 def test_nan_scale_codes_refused_naming_the_count() -> None:
     canon = adversarial("w4a16-mxfp4", 8, 64, seed=4)
     canon["scales"][1, 1] = 255
     with pytest.raises(ValueError, match="e8m0 scale code 255 is NaN \\(1 of 16"):
-        fp4_params(canon, torch.bfloat16)
+        fp4_operands(canon)
 
 
 def test_column_factors_stay_normal_fp32() -> None:
     """A row of e8m0 code 0 (2^-127) would need a subnormal fp32 column factor, which a kernel
-    built with flush-to-zero reads as 0: the factor stays >= 2^-126 and the scale takes the rest."""
+    built with flush-to-zero reads as 0: the factor stays >= 2^-126 and the scale byte takes the rest."""
     canon = adversarial("w4a16-mxfp4", 70, 256, seed=1)
-    _, col = fp4_params(canon, torch.bfloat16)
+    _, _, col = fp4_operands(canon)
     assert float(col.min()) >= 2.0**-126
     assert torch.equal(emulate(canon, torch.bfloat16)[3], exact(canon)[3])
 
 
-def lut_view(packed: torch.Tensor, pairs: torch.Tensor, act: torch.dtype) -> torch.Tensor:
+def byte_perm(a: torch.Tensor, b: torch.Tensor, sel: torch.Tensor | int) -> torch.Tensor:
+    """PTX prmt on int64 tensors of 32-bit words: output byte n is byte ``sel >> 4n & 7`` of (a, b),
+    or that byte's sign replicated when ``sel >> 4n & 8`` (the kernel's ``prmt_sign``; CUDA's
+    ``__byte_perm`` ignores that bit, which the kernel only uses with selectors that never set it)."""
+    sel = torch.as_tensor(sel, dtype=torch.int64)
+    out = torch.zeros(torch.broadcast_shapes(a.shape, b.shape, sel.shape), dtype=torch.int64)
+    for n in range(4):
+        s = (sel >> (4 * n)) & 0xF
+        i = s & 7
+        byte = torch.where(i < 4, (a >> (8 * (i & 3))) & 0xFF, (b >> (8 * (i & 3))) & 0xFF)
+        byte = torch.where(s >= 8, torch.where(byte >= 0x80, 0xFF, 0), byte)
+        out |= byte << (8 * n)
+    return out
+
+
+def lut_regs(w: torch.Tensor, kt: int, table: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``Deq<T, LUT4>`` without the scale: the pair registers of tile kt from code words ``w``."""
+    lo_w, hi_w = table[256:260], table[260:264]
+    idx = byte_perm(w, torch.zeros_like(w), 0x31 if kt & 1 else 0x20) & 0x7777
+    m = byte_perm((w << 4) & 0xFFFFFFFF, w, 0xFBD9 if kt & 1 else 0xEAC8)
+    nm = ~m & 0xFFFFFFFF
+    lo = (byte_perm(lo_w[0], lo_w[1], idx) & nm) | (byte_perm(lo_w[2], lo_w[3], idx) & m)
+    hi = (byte_perm(hi_w[0], hi_w[1], idx) & nm) | (byte_perm(hi_w[2], hi_w[3], idx) & m)
+    return byte_perm(lo, hi, 0x6240), byte_perm(lo, hi, 0x7351)
+
+
+def lut_shared_regs(w: torch.Tensor, kt: int, table: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``Deq<T, LUT4S>`` without the scale, on codes in the natural order: pairs[byte 2h], pairs[byte 2h + 1]."""
+    s = w >> (16 * (kt & 1))
+    return table[s & 0xFF], table[(s >> 8) & 0xFF]
+
+
+def lut_view(packed: torch.Tensor, table: torch.Tensor, act: torch.dtype, regs=lut_regs) -> torch.Tensor:
     """Dense weights [Npad, chunks*128] in ``act`` as the LUT4 kernel's mma sees them: per lane
-    (g, t) and k16 tile kt, t0 = pairs[byte 0], t1 = pairs[byte 2] of the shifted word, then the
-    pair registers (t0.lo, t1.lo) for inputs 4kt, 4kt+1 and (t0.hi, t1.hi) for 4kt+2, 4kt+3."""
+    (g, t) and k16 tile kt, the pair registers ``regs`` gives for inputs (4kt, 4kt+1) and (4kt+2, 4kt+3)."""
     tiles = packed.shape[0] * TG
     chunks = packed.shape[1]
     p = torch.stack([packed[T // TG, :, T % TG] for T in range(tiles)])  # [tiles, chunks, 32, 16]
     words = p.reshape(tiles, chunks, 32, 4, 4).to(torch.int64)
     words = words[..., 0] | words[..., 1] << 8 | words[..., 2] << 16 | words[..., 3] << 24
-    table = pairs.to(torch.int64) & 0xFFFFFFFF
+    table = table.to(torch.int64) & 0xFFFFFFFF
     out = torch.full((tiles * 8, chunks * 128), -1, dtype=torch.int64)
     for lane in range(32):
         g, t = divmod(lane, 4)
         for kt in range(8):
-            w = words[:, :, lane, kt >> 1] >> (8 * (kt & 1))
-            t0, t1 = table[w & 0xFF], table[(w >> 16) & 0xFF]
-            regs = {0: t0 & 0xFFFF, 1: t1 & 0xFFFF, 2: t0 >> 16, 3: t1 >> 16}
-            for kk, half in regs.items():
+            b0, b1 = regs(words[:, :, lane, kt >> 1], kt, table)
+            for kk, half in enumerate((b0 & 0xFFFF, b0 >> 16, b1 & 0xFFFF, b1 >> 16)):
                 cols = torch.arange(chunks) * 128 + t * 32 + 4 * kt + kk
                 out[g::8][:, cols] = half
     assert (out >= 0).all()
     return (out - ((out >> 15) << 16)).to(torch.int16).view(act)
+
+
+def test_byte_perm_emulation_follows_ptx() -> None:
+    """The emulated prmt against hand-worked values: plain selection, and sign replication."""
+    a, b = torch.tensor(0x44332211), torch.tensor(0x88776655)
+    assert int(byte_perm(a, b, 0x7531)) == 0x88664422
+    assert int(byte_perm(a, b, 0x0000)) == 0x11111111
+    assert int(byte_perm(a, b, 0xF8F8)) == 0xFF00FF00  # byte 7 (0x88) is negative, byte 0 (0x11) is not
+
+
+@pytest.mark.parametrize(
+    "regs,natural", [(lut_regs, False), (lut_shared_regs, True)], ids=["registers", "shared"]
+)
+@pytest.mark.parametrize("act", [torch.bfloat16, torch.float16])
+def test_lut4_decodes_every_code_pair(act: torch.dtype, regs, natural: bool) -> None:
+    """Every code in every nibble slot, against a book whose 16 values have distinct low and high
+    bytes (so a wrong byte, entry half or interleave shows)."""
+    book = torch.tensor([(-1) ** i * (1 + i / 16) * 2.0 ** (i - 8) for i in range(16)])
+    table = book_table(book, act)
+    N, K = 64, 256
+    codes = torch.randint(0, 256, (N, K // 2), dtype=torch.uint8, generator=torch.Generator().manual_seed(3))
+    codes[0, :128] = torch.arange(256, dtype=torch.int64).reshape(128, 2)[:, 0].to(torch.uint8)
+    codes[1, :128] = torch.arange(128, 256, dtype=torch.int64).to(torch.uint8)
+    want = book.to(act)[torch.stack((codes & 0xF, codes >> 4), dim=-1).reshape(N, K).long()]
+    assert torch.equal(
+        lut_view(repack_codes(codes, 4, N, K, natural=natural), table, act, regs)[:N, :K], want
+    )
 
 
 @pytest.mark.parametrize("act", [torch.bfloat16, torch.float16])
@@ -171,9 +252,9 @@ def test_lut4_registers_and_scales_give_the_reference(scheme: str, act: torch.dt
     N, K = 40, 384
     w = torch.randn(N, K, generator=torch.Generator().manual_seed(7)) * 0.05
     canon = reference.quantize(w, scheme)
-    codes, sz, col, pairs = bnb4_operands(canon, act)
+    codes, sz, col, table = bnb4_operands(canon, act)
     book = prepare_bnb4(canon)[2]
-    assert torch.equal(lut_view(repack_codes(codes, 4, N, K), pairs, act)[:N, :K], book.to(act)[
+    assert torch.equal(lut_view(repack_codes(codes, 4, N, K), table, act)[:N, :K], book.to(act)[
         torch.stack((codes & 0xF, codes >> 4), dim=-1).reshape(N, K).long()])  # fmt: skip
     vals = book.to(act)[torch.stack((codes & 0xF, codes >> 4), dim=-1).reshape(N, K).long()]
     s = sz[: K // 64, :N].t().repeat_interleave(64, dim=1)

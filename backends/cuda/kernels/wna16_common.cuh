@@ -14,6 +14,7 @@ typedef unsigned int u32;
 // into a 16-value code book (bitsandbytes NF4/FP4), both packed as 4-bit codes in int4's lane layout.
 constexpr int E2M1 = 41;
 constexpr int LUT4 = 42;
+constexpr int LUT4S = 43;  // LUT4 with the book in shared memory (see Book)
 __host__ __device__ constexpr int code_bits(int code) { return code == 8 ? 8 : 4; }
 
 template <typename T> struct Kind;
@@ -148,27 +149,53 @@ template <typename T, int BITS> struct Param {
 template <> struct Param<__nv_bfloat16, 8> {
   typedef float2 type;
 };
-// fp4: one scale per group and column in the activation dtype (no zero point)
+// fp4: one e5m3 scale byte per group and column (no zero point; see Fp4Scale)
 template <typename T> struct Param<T, E2M1> {
-  typedef T type;
+  typedef unsigned char type;
 };
 template <typename T> struct Param<T, LUT4> {
   typedef T type;
 };
+template <typename T> struct Param<T, LUT4S> {
+  typedef T type;
+};
 
-// LUT4: the code book as 256 pairs, entry b = (book[b & 15], book[b >> 4]) in the activation
-// dtype, copied to shared memory by each block (load_book) before its first decode.
-__shared__ u32 book_pairs[256];
-template <int CODE> __device__ __forceinline__ void load_book(const u32* __restrict__ book) {
-  if constexpr (CODE == LUT4) {
-    for (int i = threadIdx.x; i < 256; i += blockDim.x) book_pairs[i] = book[i];
-    __syncthreads();
+// LUT4 code books reach the decode as a Book (empty for the other codes), loaded once per thread
+// by load_book before the first decode. The book tensor (mma_codebook.book_table) holds the 16
+// values in the activation dtype twice over: 256 pairs (entry b = (book[b & 15], book[b >> 4]))
+// for the shared-memory variant, then 8 words for the register variant: the values' low bytes,
+// four per word (entries 0-3, 4-7, 8-11, 12-15), then their high bytes.
+// LUT4: the book in 8 registers, looked up by byte permutes (no shared memory, no bank conflicts).
+// LUT4S: the pair table in shared memory, one copy per bank (32 KiB), each lane reading its own.
+template <int CODE> struct Book {
+  __device__ __forceinline__ void load(const u32* __restrict__) {}
+};
+template <> struct Book<LUT4> {
+  u32 lo[4], hi[4];
+  __device__ __forceinline__ void load(const u32* __restrict__ book) {
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+      lo[i] = __ldg(book + 256 + i);
+      hi[i] = __ldg(book + 260 + i);
+    }
   }
-}
+};
+__shared__ uint4 book_rep[256 * 8];  // LUT4S: entry b's pair at [b * 32 + lane] as u32
+template <> struct Book<LUT4S> {
+  const u32* base;
+  __device__ __forceinline__ void load(const u32* __restrict__ book) {
+    for (int i = threadIdx.x; i < 256 * 8; i += blockDim.x) {
+      const u32 v = __ldg(book + (i >> 3));
+      book_rep[i] = make_uint4(v, v, v, v);
+    }
+    __syncthreads();
+    base = reinterpret_cast<const u32*>(book_rep) + (threadIdx.x & 31);
+  }
+};
 
 // Dequantized pair registers (v - zb) * s of tile kt, for the unfolded path.
 template <typename T, int BITS> struct Deq {
-  static __device__ __forceinline__ void run(const uint4& v, int kt, u32 p, u32& b0, u32& b1) {
+  static __device__ __forceinline__ void run(const uint4& v, int kt, u32 p, u32& b0, u32& b1, const Book<BITS>&) {
     typedef typename Kind<T>::T2 T2;
     const T2 zb = as_t2<T2>(__byte_perm(p, 0, 0x1010)), s = as_t2<T2>(__byte_perm(p, 0, 0x3232));
     u32 r0, r1;
@@ -178,7 +205,7 @@ template <typename T, int BITS> struct Deq {
   }
 };
 template <> struct Deq<__nv_bfloat16, 8> {
-  static __device__ __forceinline__ void run(const uint4& v, int kt, float2 p, u32& b0, u32& b1) {
+  static __device__ __forceinline__ void run(const uint4& v, int kt, float2 p, u32& b0, u32& b1, const Book<8>&) {
     const u32 w = word(v, kt);
     float f[4];
 #pragma unroll
@@ -189,9 +216,12 @@ template <> struct Deq<__nv_bfloat16, 8> {
   }
 };
 // fp4 pairs: e2m1 (s, e1 e0 m) placed as a subnormal fp16 (bits 9..11, value * 2^-14) or bf16
-// (bits 6..8, value * 2^-126), exact for every code including -0; the stored scale carries the
-// 2^14 or 2^126 back (prepared at load, see mma_wna16.fp4_params), so one multiply per pair
-// gives code * scale, and its product has at most 7 significant bits: exact in either dtype.
+// (bits 6..8, value * 2^-126), exact for every code including -0. The group's scale byte is
+// e5m3 (5 exponent bits, bias 15, 3 mantissa bits; always normal, see mma_codebook.fp4_operands):
+// fp16's bits 7..14, or bf16's bits 4..11 with 224 added to the exponent (value * 2^112), each
+// widened to a pair by one multiply-add. One multiply gives code * scale * 2^-14 in either dtype
+// (at most 6 significant bits): exactly in bf16, and in fp16 down to 2^-24 (NVFP4 always, MXFP4
+// within 2^24 of its column's largest scale); the column factor carries the rest.
 template <typename T> struct Fp4Bits;
 template <> struct Fp4Bits<__half> {
   static __device__ __forceinline__ u32 pair(u32 s) { return ((s & 0x00070007u) << 9) | ((s & 0x00080008u) << 12); }
@@ -199,26 +229,60 @@ template <> struct Fp4Bits<__half> {
 template <> struct Fp4Bits<__nv_bfloat16> {
   static __device__ __forceinline__ u32 pair(u32 s) { return ((s & 0x00070007u) << 6) | ((s & 0x00080008u) << 12); }
 };
+template <typename T> struct Fp4Scale;
+template <> struct Fp4Scale<__half> {
+  static __device__ __forceinline__ u32 pair(u32 b) { return b * 0x00800080u; }
+};
+template <> struct Fp4Scale<__nv_bfloat16> {
+  static __device__ __forceinline__ u32 pair(u32 b) { return b * 0x00100010u + 0x70007000u; }
+};
 template <typename T> struct Deq<T, E2M1> {
-  static __device__ __forceinline__ void run(const uint4& v, int kt, T p, u32& b0, u32& b1) {
+  static __device__ __forceinline__ void run(const uint4& v, int kt, unsigned char p, u32& b0, u32& b1,
+                                             const Book<E2M1>&) {
     typedef typename Kind<T>::T2 T2;
-    const T2 s = T2{p, p};
+    const T2 s = as_t2<T2>(Fp4Scale<T>::pair(p));
     const u32 w = word(v, kt >> 1) >> (8 * (kt & 1));
     b0 = as_u32(__hmul2(as_t2<T2>(Fp4Bits<T>::pair(w)), s));
     b1 = as_u32(__hmul2(as_t2<T2>(Fp4Bits<T>::pair(w >> 4)), s));
   }
 };
-// LUT4 pairs: byte 0 of the shifted word holds the codes of inputs (4kt, 4kt+2), byte 2 those of
-// (4kt+1, 4kt+3) (see Codes<T, 4>), so two lookups of the pair table and two byte permutes give
-// the pairs (4kt, 4kt+1) and (4kt+2, 4kt+3); one multiply by the group's scale.
+// PTX prmt in its default mode: a selector nibble with bit 3 set replicates the selected byte's
+// sign bit over the output byte (__byte_perm only reads bits 0..2 of each nibble).
+__device__ __forceinline__ u32 prmt_sign(u32 a, u32 b, u32 s) {
+  u32 r;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(s));
+  return r;
+}
+// LUT4 pairs from the book in registers. Tile kt's codes are bytes (0, 2) of its word, or (1, 3)
+// for odd kt (see Codes<T, 4>): nibbles of inputs (4kt, 4kt+2) and (4kt+1, 4kt+3). Packed into one
+// 16-bit selector, their low 3 bits pick a value's low (high) byte from the words of entries 0-7
+// and of entries 8-15; bit 3, spread to a byte mask by a sign-replicating permute, chooses
+// between the two. Two permutes interleave low and high bytes into the pairs (4kt, 4kt+1) and
+// (4kt+2, 4kt+3); one multiply by the group's scale.
 template <typename T> struct Deq<T, LUT4> {
-  static __device__ __forceinline__ void run(const uint4& v, int kt, T p, u32& b0, u32& b1) {
+  static __device__ __forceinline__ void run(const uint4& v, int kt, T p, u32& b0, u32& b1, const Book<LUT4>& bk) {
     typedef typename Kind<T>::T2 T2;
     const T2 s = T2{p, p};
-    const u32 w = word(v, kt >> 1) >> (8 * (kt & 1));
-    const u32 t0 = book_pairs[w & 0xFF], t1 = book_pairs[(w >> 16) & 0xFF];
-    b0 = as_u32(__hmul2(as_t2<T2>(__byte_perm(t0, t1, 0x5410)), s));
-    b1 = as_u32(__hmul2(as_t2<T2>(__byte_perm(t0, t1, 0x7632)), s));
+    const u32 w = word(v, kt >> 1);
+    const u32 idx = __byte_perm(w, 0, (kt & 1) ? 0x31 : 0x20) & 0x7777u;
+    const u32 m = prmt_sign(w << 4, w, (kt & 1) ? 0xFBD9 : 0xEAC8);  // 0xFF where bit 3 is set
+    const u32 lo = (__byte_perm(bk.lo[0], bk.lo[1], idx) & ~m) | (__byte_perm(bk.lo[2], bk.lo[3], idx) & m);
+    const u32 hi = (__byte_perm(bk.hi[0], bk.hi[1], idx) & ~m) | (__byte_perm(bk.hi[2], bk.hi[3], idx) & m);
+    b0 = as_u32(__hmul2(as_t2<T2>(__byte_perm(lo, hi, 0x6240)), s));
+    b1 = as_u32(__hmul2(as_t2<T2>(__byte_perm(lo, hi, 0x7351)), s));
+  }
+};
+// LUT4S pairs: LUT4S codes keep the canonical nibble order (wna16_layout.lane_k, natural), so
+// bytes 2h and 2h + 1 of word kt/2 (h = kt % 2) index the pairs (4kt, 4kt+1) and (4kt+2, 4kt+3):
+// two lookups of the lane's copy of the pair table, one multiply each by the group's scale.
+template <typename T> struct Deq<T, LUT4S> {
+  static __device__ __forceinline__ void run(const uint4& v, int kt, T p, u32& b0, u32& b1, const Book<LUT4S>& bk) {
+    typedef typename Kind<T>::T2 T2;
+    const T2 s = T2{p, p};
+    const u32 w = word(v, kt >> 1) >> (16 * (kt & 1));
+    const u32 t0 = bk.base[(w & 0xFF) << 5], t1 = bk.base[((w >> 8) & 0xFF) << 5];
+    b0 = as_u32(__hmul2(as_t2<T2>(t0), s));
+    b1 = as_u32(__hmul2(as_t2<T2>(t1), s));
   }
 };
 // A column's (zb, s) as floats, for the folded path's per-group fix-up.

@@ -31,7 +31,7 @@
 // Column blocks may run past Npad (the last one, when 8*NT*WN does not divide it): those warps
 // read tile 0 instead and their columns are never stored. cs (nullable): an fp32 factor per
 // column applied to the sums before the bias (fp4 and code-book scales keep their range there);
-// book: the LUT4 code book as 256 pairs (see load_book), null for other codes.
+// book: the LUT4 code book (see Book), null for other codes.
 template <typename T, int CODE, int MT, int NT, int WN, int GPC, int STAGES, int XR, bool SWAP, bool FOLD>
 __global__ void wna16_mma(const T* __restrict__ x, const uint4* __restrict__ w, const void* __restrict__ sz,
                           const T* __restrict__ bias, const float* __restrict__ cs,
@@ -74,7 +74,8 @@ __global__ void wna16_mma(const T* __restrict__ x, const uint4* __restrict__ w, 
 
   extern __shared__ uint4 smem[];
   uint4* ring = smem + wk * STAGES * STAGE;
-  load_book<CODE>(book);
+  Book<CODE> bk;
+  bk.load(book);
 
   constexpr int ACC = SWAP ? NT / 2 * PARTS : MT * NT;
   constexpr int SXN = SWAP ? PARTS : MT;
@@ -108,7 +109,8 @@ __global__ void wna16_mma(const T* __restrict__ x, const uint4* __restrict__ w, 
     xleft[u] = K - c0 * KC - L * 8;
   }
   constexpr int PG = NT * 8 * (int)sizeof(P) / 16;  // uint4 per group's row of parameters
-  static_assert(32 % PG == 0, "lane p and p + 32 copy the same column piece");
+  static_assert(PG >= 1 && 32 % PG == 0, "whole 16-byte pieces per group row (byte scales: NT >= 2); lane p "
+                "and p + 32 copy the same column piece");
   constexpr int PU = (SP + 31) / 32;
   const uint4* psrc = reinterpret_cast<const uint4*>(reinterpret_cast<const P*>(sz) + src0 * 8) + lane % PG;
   const long long prow = (long long)Npad * (int)sizeof(P) / 16;  // uint4 per group row
@@ -211,8 +213,8 @@ __global__ void wna16_mma(const T* __restrict__ x, const uint4* __restrict__ w, 
 #pragma unroll
             for (int j2 = 0; j2 < NT / 2; j2++) {
               u32 a0, a1, a2, a3;
-              Deq<T, CODE>::run(wv[2 * j2], kt, prm[q * NT * 8 + 16 * j2 + g], a0, a2);
-              Deq<T, CODE>::run(wv[2 * j2 + 1], kt, prm[q * NT * 8 + 16 * j2 + 8 + g], a1, a3);
+              Deq<T, CODE>::run(wv[2 * j2], kt, prm[q * NT * 8 + 16 * j2 + g], a0, a2, bk);
+              Deq<T, CODE>::run(wv[2 * j2 + 1], kt, prm[q * NT * 8 + 16 * j2 + 8 + g], a1, a3, bk);
 #pragma unroll
               for (int pi = 0; pi < PARTS; pi++) mma<T>(acc[j2 * PARTS + pi], false, a0, a1, a2, a3, xlo[pi], xhi[pi]);
             }
@@ -253,7 +255,7 @@ __global__ void wna16_mma(const T* __restrict__ x, const uint4* __restrict__ w, 
 #pragma unroll
             for (int j = 0; j < NT; j++) {
               u32 b0, b1;
-              Deq<T, CODE>::run(wv[j], kt, prm[q * NT * 8 + 8 * j + g], b0, b1);
+              Deq<T, CODE>::run(wv[j], kt, prm[q * NT * 8 + 8 * j + g], b0, b1, bk);
 #pragma unroll
               for (int i = 0; i < MT; i++)
                 mma<T>(acc[i * NT + j], false, lo[i][0], lo[i][1], hi[i][0], hi[i][1], b0, b1);
@@ -359,7 +361,8 @@ __global__ void wna16_dequant(const uint4* __restrict__ w, const void* __restric
   __shared__ uint4 stage[8][8 * RP];  // [warp][row * RP + piece]: 8 warps per block
   const int wid = threadIdx.x >> 5;
   const int item = blockIdx.x * (blockDim.x >> 5) + wid;
-  load_book<CODE>(book);  // before any thread leaves
+  Book<CODE> bk;
+  bk.load(book);  // before any thread leaves
   if (item >= (N + 7) / 8 * c_count) return;  // whole warps only
   const int ntile = item / c_count, c = c_begin + item % c_count;
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
@@ -370,7 +373,7 @@ __global__ void wna16_dequant(const uint4* __restrict__ w, const void* __restric
 #pragma unroll
   for (int kt = 0; kt < TILES; kt++) {
     const int gi = GPC == 1 ? (c >> cpg_log2) : c * GPC + (t * LK + kt * 4) / GL;
-    Deq<T, CODE>::run(v, kt, __ldg(szc + (long long)gi * Npad), o[2 * kt], o[2 * kt + 1]);
+    Deq<T, CODE>::run(v, kt, __ldg(szc + (long long)gi * Npad), o[2 * kt], o[2 * kt + 1], bk);
   }
   // lane (g, t) holds pieces t*TILES/2 .. of row g; regroup through shared memory so that
   // consecutive lanes store consecutive 16-byte pieces of a row (whole sectors)
