@@ -9,12 +9,12 @@ Their codes are 4-bit codes like int4's, so they take the same lane-order repack
   2^-14 or 2^-126); the group's scale is stored as one e5m3 byte (:func:`fp4_operands`), widened
   to an fp16/bf16 pair by one multiply-add, and one multiply gives code * scale * 2^-14 exactly in
   either dtype: the product has at most 6 significant bits.
-- ``LUT4``: the 16-value code book sits in 8 registers (its values' low and high bytes): byte
-  permutes look up four codes at once in the words of entries 0-7 and 8-15, a byte mask from
-  each code's bit 3 picks one, and two more permutes interleave the bytes into two pairs; one
-  multiply by the scale. No shared memory, so no bank conflicts: the 256-pair table it replaced
-  (``LUT4S``, kept for comparison with one copy per bank) cost 2 lookups per 4 weights from
-  random banks.
+- ``LUT4``: the codes keep their canonical nibble order, so each code byte indexes a 256-pair
+  table (entry b = (book[b & 15], book[b >> 4])) that every block copies to shared memory once per
+  bank (32 KiB): each lane reads its own copy, so random code bytes never collide on a bank. One
+  lookup and one multiply by the scale per pair. (A single shared table conflicted on banks; the
+  book in 8 registers, looked up by byte permutes, cost more instructions: both measured slower,
+  ``bench/results/h200-2026-12-03-codebook-ab.json``.)
 
 FP4 scales stay one byte per group (:func:`fp4_operands`): NVFP4's e4m3 scales times 2^7 and
 MXFP4's e8m0 scales relative to their column's largest are exact e5m3 bytes, and the rest (the
@@ -123,19 +123,13 @@ def fp4_operands(weight: CanonicalWeight) -> tuple[torch.Tensor, torch.Tensor, t
     return codes, sz.contiguous(), col.contiguous()
 
 
-def book_table(book: torch.Tensor, act: torch.dtype) -> torch.Tensor:
-    """A 16-value code book -> int32 [264], the kernels' ``book`` (``Book`` in wna16_common.cuh):
-    256 pairs, entry b = (book[b & 15], book[b >> 4]) in ``act``, low half first (the shared-memory
-    variant); then the register variant's 8 words: the values' low bytes four to a word (entries
-    0-3, 4-7, 8-11, 12-15), then their high bytes."""
+def book_pairs(book: torch.Tensor, act: torch.dtype) -> torch.Tensor:
+    """A 16-value code book -> int32 [256], the kernel's ``book``: entry b holds (book[b & 15],
+    book[b >> 4]) in ``act``, low half first (one pair-table index per canonical code byte)."""
     bits = book.to(act).view(torch.int16).to(torch.int64) & 0xFFFF
     b = torch.arange(256, device=book.device)
     pairs = bits[b & 15] | (bits[b >> 4] << 16)
-    shifts = 8 * torch.arange(4, device=book.device)
-    lo = ((bits & 0xFF).view(4, 4) << shifts).sum(dim=1)
-    hi = ((bits >> 8).view(4, 4) << shifts).sum(dim=1)
-    words = torch.cat((pairs, lo, hi))
-    return (words - ((words >> 31) << 32)).to(torch.int32)  # as signed 32-bit words
+    return (pairs - ((pairs >> 31) << 32)).to(torch.int32)  # as signed 32-bit words
 
 
 def bnb4_operands(
@@ -149,7 +143,7 @@ def bnb4_operands(
         bad = int((~torch.isfinite(absmax)).sum())
         raise ValueError(f"{weight.scheme.name}: {bad} of {absmax.numel()} absmax values are not finite")
     rel, col = split_columns(absmax.to(torch.float64), None)
-    return codes, scale_layout(rel, weight.K, G, act), col, book_table(book, act)
+    return codes, scale_layout(rel, weight.K, G, act), col, book_pairs(book, act)
 
 
 class CudaMmaFp4(CudaMmaWNA16):

@@ -42,10 +42,8 @@ CT = {torch.float16: "__half", torch.bfloat16: "__nv_bfloat16"}
 #: integer codes pass their width (4, 8)
 E2M1 = 41
 LUT4 = 42
-#: LUT4 with the code book in shared memory, one copy per bank (the register book's alternative)
-LUT4S = 43
-#: static shared memory the code book takes per code (LUT4 keeps it in registers)
-BOOK_SMEM = {LUT4S: 32 * 1024}
+#: static shared memory the code book takes per code (LUT4: 256 pairs, one copy per bank)
+BOOK_SMEM = {LUT4: 32 * 1024}
 
 
 def code_bits(code: int) -> int:
@@ -110,9 +108,9 @@ class MmaState:
     device: int
     bits: int
     gpc: int
-    code: int = 4  # CODE template argument: 4, 8, E2M1, LUT4 or LUT4S
+    code: int = 4  # CODE template argument: 4, 8, E2M1 or LUT4
     col_scale: torch.Tensor | None = None  # fp32 [N] applied to the sums (fp4, code books), or None
-    book: torch.Tensor | None = None  # LUT4/LUT4S: int32 [264], mma_codebook.book_table
+    book: torch.Tensor | None = None  # LUT4: int32 [256], mma_codebook.book_pairs
 
 
 class CudaMmaWNA16(Kernel):
@@ -155,7 +153,7 @@ class CudaMmaWNA16(Kernel):
         N, K = weight.N, weight.K
         act = spec.act_dtype
         codes, sz, col_scale, book = self.operands(weight, group, act)
-        packed = repack_codes(codes, bits, N, K, perm, natural=code == LUT4S)
+        packed = repack_codes(codes, bits, N, K, perm, natural=code == LUT4)
         chunks = packed.shape[1]
         n_pad = packed.shape[0] * TG * 8
         gpc = groups_per_chunk(bits, group)
@@ -232,7 +230,7 @@ def sz_bytes(act: torch.dtype, code: int) -> int:
     scale in the activation dtype for code books."""
     if code == E2M1:
         return 1
-    if code in (LUT4, LUT4S):
+    if code == LUT4:
         return 2
     return 8 if (act == torch.bfloat16 and code == 8) else 4
 

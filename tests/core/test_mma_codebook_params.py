@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from quantrt import reference
-from quantrt.backends.cuda.mma_codebook import bnb4_operands, book_table, fp4_operands
+from quantrt.backends.cuda.mma_codebook import bnb4_operands, book_pairs, fp4_operands
 from quantrt.backends.cuda.triton_lut4 import prepare_bnb4
 from quantrt.backends.cuda.wna16_layout import TG, repack_codes
 from quantrt.canonical import CanonicalWeight
@@ -164,52 +164,22 @@ def test_column_factors_stay_normal_fp32() -> None:
     assert torch.equal(emulate(canon, torch.bfloat16)[3], exact(canon)[3])
 
 
-def byte_perm(a: torch.Tensor, b: torch.Tensor, sel: torch.Tensor | int) -> torch.Tensor:
-    """PTX prmt on int64 tensors of 32-bit words: output byte n is byte ``sel >> 4n & 7`` of (a, b),
-    or that byte's sign replicated when ``sel >> 4n & 8`` (the kernel's ``prmt_sign``; CUDA's
-    ``__byte_perm`` ignores that bit, which the kernel only uses with selectors that never set it)."""
-    sel = torch.as_tensor(sel, dtype=torch.int64)
-    out = torch.zeros(torch.broadcast_shapes(a.shape, b.shape, sel.shape), dtype=torch.int64)
-    for n in range(4):
-        s = (sel >> (4 * n)) & 0xF
-        i = s & 7
-        byte = torch.where(i < 4, (a >> (8 * (i & 3))) & 0xFF, (b >> (8 * (i & 3))) & 0xFF)
-        byte = torch.where(s >= 8, torch.where(byte >= 0x80, 0xFF, 0), byte)
-        out |= byte << (8 * n)
-    return out
-
-
-def lut_regs(w: torch.Tensor, kt: int, table: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``Deq<T, LUT4>`` without the scale: the pair registers of tile kt from code words ``w``."""
-    lo_w, hi_w = table[256:260], table[260:264]
-    idx = byte_perm(w, torch.zeros_like(w), 0x31 if kt & 1 else 0x20) & 0x7777
-    m = byte_perm((w << 4) & 0xFFFFFFFF, w, 0xFBD9 if kt & 1 else 0xEAC8)
-    nm = ~m & 0xFFFFFFFF
-    lo = (byte_perm(lo_w[0], lo_w[1], idx) & nm) | (byte_perm(lo_w[2], lo_w[3], idx) & m)
-    hi = (byte_perm(hi_w[0], hi_w[1], idx) & nm) | (byte_perm(hi_w[2], hi_w[3], idx) & m)
-    return byte_perm(lo, hi, 0x6240), byte_perm(lo, hi, 0x7351)
-
-
-def lut_shared_regs(w: torch.Tensor, kt: int, table: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``Deq<T, LUT4S>`` without the scale, on codes in the natural order: pairs[byte 2h], pairs[byte 2h + 1]."""
-    s = w >> (16 * (kt & 1))
-    return table[s & 0xFF], table[(s >> 8) & 0xFF]
-
-
-def lut_view(packed: torch.Tensor, table: torch.Tensor, act: torch.dtype, regs=lut_regs) -> torch.Tensor:
-    """Dense weights [Npad, chunks*128] in ``act`` as the LUT4 kernel's mma sees them: per lane
-    (g, t) and k16 tile kt, the pair registers ``regs`` gives for inputs (4kt, 4kt+1) and (4kt+2, 4kt+3)."""
+def lut_view(packed: torch.Tensor, pairs: torch.Tensor, act: torch.dtype) -> torch.Tensor:
+    """Dense weights [Npad, chunks*128] in ``act`` as the LUT4 kernel's mma sees them (``Deq<T, LUT4>``
+    without the scale): per lane (g, t) and k16 tile kt, bytes 2h and 2h + 1 (h = kt % 2) of word
+    kt/2 index the pair table for inputs (4kt, 4kt+1) and (4kt+2, 4kt+3)."""
     tiles = packed.shape[0] * TG
     chunks = packed.shape[1]
     p = torch.stack([packed[T // TG, :, T % TG] for T in range(tiles)])  # [tiles, chunks, 32, 16]
     words = p.reshape(tiles, chunks, 32, 4, 4).to(torch.int64)
     words = words[..., 0] | words[..., 1] << 8 | words[..., 2] << 16 | words[..., 3] << 24
-    table = table.to(torch.int64) & 0xFFFFFFFF
+    table = pairs.to(torch.int64) & 0xFFFFFFFF
     out = torch.full((tiles * 8, chunks * 128), -1, dtype=torch.int64)
     for lane in range(32):
         g, t = divmod(lane, 4)
         for kt in range(8):
-            b0, b1 = regs(words[:, :, lane, kt >> 1], kt, table)
+            s = words[:, :, lane, kt >> 1] >> (16 * (kt & 1))
+            b0, b1 = table[s & 0xFF], table[(s >> 8) & 0xFF]
             for kk, half in enumerate((b0 & 0xFFFF, b0 >> 16, b1 & 0xFFFF, b1 >> 16)):
                 cols = torch.arange(chunks) * 128 + t * 32 + 4 * kt + kk
                 out[g::8][:, cols] = half
@@ -217,31 +187,18 @@ def lut_view(packed: torch.Tensor, table: torch.Tensor, act: torch.dtype, regs=l
     return (out - ((out >> 15) << 16)).to(torch.int16).view(act)
 
 
-def test_byte_perm_emulation_follows_ptx() -> None:
-    """The emulated prmt against hand-worked values: plain selection, and sign replication."""
-    a, b = torch.tensor(0x44332211), torch.tensor(0x88776655)
-    assert int(byte_perm(a, b, 0x7531)) == 0x88664422
-    assert int(byte_perm(a, b, 0x0000)) == 0x11111111
-    assert int(byte_perm(a, b, 0xF8F8)) == 0xFF00FF00  # byte 7 (0x88) is negative, byte 0 (0x11) is not
-
-
-@pytest.mark.parametrize(
-    "regs,natural", [(lut_regs, False), (lut_shared_regs, True)], ids=["registers", "shared"]
-)
 @pytest.mark.parametrize("act", [torch.bfloat16, torch.float16])
-def test_lut4_decodes_every_code_pair(act: torch.dtype, regs, natural: bool) -> None:
-    """Every code in every nibble slot, against a book whose 16 values have distinct low and high
-    bytes (so a wrong byte, entry half or interleave shows)."""
+def test_lut4_decodes_every_code_pair(act: torch.dtype) -> None:
+    """Every code byte, against a book whose 16 values have distinct low and high bytes (so a wrong
+    byte, half or pair order shows)."""
     book = torch.tensor([(-1) ** i * (1 + i / 16) * 2.0 ** (i - 8) for i in range(16)])
-    table = book_table(book, act)
     N, K = 64, 256
     codes = torch.randint(0, 256, (N, K // 2), dtype=torch.uint8, generator=torch.Generator().manual_seed(3))
-    codes[0, :128] = torch.arange(256, dtype=torch.int64).reshape(128, 2)[:, 0].to(torch.uint8)
-    codes[1, :128] = torch.arange(128, 256, dtype=torch.int64).to(torch.uint8)
+    codes[0] = torch.arange(128, dtype=torch.uint8)
+    codes[1] = torch.arange(128, 256, dtype=torch.int64).to(torch.uint8)
     want = book.to(act)[torch.stack((codes & 0xF, codes >> 4), dim=-1).reshape(N, K).long()]
-    assert torch.equal(
-        lut_view(repack_codes(codes, 4, N, K, natural=natural), table, act, regs)[:N, :K], want
-    )
+    got = lut_view(repack_codes(codes, 4, N, K, natural=True), book_pairs(book, act), act)
+    assert torch.equal(got[:N, :K], want)
 
 
 @pytest.mark.parametrize("act", [torch.bfloat16, torch.float16])
@@ -252,9 +209,9 @@ def test_lut4_registers_and_scales_give_the_reference(scheme: str, act: torch.dt
     N, K = 40, 384
     w = torch.randn(N, K, generator=torch.Generator().manual_seed(7)) * 0.05
     canon = reference.quantize(w, scheme)
-    codes, sz, col, table = bnb4_operands(canon, act)
+    codes, sz, col, pairs = bnb4_operands(canon, act)
     book = prepare_bnb4(canon)[2]
-    assert torch.equal(lut_view(repack_codes(codes, 4, N, K), table, act)[:N, :K], book.to(act)[
+    assert torch.equal(lut_view(repack_codes(codes, 4, N, K, natural=True), pairs, act)[:N, :K], book.to(act)[
         torch.stack((codes & 0xF, codes >> 4), dim=-1).reshape(N, K).long()])  # fmt: skip
     vals = book.to(act)[torch.stack((codes & 0xF, codes >> 4), dim=-1).reshape(N, K).long()]
     s = sz[: K // 64, :N].t().repeat_interleave(64, dim=1)

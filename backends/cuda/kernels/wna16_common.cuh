@@ -11,10 +11,10 @@ typedef unsigned int u32;
 
 // Weight codes a kernel instance reads (its CODE template argument): 4 and 8 are unsigned
 // integers of that width, E2M1 is fp4 (sign, 2 exponent bits, 1 mantissa bit) and LUT4 an index
-// into a 16-value code book (bitsandbytes NF4/FP4), both packed as 4-bit codes in int4's lane layout.
+// into a 16-value code book (bitsandbytes NF4/FP4), both packed as 4-bit codes in int4's lane layout
+// (LUT4 in the canonical nibble order).
 constexpr int E2M1 = 41;
 constexpr int LUT4 = 42;
-constexpr int LUT4S = 43;  // LUT4 with the book in shared memory (see Book)
 __host__ __device__ constexpr int code_bits(int code) { return code == 8 ? 8 : 4; }
 
 template <typename T> struct Kind;
@@ -156,32 +156,16 @@ template <typename T> struct Param<T, E2M1> {
 template <typename T> struct Param<T, LUT4> {
   typedef T type;
 };
-template <typename T> struct Param<T, LUT4S> {
-  typedef T type;
-};
 
-// LUT4 code books reach the decode as a Book (empty for the other codes), loaded once per thread
-// by load_book before the first decode. The book tensor (mma_codebook.book_table) holds the 16
-// values in the activation dtype twice over: 256 pairs (entry b = (book[b & 15], book[b >> 4]))
-// for the shared-memory variant, then 8 words for the register variant: the values' low bytes,
-// four per word (entries 0-3, 4-7, 8-11, 12-15), then their high bytes.
-// LUT4: the book in 8 registers, looked up by byte permutes (no shared memory, no bank conflicts).
-// LUT4S: the pair table in shared memory, one copy per bank (32 KiB), each lane reading its own.
+// LUT4 code books reach the decode as a Book (empty for the other codes), loaded by each block
+// before its first decode: the 256 pairs of mma_codebook.book_pairs (entry b = (book[b & 15],
+// book[b >> 4]) in the activation dtype) copied to shared memory once per bank (32 KiB), so each
+// lane reads its own copy: random code bytes never collide on a bank.
 template <int CODE> struct Book {
   __device__ __forceinline__ void load(const u32* __restrict__) {}
 };
+__shared__ uint4 book_rep[256 * 8];  // entry b's pair at [b * 32 + lane] as u32
 template <> struct Book<LUT4> {
-  u32 lo[4], hi[4];
-  __device__ __forceinline__ void load(const u32* __restrict__ book) {
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-      lo[i] = __ldg(book + 256 + i);
-      hi[i] = __ldg(book + 260 + i);
-    }
-  }
-};
-__shared__ uint4 book_rep[256 * 8];  // LUT4S: entry b's pair at [b * 32 + lane] as u32
-template <> struct Book<LUT4S> {
   const u32* base;
   __device__ __forceinline__ void load(const u32* __restrict__ book) {
     for (int i = threadIdx.x; i < 256 * 8; i += blockDim.x) {
@@ -246,37 +230,11 @@ template <typename T> struct Deq<T, E2M1> {
     b1 = as_u32(__hmul2(as_t2<T2>(Fp4Bits<T>::pair(w >> 4)), s));
   }
 };
-// PTX prmt in its default mode: a selector nibble with bit 3 set replicates the selected byte's
-// sign bit over the output byte (__byte_perm only reads bits 0..2 of each nibble).
-__device__ __forceinline__ u32 prmt_sign(u32 a, u32 b, u32 s) {
-  u32 r;
-  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(s));
-  return r;
-}
-// LUT4 pairs from the book in registers. Tile kt's codes are bytes (0, 2) of its word, or (1, 3)
-// for odd kt (see Codes<T, 4>): nibbles of inputs (4kt, 4kt+2) and (4kt+1, 4kt+3). Packed into one
-// 16-bit selector, their low 3 bits pick a value's low (high) byte from the words of entries 0-7
-// and of entries 8-15; bit 3, spread to a byte mask by a sign-replicating permute, chooses
-// between the two. Two permutes interleave low and high bytes into the pairs (4kt, 4kt+1) and
-// (4kt+2, 4kt+3); one multiply by the group's scale.
+// LUT4 pairs: LUT4 codes keep the canonical nibble order (wna16_layout.lane_k, natural), so bytes
+// 2h and 2h + 1 of word kt/2 (h = kt % 2) index the pairs (4kt, 4kt+1) and (4kt+2, 4kt+3): two
+// lookups of the lane's copy of the pair table, one multiply each by the group's scale.
 template <typename T> struct Deq<T, LUT4> {
   static __device__ __forceinline__ void run(const uint4& v, int kt, T p, u32& b0, u32& b1, const Book<LUT4>& bk) {
-    typedef typename Kind<T>::T2 T2;
-    const T2 s = T2{p, p};
-    const u32 w = word(v, kt >> 1);
-    const u32 idx = __byte_perm(w, 0, (kt & 1) ? 0x31 : 0x20) & 0x7777u;
-    const u32 m = prmt_sign(w << 4, w, (kt & 1) ? 0xFBD9 : 0xEAC8);  // 0xFF where bit 3 is set
-    const u32 lo = (__byte_perm(bk.lo[0], bk.lo[1], idx) & ~m) | (__byte_perm(bk.lo[2], bk.lo[3], idx) & m);
-    const u32 hi = (__byte_perm(bk.hi[0], bk.hi[1], idx) & ~m) | (__byte_perm(bk.hi[2], bk.hi[3], idx) & m);
-    b0 = as_u32(__hmul2(as_t2<T2>(__byte_perm(lo, hi, 0x6240)), s));
-    b1 = as_u32(__hmul2(as_t2<T2>(__byte_perm(lo, hi, 0x7351)), s));
-  }
-};
-// LUT4S pairs: LUT4S codes keep the canonical nibble order (wna16_layout.lane_k, natural), so
-// bytes 2h and 2h + 1 of word kt/2 (h = kt % 2) index the pairs (4kt, 4kt+1) and (4kt+2, 4kt+3):
-// two lookups of the lane's copy of the pair table, one multiply each by the group's scale.
-template <typename T> struct Deq<T, LUT4S> {
-  static __device__ __forceinline__ void run(const uint4& v, int kt, T p, u32& b0, u32& b1, const Book<LUT4S>& bk) {
     typedef typename Kind<T>::T2 T2;
     const T2 s = T2{p, p};
     const u32 w = word(v, kt >> 1) >> (16 * (kt & 1));
