@@ -5,9 +5,11 @@ The blocks are decoded as llama.cpp wrote them, never re-quantized: at load each
 split into their fields (scales, mins, high bits, low bits), the same bytes in aligned planes,
 so the kernel can use wide loads (native blocks of 18, 34 or 210 bytes are only 2-byte aligned).
 Small batches run a fused dequantize-and-multiply GEMV that reads the planes once per call;
-from ``gemv_max_m`` rows on, the weight is dequantized slice by slice for cuBLAS
-(``dense_slices``: bounded scratch, full-K GEMMs). Launch shapes per M come from
-``tunings/gguf_<arch>.json``.
+above ``gemv_max_m`` rows, up to the type's ``gemm_max_m``, a tensor-core GEMM that decodes the
+planes inside its K loop (``backends/triton/gguf_gemm.py``: no dense weight, no scratch); above
+that, where cuBLAS's arithmetic wins, the weight is dequantized slice by slice for cuBLAS
+(``dense_slices``: bounded scratch, full-K GEMMs). Launch shapes per M and the bounds come from
+``tunings/gguf_<arch>.json``; a type without a ``gemm_max_m`` there skips the GEMM.
 """
 
 from __future__ import annotations
@@ -36,17 +38,35 @@ class GGUFState:
     K: int
     configs: tuple[tuple[int, Any], ...]  # (max rows, GGUFConfig), ascending
     gemv_max_m: int
+    gemm_configs: tuple[Any, ...]  # a GemmConfig per tile_table bucket, or () without the GEMM
+    gemm_max_m: int  # batches above gemv_max_m up to this take the GEMM
     slice_rows: int
     act: torch.dtype
     out_dtype: torch.dtype
     matmul: Any  # gguf_matmul, bound at load so apply() imports nothing
     dequant: Any  # gguf_dequant
+    gemm: Any  # gguf_gemm
 
 
 def _configs(doc: dict[str, Any], gguf_type: str, make: Any) -> tuple[tuple[int, Any], ...]:
     """The GEMV launch shapes per batch bound, this type's row over the table's default."""
     rows = doc.get("types", {}).get(gguf_type, doc["gemv"])
     return tuple(sorted((int(m), make(**c)) for m, c in rows.items()))
+
+
+def _gemm(doc: dict[str, Any], gguf_type: str, make: Any) -> tuple[tuple[Any, ...], int]:
+    """The GEMM's tile per M bucket (this type's over the table's default) and its batch bound
+    (0: this type never takes the GEMM here)."""
+    bound = int(doc.get("gemm_max_m", {}).get(gguf_type, 0))
+    rows = {**doc.get("gemm", {}), **doc.get("gemm_types", {}).get(gguf_type, {})}
+    if bound <= 0 or not rows:
+        return (), 0
+    present = [key for key in tile_table.KEYS if key in rows]
+    tiles, last = [], rows[present[0]]
+    for key in tile_table.KEYS:  # a bucket the table leaves out takes the next smaller one's tile
+        last = rows.get(key, last)
+        tiles.append(make(**last))
+    return tuple(tiles), bound
 
 
 class CudaTritonGGUF(dense_slices.DequantSlicesKernel):
@@ -59,7 +79,8 @@ class CudaTritonGGUF(dense_slices.DequantSlicesKernel):
     table = TABLE
     description = (
         "GGUF (all ten llama.cpp types): native blocks split into aligned planes, fused dequant GEMV for "
-        "small M, dequant + cuBLAS (bounded slices) for large M"
+        "small M, a tensor-core GEMM decoding the blocks in its K loop for mid-size M (tuned types), "
+        "dequant + cuBLAS (bounded slices) for large M"
     )
 
     @classmethod
@@ -85,16 +106,18 @@ class CudaTritonGGUF(dense_slices.DequantSlicesKernel):
             gguf_planes,
             plane_list,
         )
+        from quantrt.backends.triton.gguf_gemm import GEMM_TYPES, GemmConfig, gguf_gemm
 
         t = weight.scheme.gguf_type
         assert t is not None
         q = weight["qweight"]
         planes = gguf_planes(q, t, weight.N, weight.K)
         doc = tile_table.load(TABLE, tile_table.arch_of(q))
+        gemm_tiles, gemm_max_m = _gemm(doc, t, GemmConfig) if t in GEMM_TYPES else ((), 0)
         return GGUFState(
             planes, plane_list(planes, t), t, weight.N, weight.K, _configs(doc, t, GGUFConfig), int(doc["gemv_max_m"]),
-            dense_slices.rows_for(weight.N, weight.K, spec.act_dtype, doc), spec.act_dtype, spec.output_dtype,
-            gguf_matmul, gguf_dequant,
+            gemm_tiles, gemm_max_m, dense_slices.rows_for(weight.N, weight.K, spec.act_dtype, doc), spec.act_dtype,
+            spec.output_dtype, gguf_matmul, gguf_dequant, gguf_gemm,
         )  # fmt: skip
 
     @staticmethod
@@ -107,11 +130,14 @@ class CudaTritonGGUF(dense_slices.DequantSlicesKernel):
     def strategy(self, state: GGUFState, m: int) -> str:
         if self.use_dense(state, m):
             return f"dequant+cuBLAS (N slices of {state.slice_rows})"
+        if m > state.gemv_max_m:
+            c = tile_table.pick(state.gemm_configs, m)
+            return f"fused gemm BM{c.block_m} BN{c.block_n} BK{c.block_k} W{c.num_warps} S{c.num_stages}"
         c = self._config(state, m)
         return f"gemv BM{c.block_m} BN{c.block_n} S{c.split_k}"
 
     def use_dense(self, state: GGUFState, m: int) -> bool:
-        return m > state.gemv_max_m
+        return m > max(state.gemv_max_m, state.gemm_max_m)
 
     def dequant_rows(self, state: GGUFState, n0: int, n1: int) -> torch.Tensor:
         return state.dequant(state.planes, state.gguf_type, state.N, state.K, state.act, n0, n1)
@@ -119,6 +145,15 @@ class CudaTritonGGUF(dense_slices.DequantSlicesKernel):
     def small(
         self, state: GGUFState, x: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor | None
     ) -> torch.Tensor:
+        if x.shape[0] > state.gemv_max_m:
+            g = tile_table.pick(state.gemm_configs, x.shape[0])
+            if torch.compiler.is_compiling():
+                y = torch.ops.quantrt.gguf_gemm(
+                    x, state.plane_list, state.gguf_type, state.N, state.K, bias,
+                    g.block_m, g.block_n, g.block_k, g.num_warps, g.num_stages, g.group_m,
+                )  # fmt: skip
+                return y if out is None else out.copy_(y)
+            return state.gemm(x, state.planes, state.gguf_type, state.N, state.K, bias, g, out)
         c = self._config(state, x.shape[0])
         if torch.compiler.is_compiling():  # traced: the registered op with its fake
             y = torch.ops.quantrt.gguf_mm(

@@ -18,6 +18,7 @@ from quantrt.capability import load_preset
 from quantrt.specs import LayerSpec
 
 DT = torch.float16  # the interpreter's bf16 dots are wrong; bf16 runs in tests/gpu
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def rel(y: torch.Tensor, ref: torch.Tensor) -> float:
@@ -27,7 +28,7 @@ def rel(y: torch.Tensor, ref: torch.Tensor) -> float:
 def make(scheme: str, N: int, K: int, sizes: tuple[int, ...] = ()):
     w = torch.randn(N, K) * 0.05
     w[:, torch.randint(0, K, (2,))] *= 5
-    canon = reference.quantize(w, scheme, calib=torch.randn(8, K), output_sizes=sizes or (N,))
+    canon = reference.quantize(w, scheme, calib=torch.randn(8, K), output_sizes=sizes or (N,)).to(DEV)
     spec = LayerSpec(canon.scheme, K, N, act_dtype=DT, output_sizes=sizes)
     if scheme.startswith("gguf"):
         kernel = CudaTritonGGUF()
@@ -54,10 +55,10 @@ CASES = [
 def test_every_strategy_matches_reference(scheme: str, K: int, sizes: tuple[int, ...]) -> None:
     N = sum(sizes) or 72
     kernel, state, canon = make(scheme, N, K, sizes)
-    bias = torch.randn(N).to(DT)
+    bias = torch.randn(N).to(DEV, DT)
     seen = set()
     for m in (0, 1, 3, 70):
-        x = torch.randn(m, 2 * K)[:, ::2].to(DT)  # not contiguous
+        x = torch.randn(m, 2 * K)[:, ::2].to(DEV, DT)  # not contiguous
         y = kernel.apply(state, x, bias)
         assert y.shape == (m, N) and y.dtype == DT
         seen.add(kernel.strategy(state, m).split()[0])
@@ -67,12 +68,49 @@ def test_every_strategy_matches_reference(scheme: str, K: int, sizes: tuple[int,
     assert "dequant+cuBLAS" in seen and ("gemv" in seen), seen
     # the dense path in several row slices, into a caller's buffer
     sliced = dataclasses.replace(state, slice_rows=32)
-    x = torch.randn(70, K).to(DT)
-    out = torch.full((70, N), float("nan"), dtype=DT)
+    x = torch.randn(70, K).to(DEV, DT)
+    out = torch.full((70, N), float("nan"), dtype=DT, device=DEV)
     y = kernel.apply(sliced, x, bias, out=out)
     ref = reference.linear(x, canon, bias, out_dtype=torch.float32, weight_only=True)
     assert y.data_ptr() == out.data_ptr() and rel(out, ref) < 2e-3
     assert "slices of 32" in kernel.strategy(sliced, 70)
+
+
+@pytest.mark.parametrize("gtype,K", [("q6_k", 512), ("q8_0", 32 * 9)])
+def test_gguf_table_routes_mid_batches_to_the_fused_gemm(gtype: str, K: int, monkeypatch) -> None:
+    """A table with a ``gemm_max_m`` for the type: batches above the GEMV's bound up to it take the
+    fused GEMM (its tile per M bucket, this type's row over the default), larger ones dequant +
+    cuBLAS; a type the table leaves out never takes it."""
+    from quantrt.backends.cuda import tile_table
+
+    real = tile_table.load
+
+    def load(name: str, arch: str) -> dict:
+        doc = real(name, arch)
+        if name != "gguf":
+            return doc
+        tile = {"block_m": 16, "block_n": 32, "block_k": 64, "num_warps": 4, "num_stages": 2}
+        return {
+            **doc,
+            "gemm": {"16": tile, "64": {**tile, "block_m": 32}},
+            "gemm_types": {gtype: {"large": {**tile, "block_m": 64, "block_n": 16}}},
+            "gemm_max_m": {gtype: 40},
+        }
+
+    monkeypatch.setattr(tile_table, "load", load)
+    kernel, state, canon = make(f"gguf-{gtype}", 40, K)
+    assert state.gemm_max_m == 40 and state.gemv_max_m < 9
+    assert kernel.strategy(state, 9).startswith("fused gemm BM16 BN32 BK64")
+    assert kernel.strategy(state, 40).startswith("fused gemm BM32")
+    assert kernel.strategy(state, 41).startswith("dequant+cuBLAS")
+    bias = torch.randn(40).to(DEV, DT)
+    for m in (9, 40, 41):
+        x = torch.randn(m, 2 * K)[:, ::2].to(DEV, DT)
+        ref = reference.linear(x, canon, bias, out_dtype=torch.float32, weight_only=True)
+        assert rel(kernel.apply(state, x, bias), ref) < 2e-3, (m, kernel.strategy(state, m))
+    other = "q4_0" if gtype != "q4_0" else "q8_0"
+    _, state2, _ = make(f"gguf-{other}", 40, 32 * 8)
+    assert state2.gemm_max_m == 0 and kernel.strategy(state2, 9).startswith("dequant+cuBLAS")
 
 
 def test_bnb_rows_are_low_nibble_first_and_absmax_resolved() -> None:
@@ -95,7 +133,7 @@ def test_bnb_rows_are_low_nibble_first_and_absmax_resolved() -> None:
 @pytest.mark.parametrize("scheme,bad", [("w4a16-nvfp4", 0x7F), ("w4a16-mxfp4", 255)])
 def test_nan_scale_codes_are_refused_at_load(scheme: str, bad: int) -> None:
     w = torch.randn(32, 64)
-    canon = reference.quantize(w, scheme)
+    canon = reference.quantize(w, scheme).to(DEV)
     sc = canon["scales"].view(torch.uint8).clone()
     sc[3, 1] = bad
     canon.tensors["scales"] = sc.view(canon["scales"].dtype)
