@@ -126,7 +126,7 @@ def main() -> int:
                 row["cublas_us"] = round(median_us(lambda x=x, w=dense_w: F.linear(x, w)), 2)
                 row["dense_strategy"] = dense._kernel.strategy(dense._state, m)
                 row["dense_us"] = round(median_us(lambda f=dense, x=x: f(x)), 2)
-                for c in gemm_candidates(t):
+                for c in gemm_candidates(t, m):
                     name = json.dumps(dataclasses.asdict(c), sort_keys=True)
                     try:
                         err = rel(gguf_gemm(x, planes, t, N, K, config=c), ref)

@@ -125,7 +125,10 @@ def default_gemm_config(gguf_type: str, M: int) -> GemmConfig:
 #: (block_n * block_k) stays within 128 values per thread; block_m 256 (one M tile at M=256: each
 #: weight tile decoded once) was added after the first H200 sweep
 _CANDIDATES = (
+    (16, 64, 128, 4, 4),
+    (16, 128, 64, 4, 4),
     (16, 128, 128, 4, 4),
+    (32, 64, 128, 4, 4),
     (32, 128, 128, 4, 4),
     (64, 64, 128, 4, 4),
     (64, 128, 64, 4, 4),
@@ -143,11 +146,13 @@ _CANDIDATES = (
 )
 
 
-def gemm_candidates(gguf_type: str) -> list[GemmConfig]:
+def gemm_candidates(gguf_type: str, M: int | None = None) -> list[GemmConfig]:
     """Tiles worth timing on a Hopper GPU for this type (block_m 16..256, block_n 32..256, block_k
-    64..256, 4 or 8 warps, 3 or 4 stages); every one is valid for the type."""
+    64..256, 4 or 8 warps, 3 or 4 stages); every one is valid for the type. With ``M``, only tiles
+    of at most max(32, M rounded up to a power of two) rows: taller ones only compute padding."""
     _gemm_type(gguf_type)
-    return [GemmConfig(bm, bn, bk, nw, ns) for bm, bn, bk, nw, ns in _CANDIDATES]
+    top = max(32, 1 << max(0, (M or 1 << 30) - 1).bit_length())
+    return [GemmConfig(bm, bn, bk, nw, ns) for bm, bn, bk, nw, ns in _CANDIDATES if bm <= top]
 
 
 def _check_gemm_config(config: GemmConfig, t: str) -> None:

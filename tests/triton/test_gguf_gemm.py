@@ -337,6 +337,9 @@ def test_configs():
     x = randn(17, K, seed=seed, dtype=torch.float16)
     cands = gemm_candidates("q6_k")
     assert len(cands) >= 8 and len(set(cands)) == len(cands)
+    for m, top in ((1, 32), (16, 32), (33, 64), (64, 64), (65, 128), (256, 256)):
+        mine = gemm_candidates("q6_k", m)
+        assert mine and max(c.block_m for c in mine) == top and set(mine) <= set(cands), (m, top)
     for cfg in cands:
         check_gemm(x, q, "q6_k", K, cfg, seed=seed)
     for gtype in TYPES:
@@ -419,3 +422,21 @@ def test_bad_arguments_are_refused():
         default_gemm_config("q2_k", 16)
     with pytest.raises(ValueError, match="not supported by the fused GEMM"):
         gemm_candidates("q3_k")
+
+
+def test_committed_h200_table_is_complete_and_valid():
+    """tunings/gguf_sm_90.json: every type it bounds is a GEMM type with a valid tile in every M
+    bucket (the loader's fill-in included), and the bound lies above the GEMV's."""
+    from quantrt.backends.cuda import tile_table
+    from quantrt.backends.cuda.triton_gguf import _gemm
+    from quantrt.backends.triton.gguf_gemm import _check_gemm_config
+
+    doc = tile_table.load("gguf", "sm_90")
+    assert doc["gemm_max_m"], "the H200 table enables the GEMM for some type"
+    for gtype, bound in doc["gemm_max_m"].items():
+        tiles, got = _gemm(doc, gtype, GemmConfig)
+        assert gtype in GEMM_TYPES and got == bound > doc["gemv_max_m"]
+        assert len(tiles) == len(tile_table.KEYS)
+        for c in tiles:
+            _check_gemm_config(c, gtype)
+    assert _gemm(doc, "q2_k", GemmConfig) == ((), 0)
