@@ -168,9 +168,12 @@ __shared__ uint4 book_rep[256 * 8];  // entry b's pair at [b * 32 + lane] as u32
 template <> struct Book<LUT4> {
   const u32* base;
   __device__ __forceinline__ void load(const u32* __restrict__ book) {
-    for (int i = threadIdx.x; i < 256 * 8; i += blockDim.x) {
-      const u32 v = __ldg(book + (i >> 3));
-      book_rep[i] = make_uint4(v, v, v, v);
+    // one read per entry; its 8 stores start at a rotated piece, so a warp's 16-byte stores of
+    // consecutive entries spread over all banks
+    for (int e = threadIdx.x; e < 256; e += blockDim.x) {
+      const u32 v = __ldg(book + e);
+#pragma unroll
+      for (int q = 0; q < 8; q++) book_rep[e * 8 + ((q + e) & 7)] = make_uint4(v, v, v, v);
     }
     __syncthreads();
     base = reinterpret_cast<const u32*>(book_rep) + (threadIdx.x & 31);
