@@ -26,6 +26,7 @@ import torch
 
 from quantrt.canonical import CanonicalWeight
 from quantrt.layers import QuantLinear
+from quantrt.reference.gguf import F16_FIELDS
 from quantrt.schemes import GGUF_TYPES, parse_scheme
 
 #: name -> (N, K)
@@ -39,10 +40,6 @@ LINEARS = {
     "down": (4096, 14336),
 }
 LLAMA_CPP_MS = {"q8_0": 15.5, "q4_0": 8.6, "q4_k_m": 10.4, "q6_k": 9.1}
-F16_AT = {
-    "q4_0": (0,), "q4_1": (0, 2), "q5_0": (0,), "q5_1": (0, 2), "q8_0": (0,),
-    "q2_k": (80, 82), "q3_k": (108,), "q4_k": (0, 2), "q5_k": (0, 2), "q6_k": (208,),
-}  # fmt: skip
 
 
 def mix(name: str) -> dict[str, str]:
@@ -57,7 +54,7 @@ def random_blocks(gtype: str, N: int, K: int, gen: torch.Generator) -> Canonical
     B, T, _ = GGUF_TYPES[gtype]
     q = torch.randint(0, 256, (N, K // B, T), dtype=torch.uint8, generator=gen)
     scale = torch.tensor([1e-3], dtype=torch.float16).view(torch.uint8)
-    for off in F16_AT[gtype]:
+    for off in F16_FIELDS[gtype]:
         q[..., off : off + 2] = scale
     return CanonicalWeight(parse_scheme(f"gguf-{gtype}"), N, K, {"qweight": q.reshape(N, -1)})
 

@@ -23,28 +23,20 @@ import torch
 import torch.nn.functional as F
 
 from quantrt.backends.cuda import tile_table
-from quantrt.backends.triton.gguf import BLOCKS, PLANES, gguf_dequant, gguf_planes
+from quantrt.backends.triton.gguf import gguf_dequant, gguf_planes
 from quantrt.backends.triton.gguf_gemm import gemm_candidates, gguf_gemm
 from quantrt.bench import git_sha, median_us, versions
 from quantrt.canonical import CanonicalWeight
 from quantrt.env import Overrides
 from quantrt.layers import QuantLinear
+from quantrt.reference.gguf import random_blocks
 from quantrt.schemes import parse_scheme
 
 
 def random_weight(t: str, N: int, K: int) -> CanonicalWeight:
-    """Random blocks whose fp16 fields (d, dmin, m) are small finite values."""
-    B, T = BLOCKS[t]
-    blocks = torch.randint(0, 256, (N, K // B, T), dtype=torch.uint8, device="cuda")
-    fields = [
-        (off, size) for name, off, size, dt in PLANES[t] if dt == torch.float16 and name in ("d", "dmin", "m")
-    ]
-    if t in ("q4_k", "q5_k"):
-        fields = [(0, 2), (2, 2)]  # the head's d and dmin
-    for off, size in fields:
-        v = ((torch.rand(N, K // B, size // 2, device="cuda") * 2 - 1) * 1e-3).half()
-        blocks[:, :, off : off + size] = v.view(torch.uint8).reshape(N, K // B, size)
-    return CanonicalWeight(parse_scheme(f"gguf-{t}"), N, K, {"qweight": blocks.reshape(N, -1)})
+    """Random llama.cpp blocks (weight-like finite f16 fields), on the GPU."""
+    q = random_blocks(t, N, K, seed=N * K).to("cuda")
+    return CanonicalWeight(parse_scheme(f"gguf-{t}"), N, K, {"qweight": q})
 
 
 def rel(y: torch.Tensor, ref: torch.Tensor) -> float:

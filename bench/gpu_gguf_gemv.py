@@ -28,19 +28,14 @@ from quantrt.bench import copy_bandwidth_tbps, git_sha, median_us, versions
 from quantrt.canonical import CanonicalWeight
 from quantrt.env import Overrides
 from quantrt.layers import QuantLinear
+from quantrt.reference.gguf import random_blocks
 from quantrt.schemes import parse_scheme
-
-#: llama.cpp's block layouts: (elements, bytes) and the byte offsets of the fp16 scales in a block
-BLOCK = {"q4_k": (256, 144, (0, 2)), "q6_k": (256, 210, (208,))}
 
 
 def random_weight(t: str, N: int, K: int) -> CanonicalWeight:
-    B, T, d_offsets = BLOCK[t]
-    blocks = torch.randint(0, 256, (N, K // B, T), dtype=torch.uint8, device="cuda")
-    for off in d_offsets:
-        d = ((torch.rand(N, K // B, device="cuda") * 2 - 1) * 1e-3).half()
-        blocks[:, :, off : off + 2] = d.view(torch.uint8).reshape(N, K // B, 2)
-    return CanonicalWeight(parse_scheme(f"gguf-{t}"), N, K, {"qweight": blocks.reshape(N, -1)})
+    """Random llama.cpp blocks (weight-like finite f16 fields), on the GPU."""
+    q = random_blocks(t, N, K, seed=N * K).to("cuda")
+    return CanonicalWeight(parse_scheme(f"gguf-{t}"), N, K, {"qweight": q})
 
 
 def rel(y: torch.Tensor, ref: torch.Tensor) -> float:

@@ -46,6 +46,38 @@ F16_FIELDS: dict[str, tuple[int, ...]] = {
 }
 
 
+#: byte range (offset, size) of each K-quant's sub-block scales inside a block
+SCALE_FIELDS: dict[str, tuple[int, int]] = {
+    "q2_k": (0, 16),
+    "q3_k": (96, 12),
+    "q4_k": (4, 12),
+    "q5_k": (4, 12),
+    "q6_k": (192, 16),
+}
+
+
+def random_blocks(
+    gguf_type: str, N: int, K: int, seed: int, *, sane: bool = True, fill: int | None = None
+) -> torch.Tensor:
+    """uint8 [N, K/B*T] blocks for tests and benchmarks: random code bytes (or all ``fill``), and
+    every f16 field a random finite half: weight-like normal draws (``sane``, so products stay in
+    fp16's range) or any finite bit pattern, subnormals up to +-65504."""
+    B, T = BLOCK[gguf_type]
+    g = torch.Generator().manual_seed(seed)
+    blocks = torch.randint(0, 256, (N, K // B, T), dtype=torch.uint8, generator=g)
+    if fill is not None:
+        blocks.fill_(fill)
+    for off in F16_FIELDS[gguf_type]:
+        if sane:
+            bits = (torch.randn(N, K // B, generator=g) * 2.0**-7).half().view(torch.int16)
+        else:
+            bits = torch.randint(0, 1 << 16, (N, K // B), dtype=torch.int32, generator=g)
+            bits = torch.where((bits & 0x7C00) == 0x7C00, bits & ~0x0400, bits)  # Inf/NaN -> finite
+            bits = (bits - ((bits >> 15) << 16)).to(torch.int16)
+        blocks[..., off : off + 2] = bits.contiguous().view(torch.uint8).reshape(N, K // B, 2)
+    return blocks.reshape(N, -1)
+
+
 class GGUFBlockError(ReferenceInputError):
     """Shapes, byte counts or values that do not make valid GGUF blocks."""
 

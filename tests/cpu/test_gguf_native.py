@@ -34,6 +34,7 @@ from quantrt.backends.cpu.native import build
 from quantrt.canonical import CanonicalWeight
 from quantrt.capability import probe
 from quantrt.layers import QuantLinear
+from quantrt.reference.gguf import F16_FIELDS
 from quantrt.schemes import GGUF_TYPES, parse_scheme
 from quantrt.specs import LayerSpec
 
@@ -41,11 +42,6 @@ from quantrt.specs import LayerSpec
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "gguf"
 TYPES = tuple(GGUF_TYPES)
 LEGACY = ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0")
-# f16 fields (d; m or dmin) per block, from llama.cpp's block structs (ggml-common.h)
-F16_AT = {
-    "q4_0": (0,), "q4_1": (0, 2), "q5_0": (0,), "q5_1": (0, 2), "q8_0": (0,),
-    "q2_k": (80, 82), "q3_k": (108,), "q4_k": (0, 2), "q5_k": (0, 2), "q6_k": (208,),
-}  # fmt: skip
 EXACT = 1e-5
 DESIGN = 1e-2
 KERNEL = CpuNativeGGUF()
@@ -86,7 +82,7 @@ def exact_weight(qweight: torch.Tensor, gtype: str) -> np.ndarray:
     B, T, _ = GGUF_TYPES[gtype]
     N = qweight.shape[0]
     blocks = qweight.numpy().reshape(N, -1, T)
-    offs = F16_AT[gtype]
+    offs = F16_FIELDS[gtype]
     total = np.zeros((N, blocks.shape[1], B))
     for i, off in enumerate(offs):
         unit = blocks.copy()
@@ -163,7 +159,7 @@ def random_blocks(
     blocks = rng.integers(0, 256, size=(N, K // B, T), dtype=np.uint8)
     if fill is not None:
         blocks[:] = fill
-    for j, off in enumerate(F16_AT[gtype]):
+    for j, off in enumerate(F16_FIELDS[gtype]):
         bits = finite_f16_bits(rng, (N, K // B)) if scales is None else scales[..., j]
         blocks[..., off : off + 2] = bits.astype("<u2").view(np.uint8).reshape(N, K // B, 2)
     return torch.from_numpy(blocks.reshape(N, -1))
@@ -319,7 +315,7 @@ def test_random_and_extreme_blocks(gtype: str):
     K = 3 * B
     q = random_blocks(gtype, 37, K, seed=1)
     check_exact(weight(q, gtype, K), gaussian(3, K, seed=2), rows=True)
-    nf = len(F16_AT[gtype])
+    nf = len(F16_FIELDS[gtype])
     rng = np.random.default_rng(3)
     scales = rng.choice(SPECIAL_F16, size=(32, 3, nf))
     scales[..., 0] = np.where(scales[..., 0] & 0x7FFF, scales[..., 0], 0x3C00)  # no all-zero rows

@@ -12,17 +12,25 @@ only; shapes stay small because the interpreter is slow.
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 import gguf
 import numpy as np
 import pytest
 import torch
-from gguf import GGMLQuantizationType as GT
 from gguf.quants import dequantize as gguf_dequantize
+from gguf_testing import (
+    DEV,
+    FIXTURES,
+    INTERPRET,
+    dense,
+    fixture_rows,
+    fresh_seed,
+    legacy,
+    planes_of,
+    rel,
+    set_scales,
+)
 
-from quantrt.backends.triton.gguf import BLOCKS, gguf_planes, plane_list
+from quantrt.backends.triton.gguf import plane_list
 from quantrt.backends.triton.gguf_gemm import (
     GEMM_TYPES,
     GemmConfig,
@@ -30,20 +38,11 @@ from quantrt.backends.triton.gguf_gemm import (
     gemm_candidates,
     gguf_gemm,
 )
+from quantrt.reference.gguf import random_blocks
 from quantrt.schemes import GGUF_TYPES
 
-DEV = "cuda" if torch.cuda.is_available() else "cpu"
-INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "gguf"
 TYPES = tuple(GEMM_TYPES)
 MUST = ("q8_0", "q6_k", "q4_k")
-# f16 fields (d; m or dmin) per block, from llama.cpp's block structs (ggml-common.h)
-F16_AT = {
-    "q4_0": (0,), "q4_1": (0, 2), "q5_0": (0,), "q5_1": (0, 2), "q8_0": (0,),
-    "q4_k": (0, 2), "q5_k": (0, 2), "q6_k": (208,),
-}  # fmt: skip
-#: byte range of the sub-block scales in each K-quant block (ggml-common.h)
-SCALES_AT = {"q4_k": (4, 12), "q5_k": (4, 12), "q6_k": (192, 16)}
 SKIP_BF16 = pytest.mark.skipif(INTERPRET, reason="Triton's interpreter computes tl.dot on bf16 wrongly")
 ACT = [torch.float32, torch.float16, pytest.param(torch.bfloat16, marks=SKIP_BF16)]
 TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
@@ -52,61 +51,9 @@ TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
 # -- inputs and references ------------------------------------------------------------------------------
 
 
-def fresh_seed() -> int:
-    return int.from_bytes(os.urandom(4), "little")
-
-
-def legacy(gtype: str) -> bool:
-    return BLOCKS[gtype][0] == 32
-
-
-def random_blocks(
-    gtype: str, N: int, K: int, seed: int, *, sane: bool = True, fill: int | None = None
-) -> torch.Tensor:
-    """uint8 [N, K/B*T]: random (or all ``fill``) bytes, then every f16 field a random finite half:
-    weight-like normal draws (sane) or any finite bits, subnormals up to +-65504."""
-    B, T, _ = GGUF_TYPES[gtype]
-    rng = np.random.default_rng(seed)
-    blocks = rng.integers(0, 256, size=(N, K // B, T), dtype=np.uint8)
-    if fill is not None:
-        blocks[:] = fill
-    for off in F16_AT[gtype]:
-        if sane:
-            bits = (rng.standard_normal((N, K // B)) * 2.0**-7).astype("<f2").view(np.uint16)
-        else:
-            bits = rng.integers(0, 1 << 16, size=(N, K // B), dtype=np.uint16)
-            bits[(bits & 0x7C00) == 0x7C00] &= np.uint16(0xFBFF)  # Inf/NaN -> finite, same sign
-        blocks[..., off : off + 2] = bits.astype("<u2").view(np.uint8).reshape(N, K // B, 2)
-    return torch.from_numpy(blocks.reshape(N, -1))
-
-
-def set_scales(q: torch.Tensor, gtype: str, values: torch.Tensor | int) -> torch.Tensor:
-    """Overwrite the sub-block scale bytes of every block."""
-    T = GGUF_TYPES[gtype][1]
-    off, size = SCALES_AT[gtype]
-    out = q.clone()
-    out.view(q.shape[0], -1, T)[:, :, off : off + size] = values
-    return out
-
-
-def dense(q: torch.Tensor, gtype: str) -> torch.Tensor:
-    """gguf-py's fp32 dequantization of uint8 [N, bytes] -> [N, K]."""
-    w = gguf_dequantize(q.cpu().numpy(), GT[gtype.upper()])
-    return torch.from_numpy(np.ascontiguousarray(w)).reshape(q.shape[0], -1)
-
-
 def reference(x: torch.Tensor, q: torch.Tensor, gtype: str, bias: torch.Tensor | None = None) -> torch.Tensor:
     ref = x.double().cpu() @ dense(q, gtype).double().T
     return ref if bias is None else ref + bias.double().cpu()
-
-
-def rel(y: torch.Tensor, ref: torch.Tensor) -> float:
-    ref = ref.double().cpu()
-    return float((y.double().cpu() - ref).norm() / ref.norm())
-
-
-def planes_of(q: torch.Tensor, gtype: str, K: int) -> dict[str, torch.Tensor]:
-    return gguf_planes(q.to(DEV), gtype, q.shape[0], K)
 
 
 def check_gemm(x, q, gtype, K, config, *, bias=None, out=None, seed=0) -> torch.Tensor:
@@ -279,33 +226,20 @@ def test_a_flipped_code_byte_is_caught(gtype: str):
 # -- llama.cpp-written files ----------------------------------------------------------------------------
 
 
-def fixture_rows() -> list[tuple[str, str]]:
-    """(file, tensor) of each supported tensor type in each llama.cpp file, one tensor per type."""
-    out = []
-    for path in sorted(FIXTURES.glob("*.gguf")):
-        seen = set()
-        for t in gguf.GGUFReader(path).tensors:
-            gtype = t.tensor_type.name.lower()
-            if gtype in GEMM_TYPES and gtype not in seen:
-                seen.add(gtype)
-                out.append((path.name, t.name))
-    return out
-
-
 def test_fixtures_cover_the_must_types():
     types = set()
-    for file, name in fixture_rows():
+    for file, name in fixture_rows(GEMM_TYPES):
         t = next(t for t in gguf.GGUFReader(FIXTURES / file).tensors if t.name == name)
         types.add(t.tensor_type.name.lower())
     assert types >= set(MUST) and types == {"q4_0", "q8_0", "q4_k", "q5_k", "q6_k"}
 
 
-@pytest.mark.parametrize("file", sorted({f for f, _ in fixture_rows()}))
+@pytest.mark.parametrize("file", sorted({f for f, _ in fixture_rows(GEMM_TYPES)}))
 def test_llama_cpp_files(file: str):
     """Ten rows (start, middle, end) of each supported tensor type llama.cpp wrote, fp32 and fp16
     activations, against gguf-py's dequantization of the whole tensor."""
     seed = fresh_seed()
-    names = {n for f, n in fixture_rows() if f == file}
+    names = {n for f, n in fixture_rows(GEMM_TYPES) if f == file}
     for t in gguf.GGUFReader(FIXTURES / file).tensors:
         if t.name not in names:
             continue
