@@ -112,7 +112,7 @@ def main() -> None:
         layer = QuantLinear.from_canonical(canon, device="cuda", act_dtype=torch.bfloat16)
         state = layer._state
         dense = torch.randn(N, K, device="cuda", dtype=torch.bfloat16)
-        limit = mk.smem_limit(dev)
+        limit = mk.smem_limit(dev) - mk.BOOK_SMEM.get(state.code, 0)  # as prepare(): the code book's copies
         szb = mk.sz_bytes(torch.bfloat16, state.code)
         sms = torch.cuda.get_device_properties(dev).multi_processor_count
         for bucket in buckets:

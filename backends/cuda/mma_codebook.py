@@ -221,3 +221,7 @@ class CudaMmaBnb4(CudaMmaFp4):
         self, weight: CanonicalWeight, group: int | None, act: torch.dtype
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         return bnb4_operands(weight, act)
+
+    def tile_rows(self, table: dict[str, Any]) -> list[dict[str, Any]]:
+        """The code book's own sweep (``small_m_bnb4``: its 32 KiB table changes what fits), else fp4's."""
+        return table.get("small_m_bnb4", super().tile_rows(table))

@@ -220,3 +220,16 @@ def test_lut4_registers_and_scales_give_the_reference(scheme: str, act: torch.dt
     step = 2.0 ** (-8 if act == torch.bfloat16 else -11)
     assert float(((got - ref).abs() / ref.abs().amax(dim=1, keepdim=True)).max()) < 2 * step
     assert float((got - ref).norm() / ref.norm()) < step
+
+
+def test_launch_rows_per_code_book_kind() -> None:
+    """bitsandbytes code books take their own sweep where the table has one (their 32 KiB table
+    changes what fits), else fp4's rows; fp4's rows keep at least 2 n8 tiles (byte scales)."""
+    from quantrt.backends.cuda.mma_codebook import CudaMmaBnb4, CudaMmaFp4
+
+    base = [{"max_m": 1, "mt": 1, "nt": 1, "swap": True}, {"max_m": 16, "mt": 1, "nt": 4}]
+    own = [{"max_m": 1, "mt": 1, "nt": 8, "wn": 2, "swap": True}]
+    assert [r["nt"] for r in CudaMmaFp4().tile_rows({"small_m": base})] == [2, 4]
+    assert [r["nt"] for r in CudaMmaBnb4().tile_rows({"small_m": base})] == [2, 4]
+    assert CudaMmaBnb4().tile_rows({"small_m": base, "small_m_bnb4": own}) == own
+    assert [r["nt"] for r in CudaMmaFp4().tile_rows({"small_m": base, "small_m_bnb4": own})] == [2, 4]
