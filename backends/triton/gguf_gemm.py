@@ -49,8 +49,10 @@ past K loads as 0. Weight rows past N and x rows past M are clamped (their resul
 stored), so the main loop's loads carry no masks. Offsets inside a plane row are int32; the row
 bases, x's and y's offsets are 64-bit.
 
-The tiles are not tuned yet: :func:`default_gemm_config` is a reasonable Hopper guess and
-:func:`gemm_candidates` lists the tiles a GPU sweep should time.
+Layers get their tiles from ``cuda.triton_gguf``'s table (``tunings/gguf_<arch>.json``, swept by
+``bench/gpu_gguf_gemm.py --table`` over :func:`gemm_candidates`); :func:`default_gemm_config` is the
+fallback of direct calls. On the H200 the GEMM beat dequant + cuBLAS up to 16-128 rows depending on
+the type, and lost at 256 (cuBLAS's 750 TFLOP/s against the decode in the K loop).
 """
 
 from __future__ import annotations
