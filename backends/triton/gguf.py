@@ -246,9 +246,17 @@ def _groups(t: str, block_k: int) -> int:
     return block_k // _RUNS_PER_K.get(t, 16)
 
 
-def _padded(ps: list[torch.Tensor]) -> tuple[list[torch.Tensor], list[int]]:
-    """The planes and their row strides, padded to five with the first plane (never read)."""
-    return ps + [ps[0]] * (_MAX_PLANES - len(ps)), [p.stride(0) for p in ps] + [0] * (_MAX_PLANES - len(ps))
+def _padded(ps: list[torch.Tensor], count: int = _MAX_PLANES) -> tuple[list[torch.Tensor], list[int]]:
+    """The planes and their row strides, padded to ``count`` with the first plane (never read)."""
+    pad = count - len(ps)
+    return ps + [ps[0]] * pad, [p.stride(0) for p in ps] + [0] * pad
+
+
+def _check_x(x: object, K: int, what: str) -> None:
+    """x must be a 2-D float16/bfloat16/float32 tensor of K columns."""
+    if not isinstance(x, torch.Tensor) or x.dim() != 2 or x.shape[1] != K or x.dtype not in FLOAT_DTYPES:
+        found = f"{x.dtype} {list(x.shape)}" if isinstance(x, torch.Tensor) else type(x).__name__
+        raise ValueError(f"{what}: x must be a float16/bfloat16/float32 [M, {K}] tensor, found {found}")
 
 
 # -- device helpers: loads ----------------------------------------------------------------------------
@@ -683,9 +691,7 @@ def gguf_matmul(
     if config is None:
         config = default_config(t, x.shape[0] if isinstance(x, torch.Tensor) and x.dim() == 2 else 1)
     _check_config(config)
-    if not isinstance(x, torch.Tensor) or x.dim() != 2 or x.shape[1] != K or x.dtype not in FLOAT_DTYPES:
-        found = f"{x.dtype} {list(x.shape)}" if isinstance(x, torch.Tensor) else type(x).__name__
-        raise ValueError(f"gguf_matmul: x must be a float16/bfloat16/float32 [M, {K}] tensor, found {found}")
+    _check_x(x, K, "gguf_matmul")
     ps, strides = _padded(_plane_list(planes, t, N, K, x.device, "gguf_matmul"))
     M = x.shape[0]
     check_epilogue(bias, out, x.dtype, M, N, x.device, "gguf_matmul")

@@ -63,8 +63,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import FLOAT_DTYPES, check_epilogue, empty_result
-from .gguf import BLOCKS, PLANE_NAMES, _check_nk, _plane_list, _type
+from .common import check_epilogue, empty_result
+from .gguf import BLOCKS, PLANE_NAMES, _check_nk, _check_x, _padded, _plane_list, _type
 from .launch import Launcher, cdiv
 
 #: the types the GEMM decodes, with their kernel ids (the constexpr QT)
@@ -392,10 +392,8 @@ def gguf_gemm(
     None takes :func:`default_gemm_config`."""
     t = _gemm_type(gguf_type)
     _check_nk(t, N, K, "gguf_gemm")
-    if not isinstance(x, torch.Tensor) or x.dim() != 2 or x.shape[1] != K or x.dtype not in FLOAT_DTYPES:
-        found = f"{x.dtype} {list(x.shape)}" if isinstance(x, torch.Tensor) else type(x).__name__
-        raise ValueError(f"gguf_gemm: x must be a float16/bfloat16/float32 [M, {K}] tensor, found {found}")
-    ps = _plane_list(planes, t, N, K, x.device, "gguf_gemm")
+    _check_x(x, K, "gguf_gemm")
+    ps, strides = _padded(_plane_list(planes, t, N, K, x.device, "gguf_gemm"), _MAX_PLANES)
     M = x.shape[0]
     if config is None:
         config = default_gemm_config(t, M)
@@ -404,13 +402,12 @@ def gguf_gemm(
     if M == 0:
         return empty_result(N, x.dtype, out, x.device)
     y = torch.empty(M, N, device=x.device, dtype=x.dtype) if out is None else out
-    ps = ps + [ps[0]] * (_MAX_PLANES - len(ps))  # padding planes are never read
     bm, bn, bk = config.block_m, config.block_n, config.block_k
     _gemm_launch((cdiv(M, bm) * cdiv(N, bn),),
         x, *ps, bias if bias is not None else y, y,
         M, N, K,
         x.stride(0), x.stride(1), bias.stride(0) if bias is not None else 0, y.stride(0), y.stride(1),
-        *(p.stride(0) for p in ps),
+        *strides,
         QT=GEMM_TYPES[t], BM=bm, BN=bn, BK=bk, GROUP_M=config.group_m,
         HAS_B=bias is not None, HAS_TAIL=K % bk != 0, IEEE=x.dtype == torch.float32,
         num_warps=config.num_warps, num_stages=config.num_stages,
