@@ -29,7 +29,7 @@ from quantrt.kernels import Kernel, Verdict, check
 from quantrt.specs import LayerSpec
 
 from . import gguf_native, lut_native, wint_native
-from .native_common import round_up
+from .native_common import check_call, finish, output_buffer, round_up
 
 #: probe features the AMX path needs (AMX tile registers and the bf16 tile multiply)
 AMX_FEATURES = ("amx_bf16", "amx_tile")
@@ -172,13 +172,9 @@ class _AmxPath:
     ) -> torch.Tensor:
         if state.tiles or x.dim() != 2 or x.shape[0] < state.amx_from:
             return self._parent.apply(self, state.inner, x, bias, out)  # type: ignore[arg-type]
-        M = wint_native._check_call(x, state.K, bias, state.N)
+        M = check_call(x, state.K, bias, state.N)
         N = state.N
-        y = out if out is not None and out.shape == (M, N) and out.dtype == state.out_dtype else None
-        if out is not None and out.shape != (M, N):
-            raise ValueError(f"out must have shape [{M}, {N}], found {list(out.shape)}")
-        if y is None:
-            y = torch.empty((M, N), dtype=state.out_dtype)
+        y = output_buffer(out, M, N, state.out_dtype)
         xb = x.to(torch.bfloat16)
         scratch = reused_scratch(state.rows, state.K)
         for n0 in range(0, N, state.rows):
@@ -187,9 +183,7 @@ class _AmxPath:
             y[:, n0:n1] = torch.mm(xb, w.t())
         if bias is not None:
             y.add_(bias)
-        if out is not None and y is not out:
-            return out.copy_(y)
-        return y
+        return finish(y, out)
 
 
 class _PanelTiles(_AmxPath):
@@ -322,15 +316,11 @@ class AmxGGUF(_AmxPath, gguf_native.CpuNativeGGUF):
         if x.dim() != 2 or x.shape[0] < state.gguf_tiles_from:
             return super().apply(state, x, bias, out)
         inner = state.inner
-        M = wint_native._check_call(x, state.K, bias, state.N)
+        M = check_call(x, state.K, bias, state.N)
         xb = x.to(torch.bfloat16).contiguous()
-        y = out if out is not None and out.shape == (M, state.N) and out.stride(-1) == 1 else None
-        if out is not None and out.shape != (M, state.N):
-            raise ValueError(f"out must have shape [{M}, {state.N}], found {list(out.shape)}")
-        if y is None or y.dtype not in gguf_native.DTYPE_CODES:
-            y = torch.empty((M, state.N), dtype=state.out_dtype)
-        if bias is not None and (bias.stride(0) != 1 or bias.dtype not in gguf_native.DTYPE_CODES):
-            bias = bias.to(torch.float32).contiguous()
+        y = output_buffer(out, M, state.N, state.out_dtype)
+        if bias is not None and bias.stride(0) != 1:
+            bias = bias.contiguous()
         rc = gguf_native.native_library().quantrt_gguf_linear_tiles(
             inner.type_code, inner.weight.data_ptr(), state.N, state.K, inner.groups, xb.data_ptr(), M,
             xb.stride(0), None if bias is None else bias.data_ptr(),
@@ -339,9 +329,7 @@ class AmxGGUF(_AmxPath, gguf_native.CpuNativeGGUF):
         )  # fmt: skip
         if rc:
             raise RuntimeError(f"{self.name}: the AMX tile kernel refused its arguments (code {rc})")
-        if out is not None and y is not out:
-            return out.copy_(y)
-        return y
+        return finish(y, out)
 
 
 KERNELS: tuple[type[Kernel], ...] = (AmxWint, AmxLut, AmxGGUF)

@@ -21,6 +21,7 @@ from quantrt.schemes import GGUF_TYPES
 from quantrt.specs import LayerSpec
 
 from .native import build
+from .native_common import DTYPE_CODE, check_call, finish, output_buffer
 
 #: the C library's type codes
 TYPE_CODES = {
@@ -28,7 +29,7 @@ TYPE_CODES = {
     for i, t in enumerate(("q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k"))
 }
 #: the C library's dtype codes (common.h)
-DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+DTYPE_CODES = DTYPE_CODE  # csrc/common.h's codes, as the other native kernels pass them
 #: what the library's 16-row SIMD path is compiled for (it is built with -march=native)
 SIMD_FEATURES = frozenset({"avx512f", "avx512bw", "avx512vl", "avx512_vnni"})
 ACT_QUANT = (
@@ -280,31 +281,21 @@ class CpuNativeGGUF(Kernel):
         bias: torch.Tensor | None = None,
         out: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        M, K = x.shape
-        xdt = DTYPE_CODES.get(x.dtype)
-        if K != state.K or xdt is None or not x.is_cpu:
-            raise ValueError(
-                f"{self.name}: x must be fp32, bf16 or fp16 [M, {state.K}] on the CPU, "
-                f"found {x.dtype} {list(x.shape)} on {x.device}"
-            )
-        y = out
-        if y is None or y.stride(-1) != 1 or y.dtype not in DTYPE_CODES:
-            y = torch.empty(M, state.N, dtype=state.out_dtype)
+        M = check_call(x, state.K, bias, state.N)
+        y = output_buffer(out, M, state.N, state.out_dtype)
         if M:
-            if bias is not None and (bias.stride(0) != 1 or bias.dtype not in DTYPE_CODES):
-                bias = bias.to(torch.float32).contiguous()
+            if bias is not None and bias.stride(0) != 1:
+                bias = bias.contiguous()
             ws = torch.empty(M * state.ws_row, dtype=torch.uint8)
             rc = state.fn(
-                state.type_code, state.weight.data_ptr(), state.N, K, state.groups,
-                x.data_ptr(), M, x.stride(0), x.stride(1), xdt,
+                state.type_code, state.weight.data_ptr(), state.N, state.K, state.groups,
+                x.data_ptr(), M, x.stride(0), x.stride(1), DTYPE_CODES[x.dtype],
                 None if bias is None else bias.data_ptr(), 0 if bias is None else DTYPE_CODES[bias.dtype],
                 y.data_ptr(), y.stride(0), DTYPE_CODES[y.dtype], ws.data_ptr(), torch.get_num_threads(),
             )  # fmt: skip
             if rc:
                 raise RuntimeError(f"{self.name}: the native kernel refused its arguments (code {rc})")
-        if out is not None and y is not out:
-            return out.copy_(y)
-        return y
+        return finish(y, out)
 
 
 def _isa(caps: Any) -> str:

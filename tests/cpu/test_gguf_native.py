@@ -369,8 +369,14 @@ def test_strides_bias_out_and_empty(gtype: str):
     empty = KERNEL.apply(state, contiguous[:0])
     assert empty.shape == (0, 33)
     for bad in (contiguous.double(), contiguous[:, :-1]):
-        with pytest.raises(ValueError, match=r"fp32, bf16 or fp16 \[M, \d+\] on the CPU"):
+        with pytest.raises(
+            ValueError, match=r"expected CPU activations \[M, \d+\] in fp32, bf16 or fp16, found"
+        ):
             KERNEL.apply(state, bad)
+    with pytest.raises(ValueError, match=r"expected a CPU bias \[33\]"):
+        KERNEL.apply(state, contiguous, torch.zeros(32))
+    with pytest.raises(ValueError, match=r"out must have shape \[\d+, 33\], found \[\d+, 32\]"):
+        KERNEL.apply(state, contiguous, out=torch.empty(contiguous.shape[0], 32))
 
 
 @pytest.mark.parametrize("gtype", ["q8_0", "q5_1", "q3_k", "q6_k"])
