@@ -109,6 +109,9 @@ def main() -> int:
             dense = QuantLinear.from_canonical(
                 canon, device="cuda", act_dtype=dt, overrides=Overrides(kernel="cuda.triton_gguf")
             )
+            # the path the GEMM replaces: every batch past the GEMV on dequant + cuBLAS, whatever
+            # the committed table gives the fused GEMM
+            dense._state = dataclasses.replace(dense._state, gemm_configs=(), gemm_max_m=0, gemv_max_m=0)
             w = gguf_dequant(planes, t, N, K, dt, 0, N)
             dense_w = torch.randn(N, K, device="cuda", dtype=dt) * 0.02
             for m in ms:
