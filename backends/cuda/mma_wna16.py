@@ -42,6 +42,7 @@ CT = {torch.float16: "__half", torch.bfloat16: "__nv_bfloat16"}
 #: integer codes pass their width (4, 8)
 E2M1 = 41
 LUT4 = 42
+Q4K = 43  # GGUF Q4_K: nibbles with llama.cpp's super-block heads as group parameters
 #: static shared memory the code book takes per code (LUT4: 256 pairs, one copy per bank)
 BOOK_SMEM = {LUT4: 32 * 1024}
 
@@ -227,12 +228,21 @@ class CudaMmaWNA16(Kernel):
 
 def sz_bytes(act: torch.dtype, code: int) -> int:
     """Bytes per group parameter: a (zb, s) pair, fp32 pairs for bf16 int8, one e5m3 byte for fp4, one
-    scale in the activation dtype for code books."""
+    scale in the activation dtype for code books, a 16-byte super-block head for GGUF q4_k."""
     if code == E2M1:
         return 1
     if code == LUT4:
         return 2
+    if code == Q4K:
+        return 16
     return 8 if (act == torch.bfloat16 and code == 8) else 4
+
+
+def params_fit(nt: int, szb: int) -> bool:
+    """A warp's group parameters per chunk are copied as whole 16-byte pieces by its 32 lanes
+    (``PG`` in the kernel): nt * 8 columns of szb bytes must be 16..512 bytes, a power of two."""
+    n = nt * 8 * szb
+    return 16 <= n <= 512 and n & (n - 1) == 0
 
 
 def smem_limit(dev: int) -> int:

@@ -72,7 +72,7 @@ def test_explain_under_presets(preset: str, device_word: str, kernel: str) -> No
 def test_explain_all_prints_the_catalog_plan() -> None:
     r = quantrt("explain", "--scheme", "all", "--as", "h100", "--json")
     plans = json.loads(r.stdout)["plans"]
-    assert plans["w8a8-fp8-ch"] == "cuda.triton_fp8" and plans["gguf-q4_k"] == "cuda.gemv_gguf"
+    assert plans["w8a8-fp8-ch"] == "cuda.triton_fp8" and plans["gguf-q4_k"] == "cuda.mma_gguf"
     assert plans["w3a16-int-g128-asym"] == "no native kernel yet"
 
 

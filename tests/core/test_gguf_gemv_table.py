@@ -21,10 +21,20 @@ def spec(t: str, K: int = 4096, N: int = 4096) -> LayerSpec:
     return LayerSpec(parse_scheme(f"gguf-{t}"), K, N)
 
 
-@pytest.mark.parametrize("t", ["q4_k", "q6_k"])
-def test_h200_plans_it_for_q4_k_and_q6_k(t: str) -> None:
-    sel = select(spec(t), "cuda:0", load_preset("h200"))
-    assert sel.kernel.name == "cuda.gemv_gguf", sel.explain()
+def test_h200_plans_it_for_q6_k_and_q4_k_goes_to_the_tensor_core_kernel() -> None:
+    caps = load_preset("h200")
+    assert select(spec("q6_k"), "cuda:0", caps).kernel.name == "cuda.gemv_gguf"
+    sel = select(spec("q4_k"), "cuda:0", caps)
+    assert sel.kernel.name == "cuda.mma_gguf", sel.explain()
+    assert "cuda.gemv_gguf" in sel.explain()  # the GEMV still supports it, ranked after
+
+
+@pytest.mark.parametrize("t", ["q6_k", "q8_0", "q4_0", "q5_k"])
+def test_the_tensor_core_kernel_takes_q4_k_only_and_says_why(t: str) -> None:
+    from quantrt.backends.cuda.mma_gguf import CudaMmaGGUF
+
+    v = CudaMmaGGUF.supports(spec(t), load_preset("h200").device("cuda:0"))
+    assert not v and v.predicate == "GGUF q4_k weights" and dict(v.values) == {"gguf_type": t}
 
 
 @pytest.mark.parametrize("t", ["q8_0", "q4_0", "q5_k", "q2_k"])

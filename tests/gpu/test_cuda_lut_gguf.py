@@ -73,9 +73,13 @@ CASES = [
         for t in ("q4_k", "q6_k")
         for dt in (torch.bfloat16, torch.float16)
     ],
+    ("gguf-q4_k", "cuda.mma_gguf", torch.bfloat16),
+    ("gguf-q4_k", "cuda.mma_gguf", torch.float16),
 ]
 #: the GGUF types the CUDA GEMV takes (the others stay with the Triton GEMV)
 CUDA_GEMV_TYPES = ("q4_k", "q6_k")
+#: the kernel dispatch picks per GGUF type on this GPU
+GGUF_KERNEL = {"q4_k": "cuda.mma_gguf", "q6_k": "cuda.gemv_gguf"}
 
 
 @pytest.mark.parametrize("scheme,kernel,dtype", CASES, ids=str)
@@ -197,7 +201,7 @@ def test_gguf_llama_cpp_files_match_gguf_py() -> None:
             .double()
         )
         layer = QuantLinear.from_canonical(canon, device="cuda", act_dtype=torch.float16)
-        assert layer.kernel_name == ("cuda.gemv_gguf" if t in CUDA_GEMV_TYPES else "cuda.triton_gguf")
+        assert layer.kernel_name == GGUF_KERNEL.get(t, "cuda.triton_gguf"), layer.selection.explain()
         for M in (1, 3, 200):
             x = torch.randn(M, K).half()
             ref = x.double() @ w.T
@@ -232,7 +236,13 @@ def test_gemv_gguf_random_blocks_match_gguf_py(t: str, dtype: torch.dtype) -> No
         w = w.reshape(N, K).double()
         canon = CanonicalWeight(parse_scheme(f"gguf-{t}"), N, K, {"qweight": qweight})
         bias = torch.randn(N, generator=g)
-        layer = QuantLinear.from_canonical(canon, bias=bias.to(dtype), device="cuda", act_dtype=dtype)
+        layer = QuantLinear.from_canonical(
+            canon,
+            bias=bias.to(dtype),
+            device="cuda",
+            act_dtype=dtype,
+            overrides=Overrides(kernel="cuda.gemv_gguf"),
+        )
         assert layer.kernel_name == "cuda.gemv_gguf", layer.selection.explain()
         table = layer._state
         forced = [
@@ -249,6 +259,47 @@ def test_gemv_gguf_random_blocks_match_gguf_py(t: str, dtype: torch.dtype) -> No
                 path = layer._kernel.strategy(layer._state, M)
                 assert path.startswith("cuda gemv" if M <= layer._state.shapes[-1].max_m else "triton gemv")
                 assert rel(y, ref) < TOL[dtype], (K, N, M, shape, path, rel(y, ref))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_mma_gguf_random_blocks_match_gguf_py(dtype: torch.dtype) -> None:
+    """q4_k on the tensor-core kernel: random block bytes (every code, 6-bit scale and min; any
+    finite f16 d and dmin in bf16, weight-sized ones in fp16), against gguf-py's dequantizer, at
+    every path (swapped tiles, the dense path in whole and in half-super-block slices, where the
+    dequantizer's chunk parity picks the sub-block), N not a multiple of 64, bias and out=."""
+    from gguf.quants import dequantize as gguf_dequantize
+
+    from quantrt.reference.gguf import random_blocks
+
+    for K, N, seed in [(256 * 3, 37, 1), (256 * 21, 200, 2)]:
+        qweight = random_blocks("q4_k", N, K, seed=seed, sane=dtype == torch.float16)
+        w = (
+            torch.from_numpy(gguf_dequantize(qweight.numpy(), gguf.GGMLQuantizationType.Q4_K))
+            .reshape(N, K)
+            .double()
+        )
+        canon = CanonicalWeight(parse_scheme("gguf-q4_k"), N, K, {"qweight": qweight})
+        bias = torch.randn(N)
+        layer = QuantLinear.from_canonical(
+            canon,
+            bias=bias.to(dtype),
+            device="cuda",
+            act_dtype=dtype,
+            overrides=Overrides(kernel="cuda.mma_gguf"),
+        )
+        whole = layer._state
+        for slices in (None, 1):
+            if slices:
+                layer._state = dataclasses.replace(whole, slice_chunks=slices)
+            for M in (1, 3, 8, 16, 33, 64, 300):
+                x = torch.randn(M, K).to(dtype)
+                ref = x.double() @ w.T + bias.to(dtype).double()
+                path = layer._kernel.strategy(layer._state, M)
+                y = layer(x.cuda())
+                assert rel(y, ref) < TOL[dtype], (K, N, M, path, rel(y, ref))
+                out = torch.full((M, N), float("nan"), device="cuda", dtype=dtype)
+                assert layer(x.cuda(), out=out).data_ptr() == out.data_ptr()
+                assert rel(out, ref) < TOL[dtype], (M, path)
 
 
 @pytest.mark.parametrize(
@@ -282,6 +333,7 @@ def test_cuda_graph_replay_equals_eager(scheme: str, m: int) -> None:
 
 @pytest.mark.parametrize("scheme", ["w4a16-nvfp4", "w4a16-mxfp4", "w4a16-nf4-g64", "gguf-q4_k", "gguf-q5_k"])
 def test_small_batches_compile_fullgraph(scheme: str) -> None:
+    torch._dynamo.reset()  # the lambda below is one code object for every case: its recompiles add up
     layer, canon, bias = build(scheme, 512, 256, torch.bfloat16, seed=5)
     for m in (1, 3):
         x = torch.randn(m, 512, device="cuda", dtype=torch.bfloat16)

@@ -10,18 +10,24 @@ namespace qrt {
 typedef unsigned int u32;
 
 // Weight codes a kernel instance reads (its CODE template argument): 4 and 8 are unsigned
-// integers of that width, E2M1 is fp4 (sign, 2 exponent bits, 1 mantissa bit) and LUT4 an index
-// into a 16-value code book (bitsandbytes NF4/FP4), both packed as 4-bit codes in int4's lane layout
-// (LUT4 in the canonical nibble order).
+// integers of that width, E2M1 is fp4 (sign, 2 exponent bits, 1 mantissa bit), LUT4 an index
+// into a 16-value code book (bitsandbytes NF4/FP4) and Q4K GGUF Q4_K's unsigned nibbles (a 6-bit
+// scale and min per 32 inputs), all packed as 4-bit codes in int4's lane layout (LUT4 in the
+// canonical nibble order).
 constexpr int E2M1 = 41;
 constexpr int LUT4 = 42;
+constexpr int Q4K = 43;
 __host__ __device__ constexpr int code_bits(int code) { return code == 8 ? 8 : 4; }
+
+template <typename T2> __device__ __forceinline__ u32 as_u32(T2 v) { return *reinterpret_cast<u32*>(&v); }
+template <typename T2> __device__ __forceinline__ T2 as_t2(u32 v) { return *reinterpret_cast<T2*>(&v); }
 
 template <typename T> struct Kind;
 template <> struct Kind<__half> {
   typedef __half2 T2;
   static __device__ __forceinline__ u32 magic4() { return 0x64006400u; }  // 1024.0 per half
   static __device__ __forceinline__ u32 ones2() { return 0x3C003C00u; }
+  static __device__ __forceinline__ u32 pair(float v) { return as_u32(__float2half2_rn(v)); }
   static __device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
   static __device__ __forceinline__ __half from_float(float v) { return __float2half_rn(v); }
 };
@@ -29,6 +35,7 @@ template <> struct Kind<__nv_bfloat16> {
   typedef __nv_bfloat162 T2;
   static __device__ __forceinline__ u32 magic4() { return 0x43004300u; }  // 128.0 per half
   static __device__ __forceinline__ u32 ones2() { return 0x3F803F80u; }
+  static __device__ __forceinline__ u32 pair(float v) { return as_u32(__float2bfloat162_rn(v)); }
   static __device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
   static __device__ __forceinline__ __nv_bfloat16 from_float(float v) { return __float2bfloat16_rn(v); }
 };
@@ -68,9 +75,6 @@ __device__ __forceinline__ void mma<__nv_bfloat16>(float* c, bool first, u32 a0,
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
-
-template <typename T2> __device__ __forceinline__ u32 as_u32(T2 v) { return *reinterpret_cast<u32*>(&v); }
-template <typename T2> __device__ __forceinline__ T2 as_t2(u32 v) { return *reinterpret_cast<T2*>(&v); }
 
 __device__ __forceinline__ uint4 ldg_stream(const uint4* p) {
   uint4 r;  // read once: keep it out of L1
@@ -156,6 +160,11 @@ template <typename T> struct Param<T, E2M1> {
 template <typename T> struct Param<T, LUT4> {
   typedef T type;
 };
+// Q4K: a super-block's 16 head bytes as llama.cpp stores them (d, dmin fp16; 12 bytes of 6-bit
+// sub-block scales and mins), per column; a super-block (256 inputs) spans two chunks.
+template <typename T> struct Param<T, Q4K> {
+  typedef uint4 type;
+};
 
 // LUT4 code books reach the decode as a Book (empty for the other codes), loaded by each block
 // before its first decode: the 256 pairs of mma_codebook.book_pairs (entry b = (book[b & 15],
@@ -182,7 +191,7 @@ template <> struct Book<LUT4> {
 
 // Dequantized pair registers (v - zb) * s of tile kt, for the unfolded path.
 template <typename T, int BITS> struct Deq {
-  static __device__ __forceinline__ void run(const uint4& v, int kt, u32 p, u32& b0, u32& b1, const Book<BITS>&) {
+  static __device__ __forceinline__ void run(const uint4& v, int kt, u32 p, int, u32& b0, u32& b1, const Book<BITS>&) {
     typedef typename Kind<T>::T2 T2;
     const T2 zb = as_t2<T2>(__byte_perm(p, 0, 0x1010)), s = as_t2<T2>(__byte_perm(p, 0, 0x3232));
     u32 r0, r1;
@@ -192,7 +201,7 @@ template <typename T, int BITS> struct Deq {
   }
 };
 template <> struct Deq<__nv_bfloat16, 8> {
-  static __device__ __forceinline__ void run(const uint4& v, int kt, float2 p, u32& b0, u32& b1, const Book<8>&) {
+  static __device__ __forceinline__ void run(const uint4& v, int kt, float2 p, int, u32& b0, u32& b1, const Book<8>&) {
     const u32 w = word(v, kt);
     float f[4];
 #pragma unroll
@@ -224,7 +233,7 @@ template <> struct Fp4Scale<__nv_bfloat16> {
   static __device__ __forceinline__ u32 pair(u32 b) { return b * 0x00100010u + 0x70007000u; }
 };
 template <typename T> struct Deq<T, E2M1> {
-  static __device__ __forceinline__ void run(const uint4& v, int kt, unsigned char p, u32& b0, u32& b1,
+  static __device__ __forceinline__ void run(const uint4& v, int kt, unsigned char p, int, u32& b0, u32& b1,
                                              const Book<E2M1>&) {
     typedef typename Kind<T>::T2 T2;
     const T2 s = as_t2<T2>(Fp4Scale<T>::pair(p));
@@ -237,13 +246,42 @@ template <typename T> struct Deq<T, E2M1> {
 // 2h and 2h + 1 of word kt/2 (h = kt % 2) index the pairs (4kt, 4kt+1) and (4kt+2, 4kt+3): two
 // lookups of the lane's copy of the pair table, one multiply each by the group's scale.
 template <typename T> struct Deq<T, LUT4> {
-  static __device__ __forceinline__ void run(const uint4& v, int kt, T p, u32& b0, u32& b1, const Book<LUT4>& bk) {
+  static __device__ __forceinline__ void run(const uint4& v, int kt, T p, int, u32& b0, u32& b1, const Book<LUT4>& bk) {
     typedef typename Kind<T>::T2 T2;
     const T2 s = T2{p, p};
     const u32 w = word(v, kt >> 1) >> (16 * (kt & 1));
     const u32 t0 = bk.base[(w & 0xFF) << 5], t1 = bk.base[((w >> 8) & 0xFF) << 5];
     b0 = as_u32(__hmul2(as_t2<T2>(t0), s));
     b1 = as_u32(__hmul2(as_t2<T2>(t1), s));
+  }
+};
+// GGUF Q4_K pairs: lane t of chunk c holds the 32 inputs of sub-block j = 4 (c % 2) + t, whose
+// 6-bit scale sc and min m come from the head's 12 bytes as llama.cpp's get_scale_min_k4 reads
+// them. The code (v - magic, exact) times s = d sc plus -o = -dmin m, by one fused multiply-add
+// per pair with s and o rounded once to the activation dtype (relative 2^-9 in bf16, 2^-12 in
+// fp16): the same rounding as every unfolded pair. s and o depend on the chunk and column only,
+// so the compiler computes them once per chunk for the unrolled tiles.
+__device__ __forceinline__ void q4k_scale_min(const uint4& p, int j, float& s, float& o) {
+  const int i = (j & 3) * 8;  // branch-free, so the unrolled tiles share one computation
+  const u32 y = (p.y >> i) & 0xFF, z = (p.z >> i) & 0xFF, w = (p.w >> i) & 0xFF;
+  const bool lo = j < 4;
+  const u32 sc = lo ? y & 63 : (w & 15) | ((y >> 6) << 4);
+  const u32 m = lo ? z & 63 : (w >> 4) | ((z >> 6) << 4);
+  s = __half2float(__ushort_as_half((unsigned short)(p.x & 0xFFFFu))) * (float)sc;
+  o = __half2float(__ushort_as_half((unsigned short)(p.x >> 16))) * (float)m;
+}
+template <typename T> struct Deq<T, Q4K> {
+  static __device__ __forceinline__ void run(const uint4& v, int kt, const uint4& p, int c, u32& b0, u32& b1,
+                                             const Book<Q4K>&) {
+    typedef typename Kind<T>::T2 T2;
+    float s, o;
+    q4k_scale_min(p, 4 * (c & 1) + (threadIdx.x & 3), s, o);
+    const T2 s2 = as_t2<T2>(Kind<T>::pair(s)), o2 = as_t2<T2>(Kind<T>::pair(-o));
+    const T2 magic = as_t2<T2>(Kind<T>::magic4());
+    u32 r0, r1;
+    Codes<T, 4>::raw(v, kt, r0, r1);
+    b0 = as_u32(__hfma2(__hsub2(as_t2<T2>(r0), magic), s2, o2));
+    b1 = as_u32(__hfma2(__hsub2(as_t2<T2>(r1), magic), s2, o2));
   }
 };
 // A column's (zb, s) as floats, for the folded path's per-group fix-up.

@@ -213,8 +213,8 @@ __global__ void wna16_mma(const T* __restrict__ x, const uint4* __restrict__ w, 
 #pragma unroll
             for (int j2 = 0; j2 < NT / 2; j2++) {
               u32 a0, a1, a2, a3;
-              Deq<T, CODE>::run(wv[2 * j2], kt, prm[q * NT * 8 + 16 * j2 + g], a0, a2, bk);
-              Deq<T, CODE>::run(wv[2 * j2 + 1], kt, prm[q * NT * 8 + 16 * j2 + 8 + g], a1, a3, bk);
+              Deq<T, CODE>::run(wv[2 * j2], kt, prm[q * NT * 8 + 16 * j2 + g], c, a0, a2, bk);
+              Deq<T, CODE>::run(wv[2 * j2 + 1], kt, prm[q * NT * 8 + 16 * j2 + 8 + g], c, a1, a3, bk);
 #pragma unroll
               for (int pi = 0; pi < PARTS; pi++) mma<T>(acc[j2 * PARTS + pi], false, a0, a1, a2, a3, xlo[pi], xhi[pi]);
             }
@@ -255,7 +255,7 @@ __global__ void wna16_mma(const T* __restrict__ x, const uint4* __restrict__ w, 
 #pragma unroll
             for (int j = 0; j < NT; j++) {
               u32 b0, b1;
-              Deq<T, CODE>::run(wv[j], kt, prm[q * NT * 8 + 8 * j + g], b0, b1, bk);
+              Deq<T, CODE>::run(wv[j], kt, prm[q * NT * 8 + 8 * j + g], c, b0, b1, bk);
 #pragma unroll
               for (int i = 0; i < MT; i++)
                 mma<T>(acc[i * NT + j], false, lo[i][0], lo[i][1], hi[i][0], hi[i][1], b0, b1);
@@ -373,7 +373,7 @@ __global__ void wna16_dequant(const uint4* __restrict__ w, const void* __restric
 #pragma unroll
   for (int kt = 0; kt < TILES; kt++) {
     const int gi = GPC == 1 ? (c >> cpg_log2) : c * GPC + (t * LK + kt * 4) / GL;
-    Deq<T, CODE>::run(v, kt, __ldg(szc + (long long)gi * Npad), o[2 * kt], o[2 * kt + 1], bk);
+    Deq<T, CODE>::run(v, kt, __ldg(szc + (long long)gi * Npad), c, o[2 * kt], o[2 * kt + 1], bk);
   }
   // lane (g, t) holds pieces t*TILES/2 .. of row g; regroup through shared memory so that
   // consecutive lanes store consecutive 16-byte pieces of a row (whole sectors)

@@ -235,8 +235,8 @@ __global__ void wna16_wgmma(const T* __restrict__ x, const uint4* __restrict__ w
 #pragma unroll
     for (int kt = 0; kt < TILES; kt++) {
       const int q = GPC == 1 ? 0 : (t * LK + kt * 4) / GL;
-      Deq<T, BITS>::run(w0, kt, prm[q * NT * 8 + g], a[kt][0], a[kt][2], Book<BITS>{});
-      Deq<T, BITS>::run(w1, kt, prm[q * NT * 8 + 8 + g], a[kt][1], a[kt][3], Book<BITS>{});
+      Deq<T, BITS>::run(w0, kt, prm[q * NT * 8 + g], c, a[kt][0], a[kt][2], Book<BITS>{});
+      Deq<T, BITS>::run(w1, kt, prm[q * NT * 8 + 8 + g], c, a[kt][1], a[kt][3], Book<BITS>{});
     }
     wgmma_fence();
 #pragma unroll

@@ -1,0 +1,94 @@
+"""GGUF Q4_K on the tensor-core kernel of ``mma_wna16`` (``cuda.mma_gguf``).
+
+Q4_K's codes are unsigned nibbles like int4's, so they take int4's lane-order repack
+(``wna16_layout.repack_codes``) and the same kernel, built with ``CODE = Q4K``
+(``kernels/wna16_common.cuh``). The scales stay as llama.cpp stores them: each super-block's 16
+head bytes (d and dmin in fp16, then 12 bytes of 6-bit sub-block scales and mins), transposed to
+the kernel's parameter layout [super-blocks, Npad], so the prepared weight is exactly the stored
+bytes (4.5 bits per weight). A super-block spans two of the kernel's 128-input chunks and each
+lane's 32-input run of a chunk is one sub-block, so a lane decodes its scale and min once per
+chunk and column, and each code pair costs one mask, one subtraction and one fused multiply-add
+(``d sc q - dmin m``, with ``d sc`` and ``dmin m`` rounded once to the activation dtype).
+
+Why: the CUDA GEMV on the native planes (``gguf_gemv.py``) decodes into fp32 and is bound by
+instructions, 40-48% of copy bandwidth at M = 1 on the H200; the tensor-core kernel spends fewer
+instructions per weight and serves every small batch with one launch. Large batches dequantize K
+slices for cuBLAS, as the integer kernels do.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from quantrt.canonical import CanonicalWeight
+from quantrt.kernels import Verdict, check
+from quantrt.specs import LayerSpec
+
+from .mma_wna16 import Q4K, CudaMmaWNA16
+from .wna16_layout import KC, N_ALIGN, ROW_SLICE
+from .wna16_rules import device_conditions
+
+#: bytes of a Q4_K block: d, dmin (fp16), 12 scale bytes, 128 code bytes for 256 weights
+BLOCK_BYTES = 144
+HEAD_BYTES = 16
+SUPER = 256
+
+
+def q4k_operands(weight: CanonicalWeight) -> tuple[torch.Tensor, torch.Tensor]:
+    """(codes uint8 [N, K/2] in the canonical packing, low nibble = even k; head bytes uint8
+    [super-blocks over the padded K, Npad, 16], the kernel's parameter layout, padding 0). Blocks
+    decode as stored, as llama.cpp's do; the GGUF loader refuses NaN or infinite f16 fields first."""
+    q = weight["qweight"]
+    N, K = weight.N, weight.K
+    nb = K // SUPER
+    if q.dtype != torch.uint8 or tuple(q.shape) != (N, nb * BLOCK_BYTES):
+        raise ValueError(
+            f"gguf q4_k qweight for N={N}, K={K}: expected uint8 [{N}, {nb * BLOCK_BYTES}], "
+            f"found {q.dtype} {list(q.shape)}"
+        )
+    blocks = q.view(N, nb, BLOCK_BYTES)
+    codes = torch.empty(N, K // 2, dtype=torch.uint8, device=q.device)
+    for r0 in range(0, N, ROW_SLICE):
+        qs = blocks[r0 : r0 + ROW_SLICE, :, HEAD_BYTES:].reshape(-1, nb, 4, 1, 32)
+        # byte l of 32-byte run j: weight 64 j + l (low nibble) and 64 j + 32 + l (high)
+        k = torch.cat((qs & 0xF, qs >> 4), dim=3).reshape(-1, K)
+        codes[r0 : r0 + ROW_SLICE] = k[:, 0::2] | (k[:, 1::2] << 4)
+    groups = -(-K // KC[4]) * KC[4] // SUPER
+    n_pad = -(-N // N_ALIGN) * N_ALIGN
+    heads = torch.zeros(groups, n_pad, HEAD_BYTES, dtype=torch.uint8, device=q.device)
+    heads[:nb, :N] = blocks[:, :, :HEAD_BYTES].transpose(0, 1)
+    return codes, heads
+
+
+class CudaMmaGGUF(CudaMmaWNA16):
+    name = "cuda.mma_gguf"
+    description = (
+        "CUDA GGUF q4_k on tensor cores (mma.sync, int4's lane-order repack, llama.cpp's super-block heads as "
+        "the group parameters: one fused multiply-add per code pair); cuBLAS on dequantized slices for large M"
+    )
+    priority = 38  # before the CUDA GEMV on the native planes (39) and the Triton GGUF kernels (40)
+    bits = 4
+    code = Q4K
+
+    @classmethod
+    def supports(cls, spec: LayerSpec, caps: Any) -> Verdict:
+        s = spec.scheme
+        return check(
+            *device_conditions(spec, caps, "cupy", "NVRTC compiles the kernel"),
+            (s.family == "gguf" and s.gguf_type == "q4_k", "GGUF q4_k weights", {"gguf_type": s.gguf_type}),
+            (spec.K_part % SUPER == 0, f"K a multiple of {SUPER}", {"K": spec.K_part}),
+        )
+
+    def operands(
+        self, weight: CanonicalWeight, group: int | None, act: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        codes, heads = q4k_operands(weight)
+        return codes, heads, None, None
+
+    def tile_rows(self, table: dict[str, Any]) -> list[dict[str, Any]]:
+        """Its own sweep (``small_m_q4k``), else int4's shapes, unfolded; a warp's 16-byte heads per
+        column fill whole 32-lane copies only with 2 or 4 n8 tiles."""
+        rows = table.get("small_m_q4k", table["small_m"])
+        return [{**r, "nt": min(4, max(2, int(r["nt"])))} if "nt" in r else r for r in rows]

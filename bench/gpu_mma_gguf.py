@@ -1,0 +1,109 @@
+"""GGUF q4_k on the tensor-core kernel (``cuda.mma_gguf``) beside the kernels it displaces: the
+CUDA GEMV on the native planes (``cuda.gemv_gguf``), the Triton GEMV / fused GEMM / dequant +
+cuBLAS (``cuda.triton_gguf``), and cuBLAS bf16 on a dense weight, in one run on this GPU.
+
+    python3 bench/gpu_mma_gguf.py --out FILE.json [--shapes 8192x57344,...] [--ms 1,2,4,8,16,64,256]
+
+Weights are random llama.cpp blocks (``random_blocks``: every code and scale byte random,
+weight-sized f16 fields). Each cell first checks every kernel against the Triton dequantizer's
+weight in fp32 (relative Frobenius error), then times ``QuantLinear.__call__`` (medians, L2
+flushed, ``quantrt.bench.median_us``; eager). "% copy" divides the stored block bytes by the time
+and this GPU's copy bandwidth measured in the same run. The JSON is rewritten after every cell.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+import torch.nn.functional as F
+
+from quantrt.bench import copy_bandwidth_tbps, git_sha, median_us, versions
+from quantrt.canonical import CanonicalWeight
+from quantrt.env import Overrides
+from quantrt.layers import QuantLinear
+from quantrt.reference.gguf import random_blocks
+from quantrt.schemes import parse_scheme
+
+KERNELS = ("cuda.mma_gguf", "cuda.gemv_gguf", "cuda.triton_gguf")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--shapes", default="8192x57344,28672x8192,4096x28672")
+    ap.add_argument("--ms", default="1,2,4,8,16,64,256")
+    ap.add_argument("--type", default="q4_k")
+    args = ap.parse_args()
+    shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
+    ms = [int(v) for v in args.ms.split(",")]
+    copy = copy_bandwidth_tbps()
+    doc = {
+        "what": "cuda.mma_gguf vs cuda.gemv_gguf vs cuda.triton_gguf vs cuBLAS bf16 (bench/gpu_mma_gguf.py)",
+        "date": time.strftime("%Y-%m-%d"),
+        "device": torch.cuda.get_device_name(),
+        "git": git_sha(),
+        "versions": versions(),
+        "command": "python3 bench/gpu_mma_gguf.py " + " ".join(f"--{k} {v}" for k, v in vars(args).items()),
+        "copy_TBps": round(copy, 3),
+        "rows": [],
+    }
+    dt = torch.bfloat16
+    t = args.type
+    for K, N in shapes:
+        q = random_blocks(t, N, K, seed=N * K).to("cuda")
+        canon = CanonicalWeight(parse_scheme(f"gguf-{t}"), N, K, {"qweight": q})
+        nbytes = q.numel()
+        layers = {}
+        for name in KERNELS:
+            try:
+                layers[name] = QuantLinear.from_canonical(
+                    canon, device="cuda", act_dtype=dt, overrides=Overrides(kernel=name)
+                )
+            except Exception as e:  # a kernel that does not take this type is left out, and said so
+                print(f"{name}: {e}", flush=True)
+        tri = layers["cuda.triton_gguf"]
+        w = tri._kernel.dequant_rows(tri._state, 0, N).float()
+        dense = torch.randn(N, K, device="cuda", dtype=dt) * 0.02
+        for m in ms:
+            x = torch.randn(m, K, device="cuda", dtype=dt)
+            ref = x.float() @ w.T
+            blas = median_us(lambda x=x, w=dense: F.linear(x, w))
+            row = {"type": t, "K": K, "N": N, "M": m, "cublas_us": round(blas, 2)}
+            for name, layer in layers.items():
+                err = float((layer(x).float() - ref).norm() / ref.norm())
+                us = median_us(lambda f=layer, x=x: f(x))
+                short = name.split(".")[1]
+                row[f"{short}_strategy"] = layer._kernel.strategy(layer._state, m)
+                row[f"{short}_err"] = round(err, 6)
+                row[f"{short}_us"] = round(us, 2)
+                row[f"{short}_vs_cublas"] = round(blas / us, 3)
+                row[f"{short}_pct_copy"] = round(100 * nbytes / us / 1e6 / copy, 1)
+            doc["rows"].append(row)
+            print(json.dumps(row), flush=True)
+            with open(args.out, "w") as f:
+                json.dump(doc, f, indent=1)
+        layers = tri = w = dense = canon = q = None
+        torch.cuda.empty_cache()
+    print(
+        f"{'K x N':>12} {'M':>4} " + " ".join(f"{k.split('.')[1]:>22}" for k in KERNELS) + f" {'cuBLAS':>8}"
+    )
+    for r in doc["rows"]:
+        cells = []
+        for k in KERNELS:
+            s = k.split(".")[1]
+            cells.append(
+                f"{r.get(s + '_us', 0):8.1f} {r.get(s + '_vs_cublas', 0):5.2f}x {r.get(s + '_pct_copy', 0):5.1f}%"
+            )
+        print(
+            f"{r['K']:>5}x{r['N']:<6} {r['M']:>4} "
+            + " ".join(f"{c:>22}" for c in cells)
+            + f" {r['cublas_us']:8.1f}"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
