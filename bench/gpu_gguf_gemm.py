@@ -25,18 +25,9 @@ import torch.nn.functional as F
 from quantrt.backends.cuda import tile_table
 from quantrt.backends.triton.gguf import gguf_dequant, gguf_planes
 from quantrt.backends.triton.gguf_gemm import gemm_candidates, gguf_gemm
-from quantrt.bench import git_sha, median_us, versions
-from quantrt.canonical import CanonicalWeight
+from quantrt.bench import git_sha, median_us, random_weight, versions
 from quantrt.env import Overrides
 from quantrt.layers import QuantLinear
-from quantrt.reference.gguf import random_blocks
-from quantrt.schemes import parse_scheme
-
-
-def random_weight(t: str, N: int, K: int) -> CanonicalWeight:
-    """Random llama.cpp blocks (weight-like finite f16 fields), on the GPU."""
-    q = random_blocks(t, N, K, seed=N * K).to("cuda")
-    return CanonicalWeight(parse_scheme(f"gguf-{t}"), N, K, {"qweight": q})
 
 
 def rel(y: torch.Tensor, ref: torch.Tensor) -> float:
@@ -104,7 +95,7 @@ def main() -> int:
     dt = torch.bfloat16
     for t in types:
         for K, N in shapes:
-            canon = random_weight(t, N, K)
+            canon = random_weight(f"gguf-{t}", N, K)
             planes = gguf_planes(canon["qweight"], t, N, K)
             dense = QuantLinear.from_canonical(
                 canon, device="cuda", act_dtype=dt, overrides=Overrides(kernel="cuda.triton_gguf")

@@ -24,18 +24,9 @@ import torch.nn.functional as F
 
 from quantrt.backends.cuda import gguf_gemv
 from quantrt.backends.cuda.cupy_kernels import Launch, compile_all, function
-from quantrt.bench import copy_bandwidth_tbps, git_sha, median_us, versions
-from quantrt.canonical import CanonicalWeight
+from quantrt.bench import copy_bandwidth_tbps, git_sha, median_us, random_weight, versions
 from quantrt.env import Overrides
 from quantrt.layers import QuantLinear
-from quantrt.reference.gguf import random_blocks
-from quantrt.schemes import parse_scheme
-
-
-def random_weight(t: str, N: int, K: int) -> CanonicalWeight:
-    """Random llama.cpp blocks (weight-like finite f16 fields), on the GPU."""
-    q = random_blocks(t, N, K, seed=N * K).to("cuda")
-    return CanonicalWeight(parse_scheme(f"gguf-{t}"), N, K, {"qweight": q})
 
 
 def rel(y: torch.Tensor, ref: torch.Tensor) -> float:
@@ -72,7 +63,7 @@ def main() -> int:
     dt = torch.bfloat16
     for t in args.types.split(","):
         for K, N in shapes:
-            canon = random_weight(t, N, K)
+            canon = random_weight(f"gguf-{t}", N, K)
             nbytes = canon["qweight"].numel()
             cuda = QuantLinear.from_canonical(canon, device="cuda", act_dtype=dt)  # CUDA at M=1, Triton after
             tri = QuantLinear.from_canonical(

@@ -20,12 +20,9 @@ import time
 import torch
 import torch.nn.functional as F
 
-from quantrt.bench import copy_bandwidth_tbps, git_sha, median_us, versions
-from quantrt.canonical import CanonicalWeight
+from quantrt.bench import copy_bandwidth_tbps, git_sha, median_us, random_weight, versions
 from quantrt.env import Overrides
 from quantrt.layers import QuantLinear
-from quantrt.reference.gguf import random_blocks
-from quantrt.schemes import parse_scheme
 
 KERNELS = ("cuda.mma_gguf", "cuda.gemv_gguf", "cuda.triton_gguf")
 
@@ -53,9 +50,8 @@ def main() -> int:
     dt = torch.bfloat16
     t = args.type
     for K, N in shapes:
-        q = random_blocks(t, N, K, seed=N * K).to("cuda")
-        canon = CanonicalWeight(parse_scheme(f"gguf-{t}"), N, K, {"qweight": q})
-        nbytes = q.numel()
+        canon = random_weight(f"gguf-{t}", N, K)
+        nbytes = canon["qweight"].numel()
         layers = {}
         for name in KERNELS:
             try:
@@ -85,7 +81,7 @@ def main() -> int:
             print(json.dumps(row), flush=True)
             with open(args.out, "w") as f:
                 json.dump(doc, f, indent=1)
-        layers = tri = w = dense = canon = q = None
+        layers = tri = w = dense = canon = None
         torch.cuda.empty_cache()
     print(
         f"{'K x N':>12} {'M':>4} " + " ".join(f"{k.split('.')[1]:>22}" for k in KERNELS) + f" {'cuBLAS':>8}"

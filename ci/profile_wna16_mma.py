@@ -11,8 +11,8 @@ import argparse
 
 import torch
 
+from quantrt.bench import random_weight
 from quantrt.layers import QuantLinear
-from quantrt.reference import quantize
 
 
 def main() -> None:
@@ -23,7 +23,7 @@ def main() -> None:
     ap.add_argument("--no-cublas", action="store_true")
     args = ap.parse_args()
     K, N = (int(v) for v in args.shape.split("x"))
-    canon = quantize(torch.randn(N, K, device="cuda") * 0.02, args.scheme)
+    canon = random_weight(args.scheme, N, K)
     layer = QuantLinear.from_canonical(canon, device="cuda", act_dtype=torch.bfloat16)
     dense = torch.randn(N, K, device="cuda", dtype=torch.bfloat16)
     for m in (int(v) for v in args.ms.split(",")):

@@ -21,11 +21,8 @@ import torch
 import triton.testing as tt
 
 from quantrt.backends.cuda import mma_wna16 as mk
-from quantrt.canonical import CanonicalWeight
+from quantrt.bench import random_weight
 from quantrt.layers import QuantLinear
-from quantrt.reference import quantize
-from quantrt.reference.gguf import random_blocks
-from quantrt.schemes import parse_scheme
 
 SHAPES = ((4096, 28672), (8192, 57344), (28672, 8192), (14336, 4096))
 BUCKETS = (1, 8, 16, 32, 64, 128, 256)
@@ -87,15 +84,6 @@ def candidates(bucket: int, hopper: bool, foldable: bool = True) -> list[dict]:
     return rows
 
 
-def weight(scheme: str, N: int, K: int) -> CanonicalWeight:
-    """Quantized random weights; GGUF as random llama.cpp blocks (its quantizers are slow at these sizes)."""
-    s = parse_scheme(scheme)
-    if s.family == "gguf":
-        q = random_blocks(s.gguf_type, N, K, seed=N + K).to("cuda")
-        return CanonicalWeight(s, N, K, {"qweight": q})
-    return quantize(torch.randn(N, K, device="cuda") * 0.02, scheme)
-
-
 def label(row: dict) -> str:
     return "/".join(f"{k}{int(v) if isinstance(v, bool) else v}" for k, v in row.items())
 
@@ -120,7 +108,7 @@ def main() -> None:
     rows_of: dict[str, dict] = {}
     cublas: dict[tuple[int, int, int], float] = {}
     for K, N in shapes:
-        canon = weight(args.scheme, N, K)
+        canon = random_weight(args.scheme, N, K)
         layer = QuantLinear.from_canonical(canon, device="cuda", act_dtype=torch.bfloat16)
         state = layer._state
         dense = torch.randn(N, K, device="cuda", dtype=torch.bfloat16)

@@ -29,6 +29,22 @@ QUICK_MS = (1, 16, 64, 256, 4096)
 OP_NAMES = ("scaled_mm_rowwise", "scaled_mm_tensor", "int_mm")  # bare torch ops timed for W8A8 schemes
 
 
+def random_weight(scheme: str, N: int, K: int, device: str = "cuda") -> Any:
+    """A quantized random layer for benchmarks and sweeps: GGUF as random llama.cpp blocks (every
+    code and scale byte random, weight-sized f16 fields; its quantizers are slow at these sizes),
+    every other scheme the reference quantizer on N(0, 0.02) weights."""
+    from .canonical import CanonicalWeight
+    from .reference import quantize
+    from .reference.gguf import random_blocks
+    from .schemes import parse_scheme
+
+    s = parse_scheme(scheme)
+    if s.family == "gguf":
+        q = random_blocks(s.gguf_type, N, K, seed=N * K).to(device)
+        return CanonicalWeight(s, N, K, {"qweight": q})
+    return quantize(torch.randn(N, K, device=device) * 0.02, scheme)
+
+
 def git_sha() -> str:
     try:
         root = Path(__file__).resolve().parents[1]
