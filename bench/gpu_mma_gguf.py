@@ -1,8 +1,9 @@
-"""GGUF q4_k on the tensor-core kernel (``cuda.mma_gguf``) beside the kernels it displaces: the
-CUDA GEMV on the native planes (``cuda.gemv_gguf``), the Triton GEMV / fused GEMM / dequant +
-cuBLAS (``cuda.triton_gguf``), and cuBLAS bf16 on a dense weight, in one run on this GPU.
+"""GGUF q4_k and q8_0 on the tensor-core kernel (``cuda.mma_gguf``, ``cuda.mma_gguf_q8``) beside
+the kernels they displace: the CUDA GEMV on the native planes (``cuda.gemv_gguf``, q4_k), the
+Triton GEMV / fused GEMM / dequant + cuBLAS (``cuda.triton_gguf``), and cuBLAS bf16 on a dense
+weight, in one run on this GPU.
 
-    python3 bench/gpu_mma_gguf.py --out FILE.json [--shapes 8192x57344,...] [--ms 1,2,4,8,16,64,256]
+    python3 bench/gpu_mma_gguf.py --out FILE.json [--types q4_k,q8_0] [--shapes 8192x57344,...] [--ms 1,2,8,16,64,256]
 
 Weights are random llama.cpp blocks (``random_blocks``: every code and scale byte random,
 weight-sized f16 fields). Each cell first checks every kernel against the Triton dequantizer's
@@ -24,7 +25,11 @@ from quantrt.bench import copy_bandwidth_tbps, git_sha, median_us, random_weight
 from quantrt.env import Overrides
 from quantrt.layers import QuantLinear
 
-KERNELS = ("cuda.mma_gguf", "cuda.gemv_gguf", "cuda.triton_gguf")
+#: per type, the tensor-core kernel first, then what it displaces
+KERNELS = {
+    "q4_k": ("cuda.mma_gguf", "cuda.gemv_gguf", "cuda.triton_gguf"),
+    "q8_0": ("cuda.mma_gguf_q8", "cuda.triton_gguf"),
+}
 
 
 def main() -> int:
@@ -32,7 +37,7 @@ def main() -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--shapes", default="8192x57344,28672x8192,4096x28672")
     ap.add_argument("--ms", default="1,2,4,8,16,64,256")
-    ap.add_argument("--type", default="q4_k")
+    ap.add_argument("--types", default="q4_k,q8_0")
     args = ap.parse_args()
     shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
     ms = [int(v) for v in args.ms.split(",")]
@@ -48,12 +53,11 @@ def main() -> int:
         "rows": [],
     }
     dt = torch.bfloat16
-    t = args.type
-    for K, N in shapes:
+    for t, K, N in ((t, K, N) for t in args.types.split(",") for K, N in shapes):
         canon = random_weight(f"gguf-{t}", N, K)
         nbytes = canon["qweight"].numel()
         layers = {}
-        for name in KERNELS:
+        for name in KERNELS[t]:
             try:
                 layers[name] = QuantLinear.from_canonical(
                     canon, device="cuda", act_dtype=dt, overrides=Overrides(kernel=name)
@@ -83,20 +87,17 @@ def main() -> int:
                 json.dump(doc, f, indent=1)
         layers = tri = w = dense = canon = None
         torch.cuda.empty_cache()
-    print(
-        f"{'K x N':>12} {'M':>4} " + " ".join(f"{k.split('.')[1]:>22}" for k in KERNELS) + f" {'cuBLAS':>8}"
-    )
     for r in doc["rows"]:
-        cells = []
-        for k in KERNELS:
-            s = k.split(".")[1]
-            cells.append(
-                f"{r.get(s + '_us', 0):8.1f} {r.get(s + '_vs_cublas', 0):5.2f}x {r.get(s + '_pct_copy', 0):5.1f}%"
-            )
+        cells = [
+            f"{k.split('.')[1]} {r[k.split('.')[1] + '_us']:.1f} us {r[k.split('.')[1] + '_vs_cublas']:.2f}x "
+            f"{r[k.split('.')[1] + '_pct_copy']:.1f}%"
+            for k in KERNELS[r["type"]]
+            if k.split(".")[1] + "_us" in r
+        ]
         print(
-            f"{r['K']:>5}x{r['N']:<6} {r['M']:>4} "
-            + " ".join(f"{c:>22}" for c in cells)
-            + f" {r['cublas_us']:8.1f}"
+            f"{r['type']} {r['K']}x{r['N']} M={r['M']}: "
+            + " | ".join(cells)
+            + f" | cuBLAS {r['cublas_us']:.1f} us"
         )
     return 0
 

@@ -19,7 +19,7 @@ def register(registry: Any) -> None:
     """Entry point of the ``quantrt.backends`` group."""
     from .gguf_gemv import CudaGemvGGUF
     from .mma_codebook import CudaMmaBnb4, CudaMmaFp4
-    from .mma_gguf import CudaMmaGGUF
+    from .mma_gguf import CudaMmaGGUF, CudaMmaGGUFQ8
     from .mma_wna16 import CudaMmaW4A16, CudaMmaW8A16
     from .torch_fp4 import CudaScaledMMNvfp4
     from .torch_ops import CudaIntMM, CudaScaledMMFp8, CudaTinygemm
@@ -43,6 +43,7 @@ def register(registry: Any) -> None:
         CudaTritonFp4,
         CudaTritonBnb4,
         CudaMmaGGUF,
+        CudaMmaGGUFQ8,
         CudaGemvGGUF,
         CudaTritonGGUF,
         CudaScaledMMFp8,

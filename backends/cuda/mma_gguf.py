@@ -1,4 +1,5 @@
-"""GGUF Q4_K on the tensor-core kernel of ``mma_wna16`` (``cuda.mma_gguf``).
+"""GGUF Q4_K (``cuda.mma_gguf``) and Q8_0 (``cuda.mma_gguf_q8``) on the tensor-core kernel of
+``mma_wna16``.
 
 Q4_K's codes are unsigned nibbles like int4's, so they take int4's lane-order repack
 (``wna16_layout.repack_codes``) and the same kernel, built with ``CODE = Q4K``
@@ -9,6 +10,13 @@ bytes (4.5 bits per weight). A super-block spans two of the kernel's 128-input c
 lane's 32-input run of a chunk is one sub-block, so a lane decodes its scale and min once per
 chunk and column, and each code pair costs one mask, one subtraction and one fused multiply-add
 (``d sc q - dmin m``, with ``d sc`` and ``dmin m`` rounded once to the activation dtype).
+
+Q8_0's signed bytes plus 128 take int8's lane repack (``CODE = Q80``) and each block's fp16 d
+is the group parameter as stored (two blocks per 64-input chunk), so the prepared weight is again
+the stored bytes (8.5 bits per weight). A code pair costs a byte permute and a subtraction (fp16:
+1024 + u less 1152) or two more bit operations (bf16, whose 8-bit significand cannot hold 128 + u:
+the low 7 bits go into 128's mantissa and bit 7 picks 128 or 256 to subtract), then one multiply by
+d (exact in fp16, rounded once in bf16).
 
 Why: the CUDA GEMV on the native planes (``gguf_gemv.py``) decodes into fp32 and is bound by
 instructions, 40-48% of copy bandwidth at M = 1 on the H200; the tensor-core kernel spends fewer
@@ -26,7 +34,7 @@ from quantrt.canonical import CanonicalWeight
 from quantrt.kernels import Verdict, check
 from quantrt.specs import LayerSpec
 
-from .mma_wna16 import Q4K, CudaMmaWNA16
+from .mma_wna16 import Q4K, Q80, CudaMmaWNA16, params_fit, sz_bytes
 from .wna16_layout import KC, N_ALIGN, ROW_SLICE
 from .wna16_rules import device_conditions
 
@@ -34,6 +42,29 @@ from .wna16_rules import device_conditions
 BLOCK_BYTES = 144
 HEAD_BYTES = 16
 SUPER = 256
+#: a Q8_0 block: d (fp16), 32 signed code bytes
+Q8_BYTES = 34
+Q8_BLOCK = 32
+
+
+def q8_operands(weight: CanonicalWeight) -> tuple[torch.Tensor, torch.Tensor]:
+    """(codes uint8 [N, K] = the signed bytes plus 128; d bits int16 [blocks over K padded to the
+    64-input chunk, Npad], the kernel's parameter layout, padding 0)."""
+    q = weight["qweight"]
+    N, K = weight.N, weight.K
+    nb = K // Q8_BLOCK
+    if q.dtype != torch.uint8 or tuple(q.shape) != (N, nb * Q8_BYTES):
+        raise ValueError(
+            f"gguf q8_0 qweight for N={N}, K={K}: expected uint8 [{N}, {nb * Q8_BYTES}], "
+            f"found {q.dtype} {list(q.shape)}"
+        )
+    blocks = q.view(N, nb, Q8_BYTES)
+    codes = (blocks[:, :, 2:] ^ 0x80).reshape(N, K)
+    groups = -(-K // KC[8]) * KC[8] // Q8_BLOCK
+    n_pad = -(-N // N_ALIGN) * N_ALIGN
+    d = torch.zeros(groups, n_pad, 2, dtype=torch.uint8, device=q.device)
+    d[:nb, :N] = blocks[:, :, :2].transpose(0, 1)
+    return codes, d.view(torch.int16).reshape(groups, n_pad)
 
 
 def q4k_operands(weight: CanonicalWeight) -> tuple[torch.Tensor, torch.Tensor]:
@@ -92,3 +123,35 @@ class CudaMmaGGUF(CudaMmaWNA16):
         column fill whole 32-lane copies only with 2 or 4 n8 tiles."""
         rows = table.get("small_m_q4k", table["small_m"])
         return [{**r, "nt": min(4, max(2, int(r["nt"])))} if "nt" in r else r for r in rows]
+
+
+class CudaMmaGGUFQ8(CudaMmaWNA16):
+    name = "cuda.mma_gguf_q8"
+    description = (
+        "CUDA GGUF q8_0 on tensor cores (mma.sync, int8's lane-order repack, llama.cpp's block scales as the "
+        "group parameters); cuBLAS on dequantized slices for large M"
+    )
+    priority = 38  # before the Triton GGUF kernels (40)
+    bits = 8
+    code = Q80
+
+    @classmethod
+    def supports(cls, spec: LayerSpec, caps: Any) -> Verdict:
+        s = spec.scheme
+        return check(
+            *device_conditions(spec, caps, "cupy", "NVRTC compiles the kernel"),
+            (s.family == "gguf" and s.gguf_type == "q8_0", "GGUF q8_0 weights", {"gguf_type": s.gguf_type}),
+            (spec.K_part % Q8_BLOCK == 0, f"K a multiple of {Q8_BLOCK}", {"K": spec.K_part}),
+        )
+
+    def operands(
+        self, weight: CanonicalWeight, group: int | None, act: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        codes, d = q8_operands(weight)
+        return codes, d, None, None
+
+    def tile_rows(self, table: dict[str, Any]) -> list[dict[str, Any]]:
+        """Its own sweep (``small_m_q80``), else int8's shapes, unfolded."""
+        rows = table.get("small_m_q80", table.get("small_m_w8", table["small_m"]))
+        szb = sz_bytes(torch.float16, Q80)
+        return [r for r in rows if "nt" not in r or params_fit(int(r["nt"]), szb)]

@@ -43,13 +43,15 @@ CT = {torch.float16: "__half", torch.bfloat16: "__nv_bfloat16"}
 E2M1 = 41
 LUT4 = 42
 Q4K = 43  # GGUF Q4_K: nibbles with llama.cpp's super-block heads as group parameters
+Q80 = 44  # GGUF Q8_0: signed bytes plus 128, llama.cpp's fp16 block scale as the group parameter
 #: static shared memory the code book takes per code (LUT4: 256 pairs, one copy per bank)
 BOOK_SMEM = {LUT4: 32 * 1024}
 
 
 def code_bits(code: int) -> int:
-    """Bits per stored code: 8 for int8, 4 for int4 and fp4 (which share the 4-bit lane layout)."""
-    return 8 if code == 8 else 4
+    """Bits per stored code: 8 for int8 and GGUF Q8_0, 4 for int4, fp4, code books and GGUF Q4_K
+    (which share the 4-bit lane layout)."""
+    return 8 if code in (8, Q80) else 4
 
 
 def groups_per_chunk(bits: int, group: int | None) -> int:
@@ -228,13 +230,16 @@ class CudaMmaWNA16(Kernel):
 
 def sz_bytes(act: torch.dtype, code: int) -> int:
     """Bytes per group parameter: a (zb, s) pair, fp32 pairs for bf16 int8, one e5m3 byte for fp4, one
-    scale in the activation dtype for code books, a 16-byte super-block head for GGUF q4_k."""
+    scale in the activation dtype for code books, a 16-byte super-block head for GGUF q4_k, the fp16
+    block scale for GGUF q8_0."""
     if code == E2M1:
         return 1
     if code == LUT4:
         return 2
     if code == Q4K:
         return 16
+    if code == Q80:
+        return 2
     return 8 if (act == torch.bfloat16 and code == 8) else 4
 
 

@@ -30,11 +30,16 @@ def test_h200_plans_it_for_q6_k_and_q4_k_goes_to_the_tensor_core_kernel() -> Non
 
 
 @pytest.mark.parametrize("t", ["q6_k", "q8_0", "q4_0", "q5_k"])
-def test_the_tensor_core_kernel_takes_q4_k_only_and_says_why(t: str) -> None:
-    from quantrt.backends.cuda.mma_gguf import CudaMmaGGUF
+def test_the_tensor_core_kernels_take_q4_k_and_q8_0_only_and_say_why(t: str) -> None:
+    from quantrt.backends.cuda.mma_gguf import CudaMmaGGUF, CudaMmaGGUFQ8
 
-    v = CudaMmaGGUF.supports(spec(t), load_preset("h200").device("cuda:0"))
-    assert not v and v.predicate == "GGUF q4_k weights" and dict(v.values) == {"gguf_type": t}
+    gpu = load_preset("h200").device("cuda:0")
+    for kernel, own in ((CudaMmaGGUF, "q4_k"), (CudaMmaGGUFQ8, "q8_0")):
+        v = kernel.supports(spec(t), gpu)
+        if t == own:
+            assert v, v.predicate
+        else:
+            assert not v and v.predicate == f"GGUF {own} weights" and dict(v.values) == {"gguf_type": t}
 
 
 @pytest.mark.parametrize("t", ["q8_0", "q4_0", "q5_k", "q2_k"])
@@ -42,7 +47,8 @@ def test_other_types_stay_with_the_triton_gguf_kernel_and_say_why(t: str) -> Non
     caps = load_preset("h200")
     v = CudaGemvGGUF.supports(spec(t), caps.device("cuda:0"))
     assert not v and v.predicate == "GGUF type one of q4_k, q6_k" and dict(v.values) == {"gguf_type": t}
-    assert select(spec(t), "cuda:0", caps).kernel.name == "cuda.triton_gguf"
+    want = "cuda.mma_gguf_q8" if t == "q8_0" else "cuda.triton_gguf"  # q8_0: the tensor-core kernel
+    assert select(spec(t), "cuda:0", caps).kernel.name == want
 
 
 def test_without_cupy_it_declines_with_the_reason() -> None:

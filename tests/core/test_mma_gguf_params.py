@@ -1,10 +1,11 @@
-"""The operands of ``cuda.mma_gguf`` (``backends/cuda/mma_gguf.py``) checked without a GPU: an
-emulation of the kernel's decode (``Deq<T, Q4K>`` in ``kernels/wna16_common.cuh``: lane t of chunk
-c takes sub-block 4 (c % 2) + t, its scale and min read from the column's 16 head bytes as the
-kernel reads them, one fused multiply-add per code in the activation dtype) on the repacked
-codes must give gguf-py's dequantized weights (llama.cpp's reference, independent of this
-project) to the activation dtype's roundings, on random block bytes (every 6-bit scale and min,
-every code, finite f16 fields of every size)."""
+"""The operands of ``cuda.mma_gguf`` and ``cuda.mma_gguf_q8`` (``backends/cuda/mma_gguf.py``)
+checked without a GPU: an emulation of the kernels' decode (``Deq<T, Q4K>`` in
+``kernels/wna16_common.cuh``: lane t of chunk c takes sub-block 4 (c % 2) + t, its scale and min
+read from the column's 16 head bytes as the kernel reads them, one fused multiply-add per code in
+the activation dtype; ``Deq<T, Q80>``: lane t's 16 bytes are one block's half, the signed code
+times the block's d) on the repacked codes must give gguf-py's dequantized weights (llama.cpp's
+reference, independent of this project) to the activation dtype's roundings, on random block
+bytes (every code, every 6-bit scale and min, finite f16 fields of every size)."""
 
 from __future__ import annotations
 
@@ -14,24 +15,23 @@ import torch
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize as gguf_dequantize
 
-from quantrt.backends.cuda.mma_gguf import CudaMmaGGUF, q4k_operands
+from quantrt.backends.cuda.mma_gguf import CudaMmaGGUF, CudaMmaGGUFQ8, q4k_operands, q8_operands
 from quantrt.backends.cuda.wna16_layout import TG, repack_codes
 from quantrt.canonical import CanonicalWeight
 from quantrt.reference.gguf import random_blocks
 from quantrt.schemes import parse_scheme
 
 
-def canon(N: int, K: int, seed: int, sane: bool = True) -> CanonicalWeight:
+def canon(N: int, K: int, seed: int, sane: bool = True, t: str = "q4_k") -> CanonicalWeight:
     return CanonicalWeight(
-        parse_scheme("gguf-q4_k"), N, K, {"qweight": random_blocks("q4_k", N, K, seed=seed, sane=sane)}
+        parse_scheme(f"gguf-{t}"), N, K, {"qweight": random_blocks(t, N, K, seed=seed, sane=sane)}
     )
 
 
 def llama(c: CanonicalWeight) -> torch.Tensor:
     q = c["qweight"].numpy()
-    return torch.from_numpy(
-        np.asarray(gguf_dequantize(q, GGMLQuantizationType.Q4_K), dtype=np.float64)
-    ).reshape(c.N, c.K)
+    gt = GGMLQuantizationType[c.scheme.gguf_type.upper()]
+    return torch.from_numpy(np.asarray(gguf_dequantize(q, gt), dtype=np.float64)).reshape(c.N, c.K)
 
 
 def scale_min(heads: torch.Tensor, j: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -131,3 +131,73 @@ def test_launch_rows_keep_two_to_four_tiles() -> None:
     assert [r["nt"] for r in CudaMmaGGUF().tile_rows({"small_m": base})] == [4, 2]
     own = [{"max_m": 1, "mt": 1, "nt": 2, "wn": 2, "swap": True}]
     assert CudaMmaGGUF().tile_rows({"small_m": base, "small_m_q4k": own}) == own
+
+
+def bf16_bits(bits: torch.Tensor) -> torch.Tensor:
+    return (bits - ((bits >> 15) << 16)).to(torch.int16).view(torch.bfloat16).double()
+
+
+def test_q8_bf16_code_trick_on_every_byte() -> None:
+    """``Q8Code<bf16>``: 128 + (u & 127) in 128's mantissa, less 256 (u < 128) or 128 (u >= 128),
+    is u - 128 for every byte (the fp16 form, 1024 + u less 1152, is exact by fp16's 11 bits)."""
+    u = torch.arange(256, dtype=torch.int64)
+    v = bf16_bits((u & 0x7F) | 0x4300)
+    c = bf16_bits((u & 0x80) ^ 0x4380)
+    assert torch.equal(v - c, (u - 128).double())
+
+
+def q8_view(packed: torch.Tensor, d: torch.Tensor, act: torch.dtype) -> torch.Tensor:
+    """Dense weights float64 [Npad, chunks*64] as the Q80 kernel's mma sees them: lane (g, t) byte b
+    of chunk c is input 64 c + 16 t + b of column g, block 2 c + t // 2; (u - 128) * d rounded."""
+    tiles, chunks = packed.shape[0] * TG, packed.shape[1]
+    p = torch.stack([packed[T // TG, :, T % TG] for T in range(tiles)]).to(
+        torch.int64
+    )  # [tiles, chunks, 32, 16]
+    dv = d.view(torch.float16).float().to(act).double()  # [groups, Npad]
+    out = torch.full((tiles * 8, chunks * 64), float("nan"), dtype=torch.float64)
+    c = torch.arange(chunks)
+    for lane in range(32):
+        g, t = divmod(lane, 4)
+        cols = torch.arange(tiles) * 8 + g
+        s = dv[(2 * c + t // 2)[None, :], cols[:, None]]  # [tiles, chunks]
+        for b in range(16):
+            w = ((p[:, :, lane, b] - 128).double() * s).to(act).double()
+            out[cols[:, None], (c * 64 + t * 16 + b)[None, :]] = w
+    return out
+
+
+@pytest.mark.parametrize(
+    ("act", "sane"), [(torch.bfloat16, True), (torch.float16, True), (torch.bfloat16, False)]
+)
+def test_q8_emulated_decode_gives_llama_cpp_weights(act: torch.dtype, sane: bool) -> None:
+    """K of 23 blocks (the last chunk half padding), N not a multiple of 64."""
+    N, K = 70, 32 * 23
+    c = canon(N, K, seed=11, sane=sane, t="q8_0")
+    codes, d = q8_operands(c)
+    assert codes.shape == (N, K) and d.shape == (24, 128) and d.dtype == torch.int16
+    got = q8_view(repack_codes(codes, 8, N, K), d, act)[:N, :K]
+    ref = llama(c)
+    u = 2.0 ** (-8 if act == torch.bfloat16 else -11)
+    finite = torch.isfinite(ref)
+    assert bool((((got - ref).abs() <= 2 * u * ref.abs() + 2.0**-24) | ~finite).all())
+    if act == torch.float16:  # d is exact in fp16: one rounding of the product
+        assert bool((((got - ref).abs() <= u * ref.abs() + 2.0**-25) | ~finite).all())
+
+
+def test_q8_scales_are_the_stored_bits() -> None:
+    N, K = 3, 96
+    c = canon(N, K, seed=12, t="q8_0")
+    codes, d = q8_operands(c)
+    blocks = c["qweight"].view(N, 3, 34)
+    assert torch.equal(d[:3, :N].t().contiguous().view(torch.uint8).reshape(N, 3, 2), blocks[:, :, :2])
+    assert not d[3:].any() and not d[:, N:].any()
+    assert torch.equal(codes.view(N, 3, 32), blocks[:, :, 2:] ^ 0x80)
+
+
+def test_q8_launch_rows_are_its_own_else_int8s() -> None:
+    base = [{"max_m": 1, "mt": 1, "nt": 4, "swap": True}]
+    w8 = [{"max_m": 1, "mt": 1, "nt": 8, "wn": 2, "swap": True}]
+    own = [{"max_m": 1, "mt": 1, "nt": 2, "wn": 4, "swap": True}]
+    assert CudaMmaGGUFQ8().tile_rows({"small_m": base}) == base
+    assert CudaMmaGGUFQ8().tile_rows({"small_m": base, "small_m_w8": w8}) == w8
+    assert CudaMmaGGUFQ8().tile_rows({"small_m": base, "small_m_w8": w8, "small_m_q80": own}) == own

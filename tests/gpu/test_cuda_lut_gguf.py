@@ -75,11 +75,13 @@ CASES = [
     ],
     ("gguf-q4_k", "cuda.mma_gguf", torch.bfloat16),
     ("gguf-q4_k", "cuda.mma_gguf", torch.float16),
+    ("gguf-q8_0", "cuda.mma_gguf_q8", torch.bfloat16),
+    ("gguf-q8_0", "cuda.mma_gguf_q8", torch.float16),
 ]
 #: the GGUF types the CUDA GEMV takes (the others stay with the Triton GEMV)
 CUDA_GEMV_TYPES = ("q4_k", "q6_k")
 #: the kernel dispatch picks per GGUF type on this GPU
-GGUF_KERNEL = {"q4_k": "cuda.mma_gguf", "q6_k": "cuda.gemv_gguf"}
+GGUF_KERNEL = {"q4_k": "cuda.mma_gguf", "q6_k": "cuda.gemv_gguf", "q8_0": "cuda.mma_gguf_q8"}
 
 
 @pytest.mark.parametrize("scheme,kernel,dtype", CASES, ids=str)

@@ -13,11 +13,13 @@ typedef unsigned int u32;
 // integers of that width, E2M1 is fp4 (sign, 2 exponent bits, 1 mantissa bit), LUT4 an index
 // into a 16-value code book (bitsandbytes NF4/FP4) and Q4K GGUF Q4_K's unsigned nibbles (a 6-bit
 // scale and min per 32 inputs), all packed as 4-bit codes in int4's lane layout (LUT4 in the
-// canonical nibble order).
+// canonical nibble order); Q80 is GGUF Q8_0's signed bytes plus 128 (an fp16 scale per 32
+// inputs) in int8's lane layout.
 constexpr int E2M1 = 41;
 constexpr int LUT4 = 42;
 constexpr int Q4K = 43;
-__host__ __device__ constexpr int code_bits(int code) { return code == 8 ? 8 : 4; }
+constexpr int Q80 = 44;
+__host__ __device__ constexpr int code_bits(int code) { return code == 8 || code == Q80 ? 8 : 4; }
 
 template <typename T2> __device__ __forceinline__ u32 as_u32(T2 v) { return *reinterpret_cast<u32*>(&v); }
 template <typename T2> __device__ __forceinline__ T2 as_t2(u32 v) { return *reinterpret_cast<T2*>(&v); }
@@ -165,6 +167,10 @@ template <typename T> struct Param<T, LUT4> {
 template <typename T> struct Param<T, Q4K> {
   typedef uint4 type;
 };
+// Q80: a block's fp16 scale d as stored (its bits), per column; two blocks per 64-input chunk.
+template <typename T> struct Param<T, Q80> {
+  typedef unsigned short type;
+};
 
 // LUT4 code books reach the decode as a Book (empty for the other codes), loaded by each block
 // before its first decode: the 256 pairs of mma_codebook.book_pairs (entry b = (book[b & 15],
@@ -282,6 +288,34 @@ template <typename T> struct Deq<T, Q4K> {
     Codes<T, 4>::raw(v, kt, r0, r1);
     b0 = as_u32(__hfma2(__hsub2(as_t2<T2>(r0), magic), s2, o2));
     b1 = as_u32(__hfma2(__hsub2(as_t2<T2>(r1), magic), s2, o2));
+  }
+};
+// GGUF Q8_0 pairs: bytes u = q + 128 of word kt (inputs 4kt..4kt+3), the signed code exactly
+// in the activation dtype, times the block's d (exact in fp16, rounded once in bf16).
+// fp16: 1024 + u by one byte permute, less 1152. bf16 holds 128 + u only for u < 128, so the
+// low 7 bits go into 128's mantissa and bit 7 picks what to subtract: 256 (u < 128) or 128.
+template <typename T> struct Q8Code;
+template <> struct Q8Code<__half> {
+  static __device__ __forceinline__ u32 pair(u32 w, u32 sel) {
+    return as_u32(__hsub2(as_t2<__half2>(__byte_perm(w, 0x64646464u, sel)), as_t2<__half2>(0x64806480u)));
+  }
+};
+template <> struct Q8Code<__nv_bfloat16> {
+  static __device__ __forceinline__ u32 pair(u32 w, u32 sel) {
+    const u32 b = __byte_perm(w, 0, sel);  // the two bytes in the low byte of each half
+    const u32 v = and_or(b, 0x007F007Fu, 0x43004300u);
+    const u32 c = (b & 0x00800080u) ^ 0x43804380u;
+    return as_u32(__hsub2(as_t2<__nv_bfloat162>(v), as_t2<__nv_bfloat162>(c)));
+  }
+};
+template <typename T> struct Deq<T, Q80> {
+  static __device__ __forceinline__ void run(const uint4& v, int kt, unsigned short p, int, u32& b0, u32& b1,
+                                             const Book<Q80>&) {
+    typedef typename Kind<T>::T2 T2;
+    const T2 d = as_t2<T2>(Kind<T>::pair(__half2float(__ushort_as_half(p))));
+    const u32 w = word(v, kt);
+    b0 = as_u32(__hmul2(as_t2<T2>(Q8Code<T>::pair(w, 0x4140)), d));
+    b1 = as_u32(__hmul2(as_t2<T2>(Q8Code<T>::pair(w, 0x4342)), d));
   }
 };
 // A column's (zb, s) as floats, for the folded path's per-group fix-up.
