@@ -5,7 +5,7 @@ CuPy) ranks first where CuPy is importable, and serves NVFP4/MXFP4 and bitsandby
 next; the Triton fp8 (W8A8 per tensor/channel, block fp8, weight-only) and int8 W8A8 kernels
 (``triton_w8a8.py``); the Triton 4-bit code-book kernels for NVFP4, MXFP4 and bitsandbytes NF4/FP4
 (``triton_lut4.py``) and GGUF's ten block types (``triton_gguf.py``), with a CUDA GEMV for
-q4_k/q6_k ahead of it (``gguf_gemv.py``) and q4_k on the tensor-core kernel ahead of both (``mma_gguf.py``); W4A4 NVFP4 on Blackwell's fp4
+q4_k/q6_k ahead of it (``gguf_gemv.py``) and q4_k and q8_0 on the tensor-core kernel ahead of both (``mma_gguf.py``); W4A4 NVFP4 on Blackwell's fp4
 units through torch (``torch_fp4.py``); then torch's own ops (tinygemm int4, cuBLASLt fp8 and int8). Launch shapes
 come from ``tunings/``.
 """

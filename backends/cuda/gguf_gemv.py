@@ -13,7 +13,9 @@ the sub-block scale and min to the run sums, and each block's warps split K. Mea
 Where it does not win, it is not used: from 2 rows on, the kernel re-decodes each weight per row
 of x and the Triton GEMV (which decodes once per tile) was faster at M = 4 and 8, so batches above
 the table's CUDA bound take the Triton path; q8_0 (one byte per code, little to decode) streamed
-slower here than in the Triton GEMV at every shape measured, so it stays with ``cuda.triton_gguf``.
+slower here than in the Triton GEMV at every shape measured, so it was left out. q4_k and q8_0 now
+rank first on the tensor-core kernel (``mma_gguf.py``: fewer instructions per weight, every M
+faster on the H200), so this kernel serves q6_k, and q4_k when asked for by name.
 Launch shapes and bounds come from ``tunings/gguf_gemv_<arch>.json``.
 """
 
