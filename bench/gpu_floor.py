@@ -18,14 +18,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 
 import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from quantrt.bench import copy_bandwidth_tbps, git_sha, median_us, versions
+from quantrt.bench import copy_bandwidth_tbps, median_us, run_header
 
 # stored bits per weight, codes plus scales, as the kernels read them
 BITS = {
@@ -92,12 +91,9 @@ def main() -> int:
     configs = [tuple(int(v) for v in c.split("x")) for c in args.configs.split(",")]
     copy = copy_bandwidth_tbps()
     doc = {
-        "what": "read-only streaming floor vs cuBLAS bf16 at M=1 (bench/gpu_floor.py)",
-        "date": time.strftime("%Y-%m-%d"),
-        "device": torch.cuda.get_device_name(),
-        "git": git_sha(),
-        "versions": versions(),
-        "command": "python3 bench/gpu_floor.py " + " ".join(f"--{k} {v}" for k, v in vars(args).items()),
+        **run_header(
+            "read-only streaming floor vs cuBLAS bf16 at M=1 (bench/gpu_floor.py)", "bench/gpu_floor.py", args
+        ),
         "copy_TBps": round(copy, 3),
         "empty_launch_us": round(median_us(lambda: torch.empty(0, device="cuda").add_(1)), 2),
         "rows": [],

@@ -17,14 +17,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import time
 
 import torch
 import torch.nn.functional as F
 
 from quantrt.backends.cuda import gguf_gemv
 from quantrt.backends.cuda.cupy_kernels import Launch, compile_all, function
-from quantrt.bench import copy_bandwidth_tbps, git_sha, median_us, random_weight, versions
+from quantrt.bench import copy_bandwidth_tbps, median_us, random_weight, run_header
 from quantrt.env import Overrides
 from quantrt.layers import QuantLinear
 
@@ -45,12 +44,11 @@ def main() -> int:
     ms = [int(v) for v in args.ms.split(",")]
     copy = copy_bandwidth_tbps()
     doc = {
-        "what": "cuda.gemv_gguf vs cuda.triton_gguf vs cuBLAS bf16 (bench/gpu_gguf_gemv.py)",
-        "date": time.strftime("%Y-%m-%d"),
-        "device": torch.cuda.get_device_name(),
-        "git": git_sha(),
-        "versions": versions(),
-        "command": "python3 bench/gpu_gguf_gemv.py " + " ".join(f"--{k} {v}" for k, v in vars(args).items()),
+        **run_header(
+            "cuda.gemv_gguf vs cuda.triton_gguf vs cuBLAS bf16 (bench/gpu_gguf_gemv.py)",
+            "bench/gpu_gguf_gemv.py",
+            args,
+        ),
         "copy_tbps": round(copy, 3),
         "rows": [],
         "sweep": [],

@@ -16,12 +16,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 
 import torch
 import torch.nn.functional as F
 
-from quantrt.bench import copy_bandwidth_tbps, git_sha, median_us, random_weight, versions
+from quantrt.bench import copy_bandwidth_tbps, median_us, random_weight, run_header
 from quantrt.env import Overrides
 from quantrt.layers import QuantLinear
 
@@ -43,12 +42,11 @@ def main() -> int:
     ms = [int(v) for v in args.ms.split(",")]
     copy = copy_bandwidth_tbps()
     doc = {
-        "what": "cuda.mma_gguf vs cuda.gemv_gguf vs cuda.triton_gguf vs cuBLAS bf16 (bench/gpu_mma_gguf.py)",
-        "date": time.strftime("%Y-%m-%d"),
-        "device": torch.cuda.get_device_name(),
-        "git": git_sha(),
-        "versions": versions(),
-        "command": "python3 bench/gpu_mma_gguf.py " + " ".join(f"--{k} {v}" for k, v in vars(args).items()),
+        **run_header(
+            "cuda.mma_gguf vs cuda.gemv_gguf vs cuda.triton_gguf vs cuBLAS bf16 (bench/gpu_mma_gguf.py)",
+            "bench/gpu_mma_gguf.py",
+            args,
+        ),
         "copy_TBps": round(copy, 3),
         "rows": [],
     }

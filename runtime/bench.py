@@ -46,6 +46,19 @@ def random_weight(scheme: str, N: int, K: int, device: str = "cuda") -> Any:
     return quantize(torch.randn(N, K, device=device) * 0.02, scheme)
 
 
+def run_header(what: str, script: str, args: Any) -> dict[str, Any]:
+    """The fields every GPU benchmark file starts with: what it times, when, where, on which tree
+    and versions, the exact command (``args``: the script's parsed arguments)."""
+    return {
+        "what": what,
+        "date": datetime.date.today().isoformat(),
+        "device": torch.cuda.get_device_name(),
+        "git": git_sha(),
+        "versions": versions(),
+        "command": f"python3 {script} " + " ".join(f"--{k} {v}" for k, v in vars(args).items()),
+    }
+
+
 def git_sha() -> str:
     try:
         root = Path(__file__).resolve().parents[1]

@@ -37,7 +37,7 @@ from quantrt.canonical import CanonicalWeight
 from quantrt.kernels import Verdict, check
 from quantrt.specs import LayerSpec
 
-from .mma_wna16 import E2M1, LUT4, CudaMmaWNA16, groups_per_chunk
+from .mma_wna16 import E2M1, LUT4, CudaMmaWNA16, fit_tiles, groups_per_chunk, sz_bytes
 from .triton_lut4 import prepare_bnb4, prepare_fp4
 from .wna16_layout import KC, N_ALIGN
 from .wna16_rules import device_conditions
@@ -182,8 +182,7 @@ class CudaMmaFp4(CudaMmaWNA16):
     def tile_rows(self, table: dict[str, Any]) -> list[dict[str, Any]]:
         """Code books may have their own sweep (``small_m_codebook``), else int4's shapes (unfolded);
         byte scales need 2 n8 tiles per warp at least (16-byte pieces of parameters per group)."""
-        rows = table.get("small_m_codebook", table["small_m"])
-        return [{**r, "nt": max(2, int(r["nt"]))} if "nt" in r else r for r in rows]
+        return fit_tiles(table.get("small_m_codebook", table["small_m"]), sz_bytes(torch.float16, E2M1))
 
 
 class CudaMmaBnb4(CudaMmaFp4):

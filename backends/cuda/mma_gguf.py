@@ -34,7 +34,7 @@ from quantrt.canonical import CanonicalWeight
 from quantrt.kernels import Verdict, check
 from quantrt.specs import LayerSpec
 
-from .mma_wna16 import Q4K, Q80, CudaMmaWNA16, params_fit, sz_bytes
+from .mma_wna16 import Q4K, Q80, CudaMmaWNA16, fit_tiles, sz_bytes
 from .wna16_layout import KC, N_ALIGN, ROW_SLICE
 from .wna16_rules import device_conditions
 
@@ -47,111 +47,112 @@ Q8_BYTES = 34
 Q8_BLOCK = 32
 
 
+def _blocks(weight: CanonicalWeight, t: str, B: int, T: int) -> torch.Tensor:
+    """qweight as [N, blocks, T] bytes, checked against N and K (B weights per block)."""
+    q = weight["qweight"]
+    N, K = weight.N, weight.K
+    nb = K // B
+    if q.dtype != torch.uint8 or tuple(q.shape) != (N, nb * T):
+        raise ValueError(
+            f"gguf {t} qweight for N={N}, K={K}: expected uint8 [{N}, {nb * T}], found {q.dtype} {list(q.shape)}"
+        )
+    return q.view(N, nb, T)
+
+
+def _param_layout(fields: torch.Tensor, groups: int) -> torch.Tensor:
+    """Per-block bytes [N, blocks, F] -> the kernel's parameter layout [groups, Npad, F] (padding 0)."""
+    N, nb, F = fields.shape
+    n_pad = -(-N // N_ALIGN) * N_ALIGN
+    out = torch.zeros(groups, n_pad, F, dtype=torch.uint8, device=fields.device)
+    out[:nb, :N] = fields.transpose(0, 1)
+    return out
+
+
 def q8_operands(weight: CanonicalWeight) -> tuple[torch.Tensor, torch.Tensor]:
     """(codes uint8 [N, K] = the signed bytes plus 128; d bits int16 [blocks over K padded to the
     64-input chunk, Npad], the kernel's parameter layout, padding 0)."""
-    q = weight["qweight"]
-    N, K = weight.N, weight.K
-    nb = K // Q8_BLOCK
-    if q.dtype != torch.uint8 or tuple(q.shape) != (N, nb * Q8_BYTES):
-        raise ValueError(
-            f"gguf q8_0 qweight for N={N}, K={K}: expected uint8 [{N}, {nb * Q8_BYTES}], "
-            f"found {q.dtype} {list(q.shape)}"
-        )
-    blocks = q.view(N, nb, Q8_BYTES)
-    codes = (blocks[:, :, 2:] ^ 0x80).reshape(N, K)
-    groups = -(-K // KC[8]) * KC[8] // Q8_BLOCK
-    n_pad = -(-N // N_ALIGN) * N_ALIGN
-    d = torch.zeros(groups, n_pad, 2, dtype=torch.uint8, device=q.device)
-    d[:nb, :N] = blocks[:, :, :2].transpose(0, 1)
-    return codes, d.view(torch.int16).reshape(groups, n_pad)
+    blocks = _blocks(weight, "q8_0", Q8_BLOCK, Q8_BYTES)
+    codes = (blocks[:, :, 2:] ^ 0x80).reshape(weight.N, weight.K)
+    d = _param_layout(blocks[:, :, :2], -(-weight.K // KC[8]) * KC[8] // Q8_BLOCK)
+    return codes, d.view(torch.int16).squeeze(-1)
 
 
 def q4k_operands(weight: CanonicalWeight) -> tuple[torch.Tensor, torch.Tensor]:
     """(codes uint8 [N, K/2] in the canonical packing, low nibble = even k; head bytes uint8
     [super-blocks over the padded K, Npad, 16], the kernel's parameter layout, padding 0). Blocks
     decode as stored, as llama.cpp's do; the GGUF loader refuses NaN or infinite f16 fields first."""
-    q = weight["qweight"]
+    blocks = _blocks(weight, "q4_k", SUPER, BLOCK_BYTES)
     N, K = weight.N, weight.K
-    nb = K // SUPER
-    if q.dtype != torch.uint8 or tuple(q.shape) != (N, nb * BLOCK_BYTES):
-        raise ValueError(
-            f"gguf q4_k qweight for N={N}, K={K}: expected uint8 [{N}, {nb * BLOCK_BYTES}], "
-            f"found {q.dtype} {list(q.shape)}"
-        )
-    blocks = q.view(N, nb, BLOCK_BYTES)
-    codes = torch.empty(N, K // 2, dtype=torch.uint8, device=q.device)
+    nb = blocks.shape[1]
+    codes = torch.empty(N, K // 2, dtype=torch.uint8, device=blocks.device)
     for r0 in range(0, N, ROW_SLICE):
         qs = blocks[r0 : r0 + ROW_SLICE, :, HEAD_BYTES:].reshape(-1, nb, 4, 1, 32)
         # byte l of 32-byte run j: weight 64 j + l (low nibble) and 64 j + 32 + l (high)
         k = torch.cat((qs & 0xF, qs >> 4), dim=3).reshape(-1, K)
         codes[r0 : r0 + ROW_SLICE] = k[:, 0::2] | (k[:, 1::2] << 4)
-    groups = -(-K // KC[4]) * KC[4] // SUPER
-    n_pad = -(-N // N_ALIGN) * N_ALIGN
-    heads = torch.zeros(groups, n_pad, HEAD_BYTES, dtype=torch.uint8, device=q.device)
-    heads[:nb, :N] = blocks[:, :, :HEAD_BYTES].transpose(0, 1)
-    return codes, heads
+    return codes, _param_layout(blocks[:, :, :HEAD_BYTES], -(-K // KC[4]) * KC[4] // SUPER)
 
 
-class CudaMmaGGUF(CudaMmaWNA16):
+class _GGUFOnMma(CudaMmaWNA16):
+    """One GGUF type on the tensor-core kernel: its code, its operands, its launch rows."""
+
+    priority = 38  # before the CUDA GEMV on the native planes (39) and the Triton GGUF kernels (40)
+    gguf_type = ""
+    k_multiple = 1  # K must be whole blocks (or super-blocks)
+    rows_key = ""  # the type's own launch rows in the table, from its sweep
+    base_rows = "small_m"  # else these: the integer rows of the same code width
+
+    @classmethod
+    def supports(cls, spec: LayerSpec, caps: Any) -> Verdict:
+        s = spec.scheme
+        t = cls.gguf_type
+        return check(
+            *device_conditions(spec, caps, "cupy", "NVRTC compiles the kernel"),
+            (s.family == "gguf" and s.gguf_type == t, f"GGUF {t} weights", {"gguf_type": s.gguf_type}),
+            (spec.K_part % cls.k_multiple == 0, f"K a multiple of {cls.k_multiple}", {"K": spec.K_part}),
+        )
+
+    @staticmethod
+    def gguf_operands(weight: CanonicalWeight) -> tuple[torch.Tensor, torch.Tensor]:
+        raise NotImplementedError
+
+    def operands(
+        self, weight: CanonicalWeight, group: int | None, act: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        codes, params = self.gguf_operands(weight)
+        return codes, params, None, None
+
+    def tile_rows(self, table: dict[str, Any]) -> list[dict[str, Any]]:
+        """The type's own sweep, else the integer rows of its code width, unfolded, with as many n8
+        tiles as whole 16-byte copies of its group parameters allow (q4_k's heads: 2 or 4)."""
+        rows = table.get(self.rows_key, table.get(self.base_rows, table["small_m"]))
+        return fit_tiles(rows, sz_bytes(torch.float16, self.code))
+
+
+class CudaMmaGGUF(_GGUFOnMma):
     name = "cuda.mma_gguf"
     description = (
         "CUDA GGUF q4_k on tensor cores (mma.sync, int4's lane-order repack, llama.cpp's super-block heads as "
         "the group parameters: one fused multiply-add per code pair); cuBLAS on dequantized slices for large M"
     )
-    priority = 38  # before the CUDA GEMV on the native planes (39) and the Triton GGUF kernels (40)
     bits = 4
     code = Q4K
-
-    @classmethod
-    def supports(cls, spec: LayerSpec, caps: Any) -> Verdict:
-        s = spec.scheme
-        return check(
-            *device_conditions(spec, caps, "cupy", "NVRTC compiles the kernel"),
-            (s.family == "gguf" and s.gguf_type == "q4_k", "GGUF q4_k weights", {"gguf_type": s.gguf_type}),
-            (spec.K_part % SUPER == 0, f"K a multiple of {SUPER}", {"K": spec.K_part}),
-        )
-
-    def operands(
-        self, weight: CanonicalWeight, group: int | None, act: torch.dtype
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-        codes, heads = q4k_operands(weight)
-        return codes, heads, None, None
-
-    def tile_rows(self, table: dict[str, Any]) -> list[dict[str, Any]]:
-        """Its own sweep (``small_m_q4k``), else int4's shapes, unfolded; a warp's 16-byte heads per
-        column fill whole 32-lane copies only with 2 or 4 n8 tiles."""
-        rows = table.get("small_m_q4k", table["small_m"])
-        return [{**r, "nt": min(4, max(2, int(r["nt"])))} if "nt" in r else r for r in rows]
+    gguf_type = "q4_k"
+    k_multiple = SUPER
+    rows_key = "small_m_q4k"
+    gguf_operands = staticmethod(q4k_operands)
 
 
-class CudaMmaGGUFQ8(CudaMmaWNA16):
+class CudaMmaGGUFQ8(_GGUFOnMma):
     name = "cuda.mma_gguf_q8"
     description = (
         "CUDA GGUF q8_0 on tensor cores (mma.sync, int8's lane-order repack, llama.cpp's block scales as the "
         "group parameters); cuBLAS on dequantized slices for large M"
     )
-    priority = 38  # before the Triton GGUF kernels (40)
     bits = 8
     code = Q80
-
-    @classmethod
-    def supports(cls, spec: LayerSpec, caps: Any) -> Verdict:
-        s = spec.scheme
-        return check(
-            *device_conditions(spec, caps, "cupy", "NVRTC compiles the kernel"),
-            (s.family == "gguf" and s.gguf_type == "q8_0", "GGUF q8_0 weights", {"gguf_type": s.gguf_type}),
-            (spec.K_part % Q8_BLOCK == 0, f"K a multiple of {Q8_BLOCK}", {"K": spec.K_part}),
-        )
-
-    def operands(
-        self, weight: CanonicalWeight, group: int | None, act: torch.dtype
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-        codes, d = q8_operands(weight)
-        return codes, d, None, None
-
-    def tile_rows(self, table: dict[str, Any]) -> list[dict[str, Any]]:
-        """Its own sweep (``small_m_q80``), else int8's shapes, unfolded."""
-        rows = table.get("small_m_q80", table.get("small_m_w8", table["small_m"]))
-        szb = sz_bytes(torch.float16, Q80)
-        return [r for r in rows if "nt" not in r or params_fit(int(r["nt"]), szb)]
+    gguf_type = "q8_0"
+    k_multiple = Q8_BLOCK
+    rows_key = "small_m_q80"
+    base_rows = "small_m_w8"
+    gguf_operands = staticmethod(q8_operands)

@@ -250,6 +250,13 @@ def params_fit(nt: int, szb: int) -> bool:
     return 16 <= n <= 512 and n & (n - 1) == 0
 
 
+def fit_tiles(rows: list[dict[str, Any]], szb: int) -> list[dict[str, Any]]:
+    """Launch rows with their n8 tiles per warp moved into what the parameter copy allows for
+    szb-byte group parameters (:func:`params_fit`), and even (swapped tiles pair them)."""
+    ok = [nt for nt in (2, 4, 8, 16, 32, 64) if params_fit(nt, szb)]
+    return [{**r, "nt": min(ok[-1], max(ok[0], int(r["nt"])))} if "nt" in r else r for r in rows]
+
+
 def smem_limit(dev: int) -> int:
     props = torch.cuda.get_device_properties(dev)
     return int(getattr(props, "shared_memory_per_block_optin", SMEM_LIMIT))
