@@ -111,7 +111,7 @@ class MmaState:
     device: int
     bits: int
     gpc: int
-    code: int = 4  # CODE template argument: 4, 8, E2M1 or LUT4
+    code: int = 4  # CODE template argument: 4, 8, E2M1, LUT4, Q4K or Q80
     col_scale: torch.Tensor | None = None  # fp32 [N] applied to the sums (fp4, code books), or None
     book: torch.Tensor | None = None  # LUT4: int32 [256], mma_codebook.book_pairs
 
@@ -540,7 +540,7 @@ def from_meta(
 
 
 def tile_expr(act: torch.dtype, code: int, gpc: int, shape: Shape) -> str:
-    """The kernel instance for one launch shape (``code``: 4, 8, E2M1 or LUT4; wgmma is integer-only)."""
+    """The kernel instance for one launch shape (``code``: 4, 8, E2M1, LUT4, Q4K or Q80; wgmma is integer-only)."""
     if shape.wgmma:
         return f"wna16_wgmma<{CT[act]}, {code}, {shape.xr}, {shape.wn // 4}, {gpc}, {shape.stages}>"
     b = {True: "true", False: "false"}
