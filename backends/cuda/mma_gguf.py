@@ -26,6 +26,7 @@ slices for cuBLAS, as the integer kernels do.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -101,6 +102,8 @@ class _GGUFOnMma(CudaMmaWNA16):
     k_multiple = 1  # K must be whole blocks (or super-blocks)
     rows_key = ""  # the type's own launch rows in the table, from its sweep
     base_rows = "small_m"  # else these: the integer rows of the same code width
+    #: qweight -> (codes in the canonical packing, group parameters in the kernel's layout)
+    gguf_operands: Callable[[CanonicalWeight], tuple[torch.Tensor, torch.Tensor]]
 
     @classmethod
     def supports(cls, spec: LayerSpec, caps: Any) -> Verdict:
@@ -111,10 +114,6 @@ class _GGUFOnMma(CudaMmaWNA16):
             (s.family == "gguf" and s.gguf_type == t, f"GGUF {t} weights", {"gguf_type": s.gguf_type}),
             (spec.K_part % cls.k_multiple == 0, f"K a multiple of {cls.k_multiple}", {"K": spec.K_part}),
         )
-
-    @staticmethod
-    def gguf_operands(weight: CanonicalWeight) -> tuple[torch.Tensor, torch.Tensor]:
-        raise NotImplementedError
 
     def operands(
         self, weight: CanonicalWeight, group: int | None, act: torch.dtype
