@@ -201,3 +201,13 @@ def test_q8_launch_rows_are_its_own_else_int8s() -> None:
     assert CudaMmaGGUFQ8().tile_rows({"small_m": base}) == base
     assert CudaMmaGGUFQ8().tile_rows({"small_m": base, "small_m_w8": w8}) == w8
     assert CudaMmaGGUFQ8().tile_rows({"small_m": base, "small_m_w8": w8, "small_m_q80": own}) == own
+
+
+@pytest.mark.parametrize(("kernel", "t", "K"), [(CudaMmaGGUF, "q4_k", 512), (CudaMmaGGUFQ8, "q8_0", 96)])
+def test_each_kernel_hands_its_types_operands_to_the_shared_kernel(kernel: type, t: str, K: int) -> None:
+    """``prepare`` (shared with the integer kernels) takes codes and parameters from ``operands``:
+    the type's own, no column factor, no code book."""
+    c = canon(5, K, seed=13, t=t)
+    codes, params, col, book = kernel().operands(c, None, torch.bfloat16)
+    want = (q4k_operands if t == "q4_k" else q8_operands)(c)
+    assert torch.equal(codes, want[0]) and torch.equal(params, want[1]) and col is None and book is None
