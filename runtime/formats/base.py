@@ -102,7 +102,9 @@ class LayerEntry:
     ``select`` picks one leading index of stacked tensors (an MoE expert) per role;
     ``constants`` are tensors the format keeps outside its tensors (a quant-state JSON field),
     handed to the adapter beside the stored ones. ``kind`` is ``linear``, ``embedding`` or
-    ``expert``.
+    ``expert``. ``extras`` names the other stored tensors the reader read for this layer (a
+    declared shape, a quant-state blob, a layout flag), so a model loader can tell them from
+    tensors nothing reads.
     """
 
     prefix: str
@@ -117,6 +119,11 @@ class LayerEntry:
     notes: list[str] = field(default_factory=list)
     select: dict[str, int] = field(default_factory=dict)
     constants: dict[str, torch.Tensor] = field(default_factory=dict)
+    extras: list[str] = field(default_factory=list)
+
+    def stored_names(self) -> list[str]:
+        """Every checkpoint tensor this layer is read from (its tensors, bias and extras)."""
+        return [*self.tensors.values(), *([self.bias] if self.bias else []), *self.extras]
 
     @property
     def quantized(self) -> bool:
@@ -136,6 +143,11 @@ class FormatReader(ABC):
     @abstractmethod
     def quantized_layers(self) -> dict[str, LayerEntry]:
         """Every quantized layer, keyed by prefix."""
+
+    def ignored(self) -> dict[str, str]:
+        """Stored tensors this format knowingly leaves unread, each with the reason (a model
+        loader warns about these instead of refusing them as unexpected)."""
+        return {}
 
     def layers(self) -> dict[str, LayerEntry]:
         """Quantized layers, then every other 2-D float weight as a dense layer."""

@@ -139,6 +139,7 @@ class BitsandbytesReader(FormatReader):
                 Bnb8Adapter(),
                 bias=bias,
                 notes=["LLM.int8 outlier decomposition not reproduced (weight-only)"],
+                extras=[fmt] if fmt in self.index else [],
             )
         return out
 
@@ -193,7 +194,9 @@ class BitsandbytesReader(FormatReader):
                     raise CheckpointError(f"{idx.where(state)}: nested_offset is {offset}")
                 constants["offset"] = torch.tensor([offset], dtype=torch.float32)
             bias = f"{prefix}.bias" if f"{prefix}.bias" in idx else None
-            out[prefix] = LayerEntry(prefix, scheme, N, K, tensors, adapter, bias=bias, constants=constants)
+            out[prefix] = LayerEntry(
+                prefix, scheme, N, K, tensors, adapter, bias=bias, constants=constants, extras=[state]
+            )
         return out
 
 

@@ -317,7 +317,18 @@ class CompressedTensorsReader(FormatReader):
                 f"{idx.where(scale)}: expected shape [1] (per tensor), found {list(idx.shape(scale))}"
             )
         bias = f"{prefix}.bias" if f"{prefix}.bias" in idx else None
-        return LayerEntry(prefix, scheme, N, K, roles, adapter, bias=bias)
+        extras = [shape_t] if fmt == "pack-quantized" else []
+        g_idx = f"{prefix}.weight_g_idx"
+        if not scheme.act_order and g_idx in idx:
+            # actorder over a single group (G == K): every id must be 0, so the ids carry nothing
+            ids = idx.read(g_idx)
+            if ids.numel() != K or bool(ids.ne(0).any()):
+                raise CheckpointError(
+                    f"{idx.where(g_idx)}: {scheme} has one group per row, so every group id must be 0; "
+                    f"found {ids.numel()} ids in [{int(ids.min())}, {int(ids.max())}]"
+                )
+            extras.append(g_idx)
+        return LayerEntry(prefix, scheme, N, K, roles, adapter, bias=bias, extras=extras)
 
     def _float_layer(self, prefix: str, fmt: str, group: dict[str, Any], where: str) -> LayerEntry:
         """float-quantized (fp8), nvfp4-pack-quantized and mxfp4-pack-quantized layers."""
@@ -391,7 +402,11 @@ class CompressedTensorsReader(FormatReader):
                     f"{idx.where(f'{prefix}.{role}')}: expected one value, found shape "
                     f"{list(idx.shape(f'{prefix}.{role}'))}"
                 )
-        return LayerEntry(prefix, scheme, N, K, {r: f"{prefix}.{r}" for r in specs}, adapter, bias=bias)
+        shape_t = f"{prefix}.weight_shape"
+        extras = [shape_t] if shape_t in idx else []
+        return LayerEntry(
+            prefix, scheme, N, K, {r: f"{prefix}.{r}" for r in specs}, adapter, bias=bias, extras=extras
+        )
 
     def _declared_shape(self, prefix: str, N: int, K: int, where: str, odd_k_error: str) -> None:
         """compressed-tensors also stores the unpacked shape; it must agree (an odd K cannot pack)."""

@@ -206,6 +206,19 @@ class FP8Reader(FormatReader):
 
     name = "fp8"
 
+    def ignored(self) -> dict[str, str]:
+        """Scales beside a weight that is not stored in fp8: transformers' FP8 writer leaves layers
+        whose N or K is not a multiple of the block dense but still saves their (uninitialised)
+        scale, which its own reload wrongly applies."""
+        out: dict[str, str] = {}
+        fp8 = set(fp8_prefixes(self.index))
+        for name in self.index.names():
+            for leaf in (".weight_scale_inv", ".weight_scale"):
+                prefix = name[: -len(leaf)]
+                if name.endswith(leaf) and prefix not in fp8 and f"{prefix}.weight" in self.index:
+                    out[name] = f"a scale beside {prefix}.weight, which is stored dense (not fp8)"
+        return out
+
     def quantized_layers(self) -> dict[str, LayerEntry]:
         act = str(self.cfg("activation_scheme", required=True)).lower()
         if act not in ("static", "dynamic"):
