@@ -25,6 +25,22 @@ from .schemes import Scheme, parse_scheme
 from .specs import LayerSpec, TensorSpec
 
 
+def _fill(param: nn.Parameter, part: torch.Tensor) -> None:
+    """``param <- part``: adopts ``part``'s storage when it is exactly the parameter's tensor (a
+    whole, contiguous, freshly read tensor), so a large layer is not held twice while it loads."""
+    same = (
+        part.shape == param.shape
+        and part.dtype == param.dtype
+        and part.device == param.device
+        and part.is_contiguous()
+        and part.untyped_storage().nbytes() == part.numel() * part.element_size()
+    )
+    if same:
+        param.data = part
+    else:
+        param.data.copy_(part)
+
+
 class QuantMethod:
     """The layer method: data differs per format (the adapter), compute per hardware (the kernel)."""
 
@@ -116,7 +132,7 @@ class QuantMethod:
                     layer.in_features,
                     layer.out_features,
                 )
-                param.data.copy_(part)
+                _fill(param, part)
                 layer._loaded.setdefault(name, set()).add(0)
                 return
             return self._load_fused_whole(layer, name, tensor)
@@ -390,6 +406,19 @@ class QuantLinear(nn.Module):
             parallel=self.parallel,
             tp_size=self.tp_size,
         )
+
+    # -- running ---------------------------------------------------------------------------
+    @property
+    def has_row_dequant(self) -> bool:
+        """Whether the kernel can give back rows of the weight exactly (``dequant_rows``), so a tied
+        embedding can look tokens up in this layer's prepared state instead of a second copy."""
+        return self._kernel is not None and callable(getattr(self._kernel, "dequant_rows", None))
+
+    def dequant_rows(self, n0: int, n1: int) -> torch.Tensor:
+        """Rows [n0, n1) of this rank's weight, dequantized from the prepared state."""
+        if not self.has_row_dequant:
+            raise RuntimeError(f"{self.prefix or 'layer'}: kernel {self.kernel_name} keeps no row access")
+        return self._kernel.dequant_rows(self._state, n0, n1)
 
     # -- running ---------------------------------------------------------------------------
     @property

@@ -152,24 +152,49 @@ PLANE_ORDER = {
 }
 
 
-def group_layout(qweight: torch.Tensor, gguf_type: str, group: int) -> torch.Tensor:
-    """Canonical blocks [N, K/B*T] -> the kernel's layout (flat uint8): the code planes of N // group
-    groups of ``group`` rows, then their scale fields, each transposed across the group's rows, then
-    the remaining rows canonical (see csrc/gguf.cpp). ``group`` = 0 keeps every row canonical."""
-    _, T, _ = GGUF_TYPES[gguf_type]
-    N = qweight.shape[0]
-    nb = qweight.shape[1] // T
-    G = N // group if group else 0
-    blocks = qweight[: G * group].reshape(G, group, nb, T)
+def _group_parts(blocks: torch.Tensor, gguf_type: str, group: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Blocks [G, group, nb, T] -> (code planes [G, nb, P * group], scale fields [G, nb, F * group])."""
+    G, _, nb, _ = blocks.shape
     planes, fields = [], []
     for f, unit in _fields(gguf_type, blocks):
         L = f.shape[-1]
         part = f.reshape(G, group, nb, L // unit, unit).permute(0, 2, 3, 1, 4).reshape(G, nb, L * group)
         (planes if unit == 4 else fields).append(part)
-    grouped = [torch.cat(parts, dim=-1) for parts in (planes, fields)] if G else []
-    if G and gguf_type in PLANE_ORDER:
-        grouped[0] = grouped[0].reshape(G, nb, -1, 4 * group)[:, :, PLANE_ORDER[gguf_type]]
-    return torch.cat([*(g.reshape(-1) for g in grouped), qweight[G * group :].reshape(-1)]).contiguous()
+    p, q = torch.cat(planes, dim=-1), torch.cat(fields, dim=-1)
+    if gguf_type in PLANE_ORDER:
+        p = p.reshape(G, nb, -1, 4 * group)[:, :, PLANE_ORDER[gguf_type]].reshape(G, nb, -1)
+    return p, q
+
+
+#: rows regrouped per step: bounds the temporaries of a large layer (a tied output layer over a
+#: 262144-row vocabulary) to a few MB beyond its output
+CHUNK_ROWS = 4096
+
+
+def group_layout(qweight: torch.Tensor, gguf_type: str, group: int) -> torch.Tensor:
+    """Canonical blocks [N, K/B*T] -> the kernel's layout (flat uint8): the code planes of N // group
+    groups of ``group`` rows, then their scale fields, each transposed across the group's rows, then
+    the remaining rows canonical (see csrc/gguf.cpp). ``group`` = 0 keeps every row canonical.
+    Written chunk by chunk into one buffer, so the peak is the output plus one chunk."""
+    _, T, _ = GGUF_TYPES[gguf_type]
+    N, row_bytes = qweight.shape
+    nb = row_bytes // T
+    G = N // group if group else 0
+    tail = qweight[G * group :].reshape(-1)
+    if not G:
+        return tail.contiguous().clone()
+    step = max(1, CHUNK_ROWS // group)
+    out = None
+    for g0 in range(0, G, step):
+        g1 = min(G, g0 + step)
+        p, q = _group_parts(qweight[g0 * group : g1 * group].reshape(g1 - g0, group, nb, T), gguf_type, group)
+        pb, fb = p[0].numel(), q[0].numel()  # the unpacked K-quant scales make a group larger than stored
+        if out is None:
+            out = torch.empty(G * (pb + fb) + tail.numel(), dtype=torch.uint8)
+        out[g0 * pb : g1 * pb] = p.reshape(-1)
+        out[G * pb + g0 * fb : G * pb + g1 * fb] = q.reshape(-1)
+    out[G * (pb + fb) :] = tail
+    return out
 
 
 # -- the kernel ----------------------------------------------------------------------------------------
@@ -264,6 +289,10 @@ class CpuNativeGGUF(Kernel):
             out_dtype=spec.output_dtype,
             fn=lib.quantrt_gguf_linear,
         )
+
+    def dequant_rows(self, state: GGUFState, n0: int, n1: int) -> torch.Tensor:
+        """Rows [n0, n1) of the weight, exactly dequantized (fp32), from the prepared layout."""
+        return dequant_rows(state, n0, n1, torch.empty(n1 - n0, state.K, dtype=torch.float32))
 
     def workspace_bytes(self, spec: LayerSpec, max_m: int) -> int:
         t = spec.scheme.gguf_type or ""

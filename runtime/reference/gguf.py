@@ -421,8 +421,10 @@ def finite_blocks(qweight: torch.Tensor, gguf_type: str) -> torch.Tensor:
         )
     b = qweight.contiguous().reshape(-1, T)
     ok = torch.ones(b.shape[0], dtype=torch.bool, device=b.device)
-    for off in F16_FIELDS[t]:
-        ok &= torch.isfinite(_f16(b, off)).squeeze(-1)
+    step = 1 << 20  # blocks per pass: bounds the fp32 temporaries of a large table
+    for i in range(0, b.shape[0], step):
+        for off in F16_FIELDS[t]:
+            ok[i : i + step] &= torch.isfinite(_f16(b[i : i + step], off)).squeeze(-1)
     return ok.reshape(*qweight.shape[:-1], qweight.shape[-1] // T)
 
 
