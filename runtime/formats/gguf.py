@@ -1,7 +1,7 @@
 """GGUF checkpoints (llama.cpp): one .gguf file, no JSON config; each tensor names its own type.
 
-Names. A llama-family file (``general.architecture`` in :data:`HF_ARCHITECTURES`) shows Hugging
-Face prefixes (``blk.0.attn_q`` -> ``model.layers.0.self_attn.q_proj``, ``token_embd`` ->
+Names. A file of an architecture quantrt runs (``general.architecture`` in
+:data:`HF_ARCHITECTURES`) shows Hugging Face prefixes (``blk.0.attn_q`` -> ``model.layers.0.self_attn.q_proj``, ``token_embd`` ->
 ``model.embed_tokens``, ``output`` -> ``lm_head``); any other architecture, and any tensor outside
 that map, keeps its GGUF name minus ``.weight``. 1-D tensors (norms) are not layers.
 
@@ -38,8 +38,8 @@ from ..schemes import Scheme, parse_scheme
 from ..specs import TensorSpec
 from .base import FLOAT_DTYPES, FormatReader, LayerEntry, TensorIndex, natural_key
 
-#: architectures whose tensors take Hugging Face Llama-style prefixes
-HF_ARCHITECTURES = frozenset({"llama", "qwen2", "qwen3"})
+#: architectures whose tensors take Hugging Face prefixes (the ones quantrt runs as models)
+HF_ARCHITECTURES = frozenset({"llama", "qwen2", "qwen3", "gemma2", "gemma3", "phi3"})
 #: architectures whose attn_q/attn_k rows llama.cpp's converter permuted (as transformers undoes)
 ROPE_PERMUTED = frozenset({"llama"})
 
@@ -52,7 +52,10 @@ BLOCK_NAMES = {
     "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
+    "attn_qkv": "self_attn.qkv_proj",
 }
+#: per architecture, block tensors whose Hugging Face module differs from BLOCK_NAMES'
+ARCH_BLOCK_NAMES = {"phi3": {"ffn_up": "mlp.gate_up_proj"}}
 #: GGUF's standard embedding tensor names (any architecture)
 EMBEDDING_NAMES = frozenset({"token_embd", "position_embd", "token_types"})
 
@@ -67,8 +70,11 @@ def hf_prefix(stem: str, architecture: str | None) -> str:
     if stem in GLOBAL_NAMES:
         return GLOBAL_NAMES[stem]
     m = _BLOCK_RE.match(stem)
-    if m and m.group(2) in BLOCK_NAMES:
-        return f"model.layers.{m.group(1)}.{BLOCK_NAMES[m.group(2)]}"
+    if m:
+        names = ARCH_BLOCK_NAMES.get(architecture, {})
+        name = names.get(m.group(2)) or BLOCK_NAMES.get(m.group(2))
+        if name:
+            return f"model.layers.{m.group(1)}.{name}"
     return stem
 
 
