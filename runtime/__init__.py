@@ -51,6 +51,9 @@ _LAZY = {
     "DispatchError": "quantrt.errors",
     "ShardError": "quantrt.errors",
     "ConfigError": "quantrt.errors",
+    "from_pretrained": "quantrt.models",
+    "TensorParallel": "quantrt.models",
+    "QuantrtConfig": "quantrt.models.hf_quantizer",
 }
 
 __all__ = [*sorted(_LAZY), "reference"]

@@ -1,0 +1,518 @@
+"""Fill a transformers model, built on the meta device, from a checkpoint, one tensor at a time.
+
+The model comes from the checkpoint's config (for GGUF, rebuilt from its metadata). Every
+linear module the checkpoint stores becomes the layer :meth:`Checkpoint.linear` builds (a
+QuantLinear whose kernel dispatch chose, or a dense layer), a quantized embedding a
+:class:`QuantEmbedding`; every other parameter is read from its tensor. Nothing is ever dense
+that the file stores quantized, so host memory stays near the file's size.
+
+Everything is checked: a layer whose stored shape disagrees with the config, a parameter no
+tensor fills, a tensor nothing reads (unless the format knows it is harmless: then a warning
+names it). On any error the half-built model is released before the error is raised.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..errors import CheckpointError
+from .modules import GatherColumns, QuantEmbedding, RowParallel, TiedEmbedding
+from .parallel import NONE, LayerCut, TensorParallel, local_config, plan
+
+log = logging.getLogger("quantrt.models")
+
+#: how many names an error lists before "and N more"
+SHOW = 8
+
+
+@dataclass
+class LoadReport:
+    """What loading did: the kernel of every layer, the time, and what was left unread and why."""
+
+    path: str
+    format: str
+    device: str
+    dtype: str
+    seconds: float = 0.0
+    kernels: dict[str, str] = field(default_factory=dict)
+    ignored: dict[str, str] = field(default_factory=dict)
+    bytes_read: int = 0
+
+    def plan_summary(self) -> dict[str, int]:
+        """Kernel -> number of layers it runs."""
+        return dict(Counter(self.kernels.values()).most_common())
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "path": self.path,
+            "format": self.format,
+            "device": self.device,
+            "dtype": self.dtype,
+            "load_seconds": round(self.seconds, 3),
+            "bytes_read": self.bytes_read,
+            "plan": self.plan_summary(),
+            "layers": self.kernels,
+            "ignored_tensors": self.ignored,
+        }
+
+
+def _names(items: list[str]) -> str:
+    head = ", ".join(items[:SHOW])
+    return head + (f" and {len(items) - SHOW} more" if len(items) > SHOW else "")
+
+
+def kernel_label(module: nn.Module) -> str:
+    """The kernel a layer runs, for plans and reports."""
+    inner = getattr(module, "layer", module)
+    if hasattr(inner, "kernel_names"):
+        return "+".join(inner.kernel_names)
+    if hasattr(inner, "kernel_name"):
+        return inner.kernel_name
+    if isinstance(inner, QuantEmbedding):
+        return f"embedding lookup ({inner.scheme})"
+    return f"torch {type(inner).__name__}"
+
+
+def build_empty(config: Any, dtype: torch.dtype) -> nn.Module:
+    """The model on the meta device (parameters only: buffers such as rotary frequencies are
+    computed for real, since no checkpoint stores them)."""
+    from accelerate import init_empty_weights
+    from transformers import AutoModelForCausalLM
+
+    with init_empty_weights(include_buffers=False):
+        try:
+            return AutoModelForCausalLM.from_config(config, dtype=dtype)
+        except ValueError as e:
+            raise CheckpointError(f"transformers cannot build a causal LM from this config: {e}") from None
+
+
+class ModelLoader:
+    """One loading pass of ``ckpt`` into ``model`` (see the module docstring).
+
+    ``quantized_only``: replace only the layers the checkpoint stores quantized and read nothing
+    else (transformers' own loader does the rest, as when quantrt runs as its quantizer).
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        ckpt: Any,
+        *,
+        device: torch.device,
+        dtype: torch.dtype,
+        tp: TensorParallel | None = None,
+        full_config: Any = None,
+        overrides: Any = None,
+        progress: bool | None = None,
+        quantized_only: bool = False,
+    ) -> None:
+        self.model, self.ckpt, self.device, self.dtype = model, ckpt, device, dtype
+        self.tp = tp or TensorParallel()
+        self.full_config = full_config if full_config is not None else model.config
+        self.overrides, self.quantized_only = overrides, quantized_only
+        self.progress = sys.stderr.isatty() if progress is None else progress
+        self.report = LoadReport(str(ckpt.path), ckpt.format, str(device), str(dtype).replace("torch.", ""))
+        self.consumed: set[str] = set()
+        self._bar: Any = None
+
+    # -- the pass ------------------------------------------------------------------------------
+    def run(self) -> LoadReport:
+        t0 = time.perf_counter()
+        from tqdm.auto import tqdm
+
+        info = self.ckpt.index.info
+        if self.quantized_only:
+            names = {n for e in self.ckpt.layers.values() if e.quantized for n in e.stored_names()}
+            total = sum(info[n].nbytes for n in names)
+        else:
+            total = sum(i.nbytes for i in info.values())
+        self._bar = tqdm(
+            total=total, unit="B", unit_scale=True, desc="quantrt: loading", disable=not self.progress
+        )
+        try:
+            self._src_of = {} if self.quantized_only else self._source_names()
+            if not self.quantized_only:
+                self._tied_output()  # first: the largest layer is built while nothing else is held
+            self._layers()
+            if not self.quantized_only:
+                self._parameters()
+                self._rotary()
+                self._buffers()
+                self._unread()
+        finally:
+            self._bar.close()
+        self.report.seconds = time.perf_counter() - t0
+        return self.report
+
+    def _read(self, name: str) -> torch.Tensor:
+        t = self.ckpt.index.read(name)
+        self.consumed.add(name)
+        self.report.bytes_read += self.ckpt.index.info[name].nbytes
+        self._bar.update(self.ckpt.index.info[name].nbytes)
+        return t
+
+    # -- linear layers and embeddings ----------------------------------------------------------
+    def _layers(self) -> None:
+        layers = self.ckpt.layers
+        experts = sorted(p for p, e in layers.items() if e.kind == "expert")
+        if experts:
+            raise CheckpointError(
+                f"{self.ckpt.path}: the checkpoint stores MoE experts ({len(experts)}: {_names(experts)}), "
+                "which quantrt models cannot run yet (quantized MoE arrives with grouped expert kernels)"
+            )
+        cuts = plan(self.model, self.full_config, self.tp)
+        for name, module in list(self.model.named_modules()):
+            entry = layers.get(name)
+            if entry is None or (self.quantized_only and not entry.quantized):
+                continue
+            if isinstance(module, nn.Embedding):
+                if entry.quantized:
+                    self._quant_embedding(name, module, entry)
+                continue
+            if isinstance(module, nn.Linear):
+                self._linear(name, module, entry, cuts.get(name, NONE))
+
+    def _check_shape(self, name: str, module: nn.Module, entry: Any, cut: LayerCut) -> None:
+        n = module.out_features * (cut.tp_size if cut.parallel == "column" else 1)
+        k = module.in_features * (cut.tp_size if cut.parallel == "row" else 1)
+        if (entry.N, entry.K) != (n, k):
+            raise CheckpointError(
+                f"{self.ckpt.path}: layer {name}: the config makes it {n}x{k} (out x in), the checkpoint "
+                f"stores {entry.N}x{entry.K}"
+            )
+        has_bias = getattr(module, "bias", None) is not None
+        if has_bias != (entry.bias is not None):
+            raise CheckpointError(
+                f"{self.ckpt.path}: layer {name}: the config "
+                + (
+                    "has a bias the checkpoint does not store"
+                    if has_bias
+                    else "has no bias, but the checkpoint stores "
+                )
+                + ("" if has_bias else f"{entry.bias}")
+            )
+
+    def _linear(self, name: str, module: nn.Linear, entry: Any, cut: LayerCut) -> None:
+        self._check_shape(name, module, entry, cut)
+        layer = self.ckpt.linear(
+            name,
+            device=self.device,
+            act_dtype=self.dtype,
+            parallel=cut.parallel,
+            tp_rank=cut.tp_rank,
+            tp_size=cut.tp_size,
+            overrides=self.overrides,
+        )
+        self._place(name, layer, cut, entry)
+
+    def _place(self, name: str, layer: nn.Module, cut: LayerCut, entry: Any) -> None:
+        if cut.collective == "sum":
+            layer = RowParallel(layer, self.tp.group)
+        elif cut.collective == "gather":
+            layer = GatherColumns(layer, self.tp.group, cut.tp_size)
+        self.model.set_submodule(name, layer)
+        self.report.kernels[name] = kernel_label(layer)
+        for n in entry.stored_names():
+            if n not in self.consumed:
+                self.consumed.add(n)
+                self.report.bytes_read += self.ckpt.index.info[n].nbytes
+                self._bar.update(self.ckpt.index.info[n].nbytes)
+
+    def _quant_embedding(self, name: str, module: nn.Embedding, entry: Any) -> None:
+        from ..checkpoint.checkpoint import QuantizedWeight
+
+        if (entry.N, entry.K) != (module.num_embeddings, module.embedding_dim):
+            raise CheckpointError(
+                f"{self.ckpt.path}: embedding {name}: the config makes it {module.num_embeddings}x"
+                f"{module.embedding_dim}, the checkpoint stores {entry.N}x{entry.K}"
+            )
+        scale = getattr(module, "embed_scale", None)
+        weight = QuantizedWeight(name, entry, self.ckpt).canonical()
+        emb = QuantEmbedding(weight, dtype=self.dtype, device=self.device, scale=scale, prefix=name)
+        self._place(name, emb, NONE, entry)
+
+    def _tied_output(self) -> None:
+        """A tied output projection over a quantized (or tensor-parallel) embedding becomes its own
+        layer over the embedding's tensors; a dense tied one keeps sharing the embedding's weight.
+        Where that layer's kernel gives rows back, the embedding looks tokens up in it
+        (:class:`TiedEmbedding`) rather than holding the table a second time."""
+        cfg = self.full_config
+        if not getattr(cfg, "tie_word_embeddings", False):
+            return
+        out = self.model.get_output_embeddings()
+        emb_name = next(
+            (n for n, m in self.model.named_modules() if m is self.model.get_input_embeddings()), None
+        )
+        out_name = next((n for n, m in self.model.named_modules() if m is out), None)
+        if out is None or emb_name is None or out_name is None or out_name in self.ckpt.layers:
+            return
+        entry = self.ckpt.layers.get(emb_name)
+        cut = plan(self.model, cfg, self.tp).get(out_name, NONE)
+        if entry is None or not (entry.quantized or cut.parallel):
+            return
+        layer = self.ckpt.linear(
+            emb_name,
+            device=self.device,
+            act_dtype=self.dtype,
+            parallel=cut.parallel,
+            tp_rank=cut.tp_rank,
+            tp_size=cut.tp_size,
+            overrides=self.overrides,
+        )
+        self._place(out_name, layer, cut, entry)
+        emb = self.model.get_submodule(emb_name)
+        if entry.quantized and not cut.parallel and getattr(layer, "has_row_dequant", False):
+            scale = getattr(emb, "embed_scale", None)
+            self.model.set_submodule(emb_name, TiedEmbedding(layer, dtype=self.dtype, scale=scale))
+            self.report.kernels[emb_name] = f"rows of {out_name} ({kernel_label(layer)})"
+
+    # -- everything else -----------------------------------------------------------------------
+    def _source_names(self) -> dict[str, str]:
+        """Model parameter name -> checkpoint tensor name, for tensors outside the layers (GGUF
+        names mapped as transformers maps them, from the skeleton before any layer was replaced)."""
+        index = self.ckpt.index
+        if self.ckpt.format != "gguf":
+            return {n: n for n in index.names()}
+        from ..formats.gguf_arch import hf_tensor_names
+
+        to_hf = hf_tensor_names(self.model, self.ckpt.reader.architecture)
+        out: dict[str, str] = {}
+        for n in index.names():
+            hf = to_hf.get(n)
+            if hf is None:
+                continue
+            if hf in out:
+                raise CheckpointError(f"{self.ckpt.path}: tensors {out[hf]!r} and {n!r} both map to {hf}")
+            out[hf] = n
+        return out
+
+    def _value(self, name: str, src: str, t: torch.Tensor) -> torch.Tensor:
+        if self.ckpt.format == "gguf":
+            from ..formats.gguf_arch import value_fix
+
+            fix = value_fix(src, self.ckpt.reader.architecture)
+            if fix is not None:
+                t = fix(t)
+        return t
+
+    def _parameters(self) -> None:
+        src_of = self._src_of
+        out, emb = self.model.get_output_embeddings(), self.model.get_input_embeddings()
+        if (
+            getattr(self.full_config, "tie_word_embeddings", False)
+            and isinstance(out, nn.Linear)
+            and isinstance(emb, nn.Embedding)
+            and out.weight is not emb.weight
+            and out.weight.shape == emb.weight.shape
+        ):
+            out.weight = emb.weight  # tied: one parameter, filled once from the embedding's tensor
+        done: dict[int, nn.Parameter] = {}
+        missing: list[str] = []
+        for mod_name, module in self.model.named_modules():
+            for pname, p in list(module._parameters.items()):
+                if p is None:
+                    continue
+                full = f"{mod_name}.{pname}" if mod_name else pname
+                if id(p) in done:
+                    module._parameters[pname] = done[id(p)]
+                    continue
+                if p.device.type != "meta":
+                    continue
+                src = src_of.get(full)
+                if src is None:
+                    missing.append(full)
+                    continue
+                t = self._value(full, src, self._read(src))
+                if tuple(t.shape) != tuple(p.shape):
+                    raise CheckpointError(
+                        f"{self.ckpt.index.where(src)}: expected shape {list(p.shape)} for {full} (from the "
+                        f"config), found {list(t.shape)}"
+                    )
+                if not t.is_floating_point() and p.is_floating_point():
+                    raise CheckpointError(
+                        f"{self.ckpt.index.where(src)}: expected a float tensor for {full}, found {t.dtype}"
+                    )
+                new = nn.Parameter(t.to(self.device, p.dtype), requires_grad=False)
+                module._parameters[pname] = new
+                done[id(p)] = new
+        if missing:
+            raise CheckpointError(
+                f"{self.ckpt.path}: the checkpoint stores no tensor for {len(missing)} parameter(s) of the "
+                f"model its config describes: {_names(missing)}"
+            )
+
+    def _rotary(self) -> None:
+        """llama.cpp stores Llama 3's rope frequency factors as ``rope_freqs`` (theta_i divided by
+        factor_i); transformers' own GGUF path drops them. They are applied to every rotary
+        embedding's inverse frequencies, as llama.cpp applies them."""
+        name = "rope_freqs.weight"
+        if self.ckpt.format != "gguf" or name not in self.ckpt.index:
+            return
+        factors = self._read(name).to(torch.float32).reshape(-1)
+        found = False
+        for module in self.model.modules():
+            for buf in ("inv_freq", "original_inv_freq"):
+                inv = getattr(module, buf, None)
+                if isinstance(inv, torch.Tensor) and inv.dim() == 1:
+                    if inv.numel() != factors.numel():
+                        raise CheckpointError(
+                            f"{self.ckpt.index.where(name)}: expected {inv.numel()} rope frequency factors "
+                            f"(head_dim / 2), found {factors.numel()}"
+                        )
+                    setattr(module, buf, (inv.to(torch.float32) / factors).to(inv.dtype))
+                    found = True
+        if not found:
+            raise CheckpointError(
+                f"{self.ckpt.index.where(name)}: the model has no rotary embedding to apply it to"
+            )
+
+    def _buffers(self) -> None:
+        for module in self.model.modules():
+            for bname, b in list(module._buffers.items()):
+                if b is None:
+                    continue
+                if b.device.type == "meta":
+                    raise CheckpointError(f"internal: buffer {bname} of {type(module).__name__} left on meta")
+                module._buffers[bname] = b.to(self.device)
+
+    def _unread(self) -> None:
+        index = self.ckpt.index
+        ignored = dict(self.ckpt.reader.ignored())
+        for attn, kv in self.ckpt.kv_cache_scales().items():
+            for n in kv.names:
+                ignored[n] = (
+                    f"KV-cache scale of {attn} ({kv.scheme}): not applied, the KV cache stays in "
+                    f"{str(self.dtype).replace('torch.', '')}"
+                )
+        if self.ckpt.format == "gguf":
+            from ..formats.gguf_arch import HARMLESS_EXTRAS
+
+            for n in index.names():
+                if n in HARMLESS_EXTRAS:
+                    ignored.setdefault(n, HARMLESS_EXTRAS[n])
+        if getattr(self.full_config, "tie_word_embeddings", False) and "lm_head.weight" in index:
+            out = self.model.get_output_embeddings()
+            if out is not None and out.weight is self.model.get_input_embeddings().weight:
+                ignored["lm_head.weight"] = "tie_word_embeddings is true: the output layer is the embedding"
+        unread = [n for n in index.names() if n not in self.consumed and n not in ignored]
+        if unread:
+            raise CheckpointError(
+                f"{self.ckpt.path}: {len(unread)} stored tensor(s) belong to nothing in the model its "
+                f"config describes: {_names(sorted(unread))}"
+            )
+        for n, why in ignored.items():
+            if n in index and n not in self.consumed:
+                log.warning("%s: %s not read: %s", self.ckpt.path, n, why)
+                self.report.ignored[n] = why
+
+
+def _device(device: Any, tp: TensorParallel) -> torch.device:
+    if device is None:
+        if torch.cuda.is_available():
+            return torch.device("cuda", tp.rank % torch.cuda.device_count())
+        return torch.device("cpu")
+    d = torch.device(device)
+    if d.type == "cuda" and d.index is None:
+        d = torch.device(
+            "cuda", torch.cuda.current_device() if tp.world == 1 else tp.rank % torch.cuda.device_count()
+        )
+    return d
+
+
+def _tp(tp: Any) -> TensorParallel:
+    if tp is None or tp == 1:
+        return TensorParallel()
+    if isinstance(tp, TensorParallel):
+        return tp
+    if isinstance(tp, int) and not isinstance(tp, bool) and tp > 1:
+        got = TensorParallel.from_process_group()
+        if got.world != tp:
+            from ..errors import ConfigError
+
+            raise ConfigError(f"tp={tp}, but the default process group has {got.world} ranks")
+        return got
+    from ..errors import ConfigError
+
+    raise ConfigError(f"tp must be a positive integer or a TensorParallel, found {tp!r}")
+
+
+def from_pretrained(
+    path: str | Path,
+    *,
+    device: Any = None,
+    dtype: torch.dtype | str | None = None,
+    tp: int | TensorParallel | None = None,
+    overrides: Any = None,
+    progress: bool | None = None,
+) -> nn.Module:
+    """A ready transformers model (``PreTrainedModel``: ``generate`` works) from a checkpoint folder
+    (any format quantrt reads; sharded or not) or a ``.gguf`` file, with quantrt's layers.
+
+    ``device``: where it runs (default: the GPU if there is one). ``dtype``: activations and the
+    unquantized tensors (default: the checkpoint's own, bfloat16 for GGUF). ``tp``: tensor
+    parallelism, a rank count with torch.distributed initialised or a :class:`TensorParallel`
+    (quantrt runs the all-reduce and all-gather). ``overrides``: dispatch overrides (default:
+    the QUANTRT_* environment). ``model.quantrt`` holds the :class:`LoadReport`.
+    """
+    from ..checkpoint import open_checkpoint
+    from .config import model_config
+
+    par = _tp(tp)
+    dev = _device(device, par)
+    ckpt = open_checkpoint(path)
+    config = model_config(ckpt)
+    act = _dtype(dtype, ckpt)
+    config._name_or_path = str(path)
+    model = build_empty(local_config(config, par), act)
+    try:
+        report = ModelLoader(
+            model,
+            ckpt,
+            device=dev,
+            dtype=act,
+            tp=par,
+            full_config=config,
+            overrides=overrides,
+            progress=progress,
+        ).run()
+    except BaseException as err:
+        del model
+        gc.collect()
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
+        raise err.with_traceback(None) from None
+    model.quantrt = report
+    model.eval()
+    return model
+
+
+def _dtype(dtype: torch.dtype | str | None, ckpt: Any) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    names = {
+        "bf16": torch.bfloat16,
+        "bfloat16": torch.bfloat16,
+        "fp16": torch.float16,
+        "float16": torch.float16,
+        "fp32": torch.float32,
+        "float32": torch.float32,
+    }
+    if isinstance(dtype, str):
+        if dtype not in names:
+            from ..errors import ConfigError
+
+            raise ConfigError(f"dtype {dtype!r}: expected one of {', '.join(names)}")
+        return names[dtype]
+    if ckpt.format == "gguf":
+        return torch.bfloat16
+    return ckpt.default_act_dtype
