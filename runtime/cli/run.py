@@ -1,6 +1,7 @@
 """Run a model through quantrt's kernels and check every result against the reference.
 
-With no PATH this runs the embedded default: a small model built on the fly from a fixed
+With a PATH (a checkpoint folder or a .gguf file) it loads that model and generates from
+``--prompt``: see :mod:`quantrt.cli.run_model`. With no PATH this runs the embedded default: a small model built on the fly from a fixed
 seed (a 4096x4096 projection feeding a 4096x14336 one, llama-sized), quantized by
 round-to-nearest into each catalog scheme that has a native kernel on this machine,
 dispatched, run, and compared with the fp32 reference; it prints the scheme, the kernel, the
@@ -25,7 +26,7 @@ from ..plans import layer_spec
 from ..schemes import Scheme, catalog, parse_scheme
 
 NAME = "run"
-HELP = "run the embedded default model (or a checkpoint, later) through quantrt and check it"
+HELP = "run a checkpoint (generate from --prompt), or the embedded default model, through quantrt"
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 #: (name, K, N) of the embedded default model's layers, applied in order
@@ -36,7 +37,7 @@ TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 1.5e-2, torch.float16: 5e-3}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("path", nargs="?", help="a checkpoint (not supported yet: the embedded default runs)")
+    p.add_argument("path", nargs="?", help="a checkpoint folder or .gguf file (none: the embedded default)")
     p.add_argument(
         "--schemes", help="comma-separated schemes (default: every catalog scheme with a native kernel here)"
     )
@@ -47,6 +48,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--act-dtype", choices=sorted(DTYPES), default="bf16", help="activation dtype (default bf16)"
     )
     p.add_argument("--repeat", type=int, default=10, help="timed repetitions per measurement (median)")
+    from . import run_model
+
+    run_model.add_arguments(p)
 
 
 def default_model(seed: int = SEED) -> list[tuple[str, torch.Tensor]]:
@@ -96,10 +100,9 @@ def handle(args: argparse.Namespace) -> int:
     from . import emit
 
     if args.path:
-        raise ConfigError(
-            f"quantrt run {args.path}: running checkpoints arrives with the checkpoint formats; "
-            "run without a PATH for the embedded default"
-        )
+        from . import run_model
+
+        return run_model.handle(args)
     act = DTYPES[args.act_dtype]
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     try:
