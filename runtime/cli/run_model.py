@@ -39,16 +39,27 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
-def _rss() -> int:
+def _status(key: str) -> int:
     with open("/proc/self/status") as f:
         for line in f:
-            if line.startswith("VmRSS:"):
+            if line.startswith(key):
                 return int(line.split()[1]) * 1024
     return 0  # pragma: no cover
 
 
+def _rss() -> int:
+    """Resident memory now; on Linux also restarts the peak count (VmHWM), so that the peak read
+    after loading is the load's own and not that of earlier work (the tokenizer's conversion)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
+    return _status("VmRSS:")
+
+
 def _peak() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return _status("VmHWM:") or resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def _prompt(args: argparse.Namespace, path: Path) -> tuple[list[int], Any]:
@@ -108,6 +119,8 @@ def handle(args: argparse.Namespace) -> int:
     ids, tok = _prompt(args, path)
     if not ids:
         raise ConfigError("the prompt has no tokens")
+    _import_code(path)
+
     base = _rss()
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
@@ -148,6 +161,21 @@ def handle(args: argparse.Namespace) -> int:
     else:
         _print(out)
     return status
+
+
+def _import_code(path: Path) -> None:
+    """Import transformers and the architecture's model class before the memory baseline: the
+    peak reported is what the model's data costs, not what importing code does."""
+    from transformers import AutoModelForCausalLM
+
+    from ..checkpoint import open_checkpoint
+    from ..models.config import model_config
+
+    config = model_config(open_checkpoint(path))
+    try:
+        AutoModelForCausalLM._model_mapping[type(config)]
+    except (KeyError, AttributeError):
+        pass  # from_pretrained says which architectures it cannot build
 
 
 def _files(path: Path) -> list[Any]:

@@ -183,7 +183,9 @@ class ModelLoader:
                 self._linear(name, module, entry, cuts.get(name, NONE))
 
     def _check_shape(self, name: str, module: nn.Module, entry: Any, cut: LayerCut) -> None:
-        n = module.out_features * (cut.tp_size if cut.parallel == "column" else 1)
+        # a gathered column-parallel layer (the output projection) keeps its full width in the model
+        split = cut.parallel == "column" and cut.collective != "gather"
+        n = module.out_features * (cut.tp_size if split else 1)
         k = module.in_features * (cut.tp_size if cut.parallel == "row" else 1)
         if (entry.N, entry.K) != (n, k):
             raise CheckpointError(

@@ -47,7 +47,9 @@ def reference_model(variant: str) -> torch.nn.Module:
     from quantrt.env import Overrides
 
     ref = Overrides(backend="reference", fallback="allow")
-    return quantrt.from_pretrained(ROOT / variant, device="cpu", dtype=torch.float32, overrides=ref, progress=False)
+    return quantrt.from_pretrained(
+        ROOT / variant, device="cpu", dtype=torch.float32, overrides=ref, progress=False
+    )
 
 
 def check_logits(variant: str, model: torch.nn.Module) -> None:
