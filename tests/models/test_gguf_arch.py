@@ -113,7 +113,7 @@ def arch_file(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[str, Path
 
 
 def test_config_equals_transformers(arch_file: tuple[str, Path]) -> None:
-    arch, path = arch_file
+    _, path = arch_file
     index, _ = open_gguf(path)
     got = hf_config_dict(index.file.metadata, list(index.file.tensors), path)
     want = load_gguf_checkpoint(str(path), return_tensors=False)["config"]
