@@ -174,7 +174,7 @@ class QuantMethod:
         n = layer.output_sizes[idx]
         part = sspec.shard(tensor, layer.parallel, layer.tp_rank, layer.tp_size, layer.in_features, n)
         if full.output_dim is None:  # replicated along N: every slice must agree
-            if layer._loaded.get(name) and not torch.equal(param.data, part):
+            if layer._loaded.get(name) and not torch.equal(param.data, part.to(param.device)):
                 raise ShardError(
                     f"{where}: differs from the value another slice loaded; fused slices "
                     f"must share it to share one kernel"

@@ -121,7 +121,7 @@ class GPTQAdapter:
         elif self.has_g_idx and K:
             # a row-parallel rank holds global group ids, so compare from its first one
             g = tensors["g_idx"].long()
-            want = torch.arange(K) // (scheme.group_size or K) + int(g[0])
+            want = torch.arange(K, device=g.device) // (scheme.group_size or K) + int(g[0])
             if not torch.equal(g, want):
                 raise CheckpointError(
                     "g_idx: the config says desc_act false (no act-order) but g_idx is not k // group_size"

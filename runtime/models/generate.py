@@ -153,6 +153,12 @@ class _GraphStep:
             self.next = self._forward()
 
     def _forward(self) -> torch.Tensor:
+        # transformers' static layers (5.x) write at their own running count, not at
+        # cache_position: inside the graph it is set from the position buffer on every replay
+        for layer in getattr(self.cache, "layers", ()):
+            count = getattr(layer, "cumulative_length", None)
+            if isinstance(count, torch.Tensor):
+                count.copy_(self.pos.reshape(count.shape).to(count.dtype))
         logits = self.model(
             input_ids=self.tok, **{self.kw: self.cache}, cache_position=self.pos, use_cache=True
         ).logits
