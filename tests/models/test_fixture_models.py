@@ -35,10 +35,17 @@ TOLERANCE = 1e-2
 #: layer's inputs, so the kernels' and the oracle's fp32 orders of summation part by more than
 #: weight-only schemes do; these are also held at TOLERANCE against quantrt's reference-kernel model
 ACT_TOLERANCE = 5e-2
+#: 4-bit activations (nvfp4) move by a far larger step when one flips (e2m1 steps are 1/6 of the
+#: block's range, int8's 1/254)
+ACT4_TOLERANCE = 1e-1
 
 
-def quantizes_activations(variant: str) -> bool:
-    return any(w.scheme.act is not None for _, w in quantrt.open_checkpoint(ROOT / variant).weights())
+def activation_tolerance(variant: str) -> float | None:
+    """The bound against the oracle for a scheme that quantizes activations (None if none does)."""
+    acts = {w.scheme.act for _, w in quantrt.open_checkpoint(ROOT / variant).weights()} - {None}
+    if not acts:
+        return None
+    return ACT4_TOLERANCE if any("fp4" in a for a in acts) else ACT_TOLERANCE
 
 
 def reference_model(variant: str) -> torch.nn.Module:
@@ -56,8 +63,9 @@ def check_logits(variant: str, model: torch.nn.Module) -> None:
     ids = prompt(model.config.vocab_size)
     with torch.no_grad():
         got, want = model(ids).logits, oracle(variant)(ids).logits
-        if quantizes_activations(variant):
-            assert rel(got, want) <= ACT_TOLERANCE, (variant, ids.tolist(), rel(got, want))
+        bound = activation_tolerance(variant)
+        if bound is not None:
+            assert rel(got, want) <= bound, (variant, ids.tolist(), rel(got, want))
             want = reference_model(variant)(ids).logits
     assert rel(got, want) <= TOLERANCE, (variant, ids.tolist(), rel(got, want))
 

@@ -30,6 +30,10 @@ CASES = {
     "gptq-kv-replicated": FIXTURES / "interop" / "gptqmodel-gptq-w4g128-asym-v2",
 }
 WORLD = 2
+#: the GGUF kernels quantize each layer's input to 8-bit blocks: a row-parallel layer's sum, added
+#: up in another order across ranks, can differ in its last bit and move one code of the next
+#: layer's input by a step; weight-only kernels (gptq) see only the summation order
+TOLERANCE = {"gguf-q8_0": 2e-3, "gguf-q4_0": 2e-3, "gptq-kv-replicated": 1e-5}
 
 
 def _free_port() -> int:
@@ -71,4 +75,4 @@ def test_two_ranks_equal_one(case: str, tmp_path: Path) -> None:
         assert got["kinds"]["model.layers.0.self_attn.o_proj"] == "RowParallel"
         assert got["kinds"]["lm_head"] == "GatherColumns"
         err = float((got["logits"] - want).norm() / want.norm())
-        assert err <= 1e-5, (case, r, err)
+        assert err <= TOLERANCE[case], (case, r, err)
