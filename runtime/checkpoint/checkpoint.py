@@ -7,7 +7,6 @@ tensor at a time), converted to canonical tensors in row chunks, and handed to d
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,9 +19,26 @@ from ..canonical import CanonicalWeight, canonical_specs
 from ..errors import CheckpointError, ShardError
 from ..formats import TensorIndex, find_quant_config, reader_for
 from ..formats.base import CHUNK_ROWS, LayerEntry
+from .files import inside, read_json, regular_file
 from .safetensors_file import SafetensorsFile
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+#: the last name components of the tensors that only a quantized weight has, in every format read
+QUANTIZED_LEAVES = frozenset(
+    {
+        "qweight", "qzeros", "scales", "g_idx", "SCB", "absmax", "quant_map", "nested_absmax",
+        "nested_quant_map", "weight_scale", "weight_scale_inv", "weight_scale_2", "weight_zero_point",
+        "weight_global_scale", "weight_packed", "weight_shape", "weight_format",
+    }
+)  # fmt: skip
+
+
+def is_quantized_name(name: str) -> bool:
+    """Whether a stored tensor's name says it is part of a quantized weight."""
+    leaf = name.rsplit(".", 1)[-1]
+    return leaf in QUANTIZED_LEAVES or ".quant_state." in name or leaf.startswith("quant_state")
+
+
 TORCH_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
@@ -121,8 +137,31 @@ class Checkpoint:
     def layers(self) -> dict[str, LayerEntry]:
         """Every linear-shaped layer by prefix (quantized ones carry a scheme; dense ones None)."""
         if self._layers is None:
-            self._layers = self.reader.layers()
+            layers = self.reader.layers()
+            self._check_quantized_tensors_read(layers)
+            self._layers = layers
         return self._layers
+
+    def _check_quantized_tensors_read(self, layers: dict[str, LayerEntry]) -> None:
+        """A tensor whose name says it belongs to a quantized weight (``qweight``, ``scales``,
+        ``SCB``, ``absmax`` ...) must be read by a quantized layer: one left over means the config
+        is missing or wrong (the layer would silently run dense, or vanish)."""
+        read = {n for e in layers.values() if e.quantized for n in e.stored_names()}
+        read |= set(self.reader.ignored())
+        stray = [n for n in self.index.names() if n not in read and is_quantized_name(n)]
+        if not stray:
+            return
+        dense = [p for p in (n.rsplit(".", 1)[0] for n in stray) if p in layers and not layers[p].quantized]
+        why = (
+            "no quantization config says how to read them (config.json has none, or it is null)"
+            if self.qconfig is None
+            else f"the {self.format} quantization config ({self.qconfig_source}) does not cover them"
+        )
+        more = f"; {dense[0]} would run as a dense layer" if dense else ""
+        raise CheckpointError(
+            f"{self.path}: {len(stray)} tensors of quantized weights are read by no quantized layer, "
+            f"e.g. {', '.join(stray[:3])}: {why}{more}"
+        )
 
     @property
     def default_act_dtype(self) -> torch.dtype:
@@ -335,7 +374,8 @@ def open_checkpoint(path: str | Path) -> Checkpoint:
     p = Path(path)
     if not p.exists():
         raise CheckpointError(f"{p}: no such file or directory")
-    if p.is_file():
+    if not p.is_dir():
+        regular_file(p)  # a FIFO or a device is refused before anything reads it
         if p.suffix == ".gguf":
             from ..formats.gguf import open_gguf
 
@@ -345,42 +385,44 @@ def open_checkpoint(path: str | Path) -> Checkpoint:
             raise CheckpointError(_pickle_message(p))
         if p.suffix != ".safetensors":
             raise CheckpointError(f"{p}: expected a directory or a .safetensors file")
-        directory, files, weight_map = p.parent, [p], None
+        directory, files, weight_map = p.parent, [SafetensorsFile(p)], None
     else:
         directory = p
         files, weight_map = _find_files(p)
     config = None
     cfg_path = directory / "config.json"
     if cfg_path.exists():
-        try:
-            config = json.loads(cfg_path.read_text())
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise CheckpointError(f"{cfg_path}: cannot read JSON: {e}") from None
+        config = read_json(cfg_path)
         if not isinstance(config, dict):
             raise CheckpointError(f"{cfg_path}: expected a JSON object")
-    return Checkpoint(p, directory, config, [SafetensorsFile(f) for f in files], weight_map)
+    return Checkpoint(p, directory, config, files, weight_map)
 
 
-def _find_files(directory: Path) -> tuple[list[Path], dict[str, str] | None]:
+def _find_files(directory: Path) -> tuple[list[SafetensorsFile], dict[str, str] | None]:
+    """The folder's safetensors files (headers validated), and the index's weight_map if any."""
     index = directory / "model.safetensors.index.json"
     if index.exists():
-        try:
-            doc = json.loads(index.read_text())
-            weight_map = dict(doc["weight_map"])
-        except (OSError, KeyError, TypeError, ValueError) as e:
+        doc = read_json(index)
+        weight_map = doc.get("weight_map") if isinstance(doc, dict) else None
+        if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
             raise CheckpointError(
-                f"{index}: not a safetensors index (needs a weight_map object): {e}"
-            ) from None
+                f"{index}: not a safetensors index: expected a weight_map object of tensor name -> "
+                f"file name, found {type(weight_map).__name__}"
+            )
         names = sorted(set(weight_map.values()))
-        missing = [n for n in names if not (directory / n).exists()]
+        files = [inside(directory, n, f"{index}: weight_map") for n in names]
+        missing = [n for n, f in zip(names, files, strict=True) if not f.exists()]
         if missing:
             raise CheckpointError(f"{index}: names files that are not there: {', '.join(missing)}")
-        files = [directory / n for n in names]
-        listed = set(weight_map)
-        have = {t for f in files for t in SafetensorsFile(f).tensors}
-        if listed - have:
-            raise CheckpointError(f"{index}: lists tensors no file holds, e.g. {sorted(listed - have)[:3]}")
-        return files, weight_map
+        opened = {n: SafetensorsFile(f) for n, f in zip(names, files, strict=True)}
+        for tensor, shard in weight_map.items():
+            if tensor not in opened[shard].tensors:
+                found = [n for n, f in opened.items() if tensor in f.tensors]
+                raise CheckpointError(
+                    f"{index}: lists {tensor!r} in {shard}, which does not hold it"
+                    + (f" (it is in {', '.join(found)})" if found else " (no file holds it)")
+                )
+        return list(opened.values()), weight_map
     single = directory / "model.safetensors"  # transformers' name; other files may be adapters or extras
     files = [single] if single.exists() else sorted(directory.glob("*.safetensors"))
     if not files:
@@ -388,7 +430,7 @@ def _find_files(directory: Path) -> tuple[list[Path], dict[str, str] | None]:
         if pickles:
             raise CheckpointError(_pickle_message(pickles[0]))
         raise CheckpointError(f"{directory}: no *.safetensors files")
-    return files, None
+    return [SafetensorsFile(inside(directory, f.name, str(directory))) for f in files], None
 
 
 def _pickle_message(p: Path) -> str:

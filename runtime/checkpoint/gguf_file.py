@@ -25,6 +25,7 @@ import torch
 
 from ..errors import CheckpointError
 from ..schemes import GGUF_TYPES
+from .files import regular_file
 from .safetensors_file import TensorFile, TensorInfo
 
 MAGIC = b"GGUF"
@@ -214,8 +215,8 @@ class GGUFFile(TensorFile):
 
     # -- parsing the header ----------------------------------------------------------------------
     def _parse(self) -> None:
+        size = regular_file(self.path)
         try:
-            size = self.path.stat().st_size
             f = self.path.open("rb")
         except OSError as e:
             raise CheckpointError(f"{self.path}: cannot read: {e}") from None
@@ -297,6 +298,8 @@ class GGUFFile(TensorFile):
         if not 1 <= n_dims <= MAX_DIMS:
             raise h.fail(f"tensor {name!r}: n_dims must be 1..{MAX_DIMS}, found {n_dims}")
         dims = struct.unpack(f"<{n_dims}Q", h.take(8 * n_dims, f"tensor {name!r} dims"))
+        if math.prod(d for d in dims if d) >= 2**63:  # ggml's own bound (int64 element counts)
+            raise h.fail(f"tensor {name!r}: dims {list(dims)} overflow a 64-bit element count")
         type_id = h.unpack("I", f"tensor {name!r} type")
         offset = h.unpack("Q", f"tensor {name!r} offset")
         self.dims[name] = tuple(dims)

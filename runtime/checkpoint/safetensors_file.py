@@ -3,14 +3,15 @@
 The header is parsed here (8-byte little-endian length, then JSON) and every tensor's dtype,
 shape and byte range is checked against the file's real size, so a truncated file or a header
 claiming more bytes than the file holds is one clear error and nothing of the claimed size is
-ever allocated. Tensor data is then read on demand, one tensor (or rows of one) at a time,
+ever allocated. The checks are the safetensors library's own: no name twice, the byte ranges
+sorted by offset tile the data section exactly (no overlap, no alias, no gap, no trailing bytes). Tensor data is then read on demand, one tensor (or rows of one) at a time,
 straight from its byte range: nothing maps the whole file, so a checkpoint larger than this
 machine's memory opens, and reading one layer costs that layer. Nothing is ever unpickled.
 """
 
 from __future__ import annotations
 
-import json
+import itertools
 import math
 import os
 import struct
@@ -21,6 +22,7 @@ from typing import Any
 import torch
 
 from ..errors import CheckpointError
+from .files import parse_json, regular_file
 
 #: safetensors dtype names -> (torch dtype, bytes per element)
 DTYPES: dict[str, tuple[torch.dtype, int]] = {
@@ -114,10 +116,7 @@ class SafetensorsFile(TensorFile):
 
 def read_header(path: Path) -> tuple[dict[str, TensorInfo], dict[str, str], int]:
     """Parse and validate a safetensors header against the file's size."""
-    try:
-        size = path.stat().st_size
-    except OSError as e:
-        raise CheckpointError(f"{path}: cannot read: {e}") from None
+    size = regular_file(path)
     if size < 8:
         raise CheckpointError(
             f"{path}: truncated: {size} bytes, but a safetensors file starts with an 8-byte header length"
@@ -130,10 +129,7 @@ def read_header(path: Path) -> tuple[dict[str, TensorInfo], dict[str, str], int]
                 "the length field (truncated or not a safetensors file)"
             )
         raw = f.read(hlen)
-    try:
-        header = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise CheckpointError(f"{path}: the header is not valid JSON: {e}") from None
+    header = parse_json(raw, f"{path}: the header")
     if not isinstance(header, dict):
         raise CheckpointError(f"{path}: the header must be a JSON object, found {type(header).__name__}")
     data_size = size - 8 - hlen
@@ -143,7 +139,29 @@ def read_header(path: Path) -> tuple[dict[str, TensorInfo], dict[str, str], int]
     tensors: dict[str, TensorInfo] = {}
     for name, entry in header.items():
         tensors[name] = _tensor_info(path, name, entry, data_size)
+    _check_tiling(path, tensors, data_size)
     return tensors, {str(k): str(v) for k, v in metadata.items()}, 8 + hlen
+
+
+def _check_tiling(path: Path, tensors: dict[str, TensorInfo], data_size: int) -> None:
+    """The byte ranges, sorted, must tile the data section: the safetensors library's own rule, so
+    two names cannot alias one tensor's bytes and no bytes hide between or after tensors."""
+    spans = sorted(tensors.values(), key=lambda t: (t.start, t.end))
+    end = 0
+    for prev, t in itertools.pairwise([None, *spans]):
+        if t.start != end:
+            what = "overlap" if t.start < end else "leave a gap"
+            before = f"{prev.name!r} [{prev.start}, {prev.end})" if prev else "the data section's start"
+            raise CheckpointError(
+                f"{path}: tensor {t.name!r} [{t.start}, {t.end}) and {before} {what}: the tensors' "
+                "byte ranges must follow one another exactly"
+            )
+        end = t.end
+    if end != data_size:
+        raise CheckpointError(
+            f"{path}: the tensors cover {end} bytes of the data section, but it holds {data_size} "
+            "(trailing bytes no tensor owns)"
+        )
 
 
 def _tensor_info(path: Path, name: str, entry: Any, data_size: int) -> TensorInfo:

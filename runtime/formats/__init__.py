@@ -6,11 +6,11 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from ..checkpoint.files import read_json
 from ..errors import CheckpointError
 from .autoround import AutoRoundReader
 from .awq import AWQReader
@@ -55,13 +55,6 @@ SIDE_FILES = ("quantize_config.json", "quant_config.json", "quantization_config.
 __all__ = ["READERS", "FormatReader", "LayerEntry", "TensorIndex", "find_quant_config", "reader_for"]
 
 
-def _load_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise CheckpointError(f"{path}: cannot read JSON: {e}") from None
-
-
 def find_quant_config(directory: Path, config: Mapping[str, Any] | None) -> tuple[dict[str, Any] | None, str]:
     """The quantization config and where it came from (config.json keys first, then side files)."""
     if config is not None:
@@ -80,7 +73,7 @@ def find_quant_config(directory: Path, config: Mapping[str, Any] | None) -> tupl
     for name in SIDE_FILES:
         path = directory / name
         if path.exists():
-            qc = _load_json(path)
+            qc = read_json(path)
             if not isinstance(qc, dict):
                 raise CheckpointError(f"{path}: expected a JSON object")
             if name == "hf_quant_config.json" or (qc.get("producer") or {}).get("name") == "modelopt":

@@ -261,6 +261,11 @@ class GGUFReader(FormatReader):
             if tname.lower() not in BLOCK and info.dtype not in FLOAT_DTYPES:
                 continue
             stem = name[: -len(".weight")]
+            if 0 in dims:  # a count no byte backs: 2^40 experts of nothing would be 2^40 layers
+                raise CheckpointError(
+                    f"{f.path}: tensor {name!r} has dims {list(dims)}: a weight needs at least one "
+                    "element per dim"
+                )
             if len(dims) == 2:
                 self._add(out, hf_prefix(stem, self.architecture), stem, name, None)
             else:

@@ -699,7 +699,11 @@ def test_bad_tensor_infos(tmp_path: Path) -> None:
     )
     expect_error(
         write(tmp_path, gguf_bytes(LLAMA, [tensor_info("w", (2**40, 2**40), 0, 0)], data)),
-        r"tensor 'w': F32 \[1099511627776, 1099511627776\] needs bytes \[0, 4835703278458516698824704\) of "
+        r"tensor 'w': dims \[1099511627776, 1099511627776\] overflow a 64-bit element count",
+    )
+    expect_error(
+        write(tmp_path, gguf_bytes(LLAMA, [tensor_info("w", (2**20, 2**20), 0, 0)], data)),
+        r"tensor 'w': F32 \[1048576, 1048576\] needs bytes \[0, 4398046511104\) of "
         r"the data section, but it holds only 1024 bytes",
     )
 

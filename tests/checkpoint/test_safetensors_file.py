@@ -96,7 +96,7 @@ def test_bad_tensor_entries(tmp_path: Path, entry: dict, message: str) -> None:
 def test_header_not_json(tmp_path: Path) -> None:
     p = tmp_path / "model.safetensors"
     p.write_bytes(struct.pack("<Q", 5) + b"{oops")
-    with pytest.raises(CheckpointError, match="the header is not valid JSON"):
+    with pytest.raises(CheckpointError, match="the header: not valid JSON"):
         open_checkpoint(tmp_path)
 
 
