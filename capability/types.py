@@ -16,6 +16,10 @@ UNKNOWN = "unknown"
 #: Device kinds a kernel can target. ``rocm`` devices are addressed as ``cuda:N`` by torch.
 DEVICE_KINDS = ("cpu", "cuda", "rocm", "xpu")
 
+#: Keys ``quantrt probe --json`` adds beside the capabilities (how the probe went, not what the
+#: machine can do): ``Capabilities.from_json`` accepts and drops them, so that output loads back.
+PROBE_REPORT_KEYS = frozenset({"probe_seconds"})
+
 
 class CapabilityError(ValueError):
     """A capability file, preset name or recorded source could not be used."""
@@ -137,9 +141,10 @@ class Capabilities:
     def from_json(cls, data: Any, where: str = "capabilities") -> Capabilities:
         if not isinstance(data, dict):
             raise CapabilityError(f"{where}: expected a JSON object, found {type(data).__name__}")
-        unknown = set(data) - {f.name for f in fields(cls)}
+        known = {f.name for f in fields(cls)}
+        unknown = set(data) - known - PROBE_REPORT_KEYS
         if unknown:
-            raise CapabilityError(f"{where}: unknown field(s) {sorted(unknown)}")
+            raise CapabilityError(f"{where}: unknown field(s) {sorted(unknown)}; known: {sorted(known)}")
         if "cpu" not in data:
             raise CapabilityError(f"{where}: missing field 'cpu'")
         accel = data.get("accelerators", [])

@@ -139,6 +139,8 @@ def select(
         raise ConfigError(
             f"QUANTRT_BACKEND={ov.backend!r}: no such backend; loaded: {', '.join(sorted(reg.backends))}"
         )
+    if ov.backend is not None:
+        _check_backend_has_device(ov.backend, caps, reg)
     forced = ov.forced_kernel(spec.scheme.name)
     if forced is not None:
         return _forced(spec, dev, caps.origin, forced, reg)
@@ -205,6 +207,29 @@ def select(
     sel = Selection(spec, dev, caps.origin, chosen, tuple(candidates), False, fallback)
     _report(sel, ov)
     return sel
+
+
+_KIND_WORDS = {"cpu": "CPU", "cuda": "CUDA", "rocm": "ROCm", "xpu": "XPU"}
+
+
+def _check_backend_has_device(backend: str, caps: Capabilities, reg: Any) -> None:
+    """A forced backend whose devices the capabilities lack is refused by name, not planned as
+    "no native kernel yet" for a device it was never meant to run on."""
+    kinds = {kind for k in reg.all() if k.backend == backend for kind in k.device_kinds}
+    if backend in _KIND_WORDS:
+        kinds.add(backend)
+    devices = (caps.cpu, *caps.accelerators)
+    if not kinds or any(d.kind in kinds for d in devices):
+        return
+    probed = caps.origin == "probe"
+    where = "this machine has" if probed else f"capabilities {caps.origin} have"
+    want = " or ".join(sorted(_KIND_WORDS.get(k, k) for k in kinds))
+    found = ", ".join(
+        f"{d.torch_device} {d.name} ({d.arch if d.kind == 'cpu' else f'{d.kind}, {d.arch}'})" for d in devices
+    )
+    raise ConfigError(
+        f"QUANTRT_BACKEND={backend}: {where} no {want} device ({'the probe ' if probed else ''}found: {found})"
+    )
 
 
 def _ask(k: type[Kernel], spec: LayerSpec, dev: DeviceCaps) -> Verdict:

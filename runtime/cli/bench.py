@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from ..errors import ConfigError
+from . import positive_int, positive_ints
 
 NAME = "bench"
 HELP = "time quantrt's kernels beside cuBLAS bf16 and torch's ops (GPU) or dense and packed ops (CPU)"
@@ -23,8 +24,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--schemes", help="comma-separated schemes (default: per device, see quantrt.bench*)")
     p.add_argument("--shapes", help="comma-separated KxN shapes (default: per device and --quick)")
-    p.add_argument("--ms", help="comma-separated batch sizes M (default: per device and --quick)")
-    p.add_argument("--threads", type=int, help="CPU: torch threads (default: torch's current setting)")
+    p.add_argument(
+        "--ms",
+        type=positive_ints,
+        metavar="M[,M...]",
+        help="comma-separated batch sizes M, positive integers (default: per device and --quick)",
+    )
+    p.add_argument(
+        "--threads", type=positive_int, help="CPU: torch threads (default: torch's current setting)"
+    )
     p.add_argument(
         "--act-dtype", default="bf16", choices=("bf16", "fp16", "fp32"), help="CPU: activation dtype"
     )
@@ -47,14 +55,14 @@ def handle(args: argparse.Namespace) -> int:
         act = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.act_dtype]
         schemes = args.schemes.split(",") if args.schemes else list(bench_cpu.SCHEMES)
         shapes = _shapes(args.shapes) or (bench_cpu.SHAPES[1:2] if args.quick else bench_cpu.SHAPES)
-        ms = _ms(args.ms) or bench_cpu.MS
+        ms = args.ms or bench_cpu.MS
         doc = bench_cpu.run_cpu(schemes, shapes, ms, act, progress=progress)
         table = bench_cpu.markdown_cpu(doc)
     else:
         if not torch.cuda.is_available():
             raise ConfigError("quantrt bench: no CUDA device here (--device cpu benchmarks the CPU)")
         shapes, ms = (QUICK_SHAPES, QUICK_MS) if args.quick else (SHAPES, MS)
-        shapes, ms = _shapes(args.shapes) or shapes, _ms(args.ms) or ms
+        shapes, ms = _shapes(args.shapes) or shapes, args.ms or ms
         schemes = args.schemes.split(",") if args.schemes else ["w4a16-int-g128-asym", "w8a16-int-ch-sym"]
 
         def checkpoint(partial: dict) -> None:
@@ -88,12 +96,3 @@ def _shapes(text: str | None) -> list[tuple[int, int]] | None:
         raise ConfigError(
             f"quantrt bench --shapes {text!r}: expected KxN[,KxN...], e.g. 4096x14336"
         ) from None
-
-
-def _ms(text: str | None) -> list[int] | None:
-    if not text:
-        return None
-    try:
-        return [int(m) for m in text.split(",")]
-    except ValueError:
-        raise ConfigError(f"quantrt bench --ms {text!r}: expected integers, e.g. 1,8,64") from None

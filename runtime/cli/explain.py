@@ -14,6 +14,7 @@ from ..env import Overrides
 from ..errors import ConfigError
 from ..plans import explain, plan_catalog
 from ..schemes import parse_scheme
+from . import positive_int
 
 NAME = "explain"
 HELP = "show which kernel a layer gets, and why every other candidate was rejected"
@@ -39,7 +40,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         choices=sorted(DTYPES),
         help="activation dtype (default bf16; for a checkpoint, its torch_dtype)",
     )
-    p.add_argument("--tp", type=int, default=1, help="tensor-parallel size (plan one rank)")
+    p.add_argument("--tp", type=positive_int, default=1, help="tensor-parallel size (plan one rank)")
     p.add_argument("--parallel", choices=("column", "row"), help="how the layer is split under --tp")
 
 

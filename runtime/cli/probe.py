@@ -41,16 +41,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def handle(args: argparse.Namespace) -> int:
     from . import emit
 
+    override = os.environ.get("QUANTRT_CAPABILITIES", "").strip()
+    if override and not args.preset:
+        from ..dispatch import planning_capabilities
+        from ..env import Overrides
+
+        planning_capabilities(Overrides(capabilities=override))  # refused here as in explain
     t0 = time.perf_counter()
     caps = load_capabilities(args.preset) if args.preset else probe()
     elapsed = time.perf_counter() - t0
     if args.json:
         doc = caps.to_json()
-        doc["probe_seconds"] = round(elapsed, 3)
+        doc["probe_seconds"] = round(elapsed, 3)  # one of PROBE_REPORT_KEYS: loading it back drops it
         emit(doc)
         return 0
     print(render(caps))
-    override = os.environ.get("QUANTRT_CAPABILITIES")
     if override and not args.preset:
         print(f"note     QUANTRT_CAPABILITIES={override} is set: plans use it, execution uses this machine")
     return 0

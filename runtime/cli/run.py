@@ -21,9 +21,9 @@ import torch
 
 from ..dispatch import device_of, select
 from ..env import Overrides
-from ..errors import ConfigError
 from ..plans import layer_spec
 from ..schemes import Scheme, catalog, parse_scheme
+from . import positive_int, positive_ints
 
 NAME = "run"
 HELP = "run a checkpoint (generate from --prompt), or the embedded default model, through quantrt"
@@ -42,12 +42,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--schemes", help="comma-separated schemes (default: every catalog scheme with a native kernel here)"
     )
     p.add_argument("--all", action="store_true", help="also run schemes only the reference can run here")
-    p.add_argument("--m", default="1,16", help="batch sizes to run, comma-separated (default 1,16)")
+    p.add_argument(
+        "--m",
+        type=positive_ints,
+        default=[1, 16],
+        metavar="M[,M...]",
+        help="batch sizes to run, comma-separated positive integers (default 1,16)",
+    )
     p.add_argument("--device", help="device (default: cuda if available, else cpu)")
     p.add_argument(
         "--act-dtype", choices=sorted(DTYPES), default="bf16", help="activation dtype (default bf16)"
     )
-    p.add_argument("--repeat", type=int, default=10, help="timed repetitions per measurement (median)")
+    p.add_argument(
+        "--repeat", type=positive_int, default=10, help="timed repetitions per measurement (median)"
+    )
     from . import run_model
 
     run_model.add_arguments(p)
@@ -105,10 +113,7 @@ def handle(args: argparse.Namespace) -> int:
         return run_model.handle(args)
     act = DTYPES[args.act_dtype]
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    try:
-        ms = [int(m) for m in args.m.split(",")]
-    except ValueError:
-        raise ConfigError(f"--m {args.m!r}: expected comma-separated integers") from None
+    ms: list[int] = args.m
     dev = device_of(device)
     schemes = _schemes(args, dev, act)
     weights = default_model()
