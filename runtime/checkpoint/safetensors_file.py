@@ -169,7 +169,7 @@ def _tensor_info(path: Path, name: str, entry: Any, data_size: int) -> TensorInf
     if not isinstance(entry, dict) or not {"dtype", "shape", "data_offsets"} <= set(entry):
         raise CheckpointError(f"{where}: expected dtype, shape and data_offsets, found {entry!r}")
     dtype_name = entry["dtype"]
-    if dtype_name not in DTYPES:
+    if not isinstance(dtype_name, str) or dtype_name not in DTYPES:
         raise CheckpointError(f"{where}: unknown dtype {dtype_name!r}; known: {', '.join(DTYPES)}")
     shape = entry["shape"]
     if not isinstance(shape, list) or not all(
@@ -180,7 +180,7 @@ def _tensor_info(path: Path, name: str, entry: Any, data_size: int) -> TensorInf
     if not (
         isinstance(offs, list)
         and len(offs) == 2
-        and all(isinstance(o, int) for o in offs)
+        and all(isinstance(o, int) and not isinstance(o, bool) for o in offs)
         and 0 <= offs[0] <= offs[1]
     ):
         raise CheckpointError(
