@@ -6,10 +6,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from ..checkpoint.files import regular_file
 from ..errors import CheckpointError
 
 #: files transformers builds a tokenizer from (any one is enough)
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json", "spiece.model")
+#: the largest real tokenizer.json files (256k-token vocabularies with merges) are tens of MB
+MAX_TOKENIZER_BYTES = 512 * 2**20
 
 
 def load_tokenizer(path: str | Path) -> Any:
@@ -39,6 +42,12 @@ def load_tokenizer(path: str | Path) -> Any:
             f"{folder}: no tokenizer files (looked for {', '.join(TOKENIZER_FILES)}); pass token ids instead "
             "of text"
         )
+    for name in TOKENIZER_FILES:  # transformers reads these whole: a FIFO or /dev/zero never ends
+        f = folder / name
+        if f.exists() and regular_file(f) > MAX_TOKENIZER_BYTES:
+            raise CheckpointError(
+                f"{f}: {f.stat().st_size} bytes; a tokenizer file may hold at most {MAX_TOKENIZER_BYTES}"
+            )
     try:
         return AutoTokenizer.from_pretrained(str(folder))
     except Exception as e:

@@ -281,3 +281,14 @@ def test_safetensors_written_by_the_library_still_open(tmp_path: Path) -> None:
     ckpt = quantrt.open_checkpoint(path)
     assert set(ckpt.index.names()) == {"a.weight", "empty", "b"}
     assert torch.equal(ckpt.index.read("b"), torch.arange(3))
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs on this platform")
+def test_tokenizer_file_that_is_a_fifo(tmp_path: Path) -> None:
+    pytest.importorskip("transformers")
+    from quantrt.models.tokenizer import load_tokenizer
+
+    d = copy_fixture(GPTQ, tmp_path)
+    os.mkfifo(d / "tokenizer.json")
+    with pytest.raises(CheckpointError, match=r"tokenizer\.json: expected a regular file, found a FIFO"):
+        load_tokenizer(d)
