@@ -44,6 +44,8 @@ class GptOssMXFP4Reader(FormatReader):
                     f"{idx.where(blocks)}: expected [experts, N, K/32, 16], found {list(shape)}"
                 )
             E, N, kb, _ = shape
+            if 0 in shape:  # a count no byte backs: 2^40 experts of nothing would be 2^40 layers
+                raise CheckpointError(f"{idx.where(blocks)}: {list(shape)} holds no elements")
             K = kb * 32
             scales = f"{stem}_scales"
             expect(idx, scales, (E, N, kb), (torch.uint8,), "e8m0 scales [E, N, K/32]")

@@ -86,6 +86,20 @@ def test_gguf_claiming_2_40_experts_of_nothing(tmp_path: Path) -> None:
     refused(path, r"experts\.gguf: tensor 'blk\.0\.ffn_up_exps\.weight' has dims \[0, 4, 1099511627776\]")
 
 
+def test_safetensors_experts_of_nothing(tmp_path: Path) -> None:
+    """gpt-oss MXFP4 experts stacked [E, N, K/32, 16] with N = 0: no bytes back the 2^40 experts."""
+    from safetensors.torch import load_file
+
+    d = copy_fixture(INTEROP / "gptoss-mxfp4-handbuilt", tmp_path)
+    tensors = load_file(d / "model.safetensors")
+    stem = "model.layers.0.mlp.experts.down_proj"
+    tensors[f"{stem}_blocks"] = torch.empty(2**40, 0, 2, 16, dtype=torch.uint8)
+    tensors[f"{stem}_scales"] = torch.empty(2**40, 0, 2, dtype=torch.uint8)
+    del tensors[f"{stem}_bias"]
+    save_file(tensors, d / "model.safetensors")
+    refused(d, r"down_proj_blocks: \[1099511627776, 0, 2, 16\] holds no elements")
+
+
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs on this platform")
 @pytest.mark.parametrize("name", ["config.json", "model.safetensors.index.json", "quantize_config.json"])
 def test_side_file_that_is_a_fifo(tmp_path: Path, name: str) -> None:
