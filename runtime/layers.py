@@ -259,6 +259,9 @@ def _bind_loader(layer: QuantLinear, name: str) -> Any:
 
 
 def _as_dtype(t: torch.Tensor, dtype: torch.dtype, where: str) -> torch.Tensor:
+    """``t`` in the parameter's dtype: floats widen or narrow to 16/32 bits; int64 (a ``g_idx``
+    or packed words, which readers accept beside int32) becomes int32 only when every value
+    fits, checked before the cast so that 2^32 + 1 is refused rather than wrapped to 1."""
     if t.dtype == dtype:
         return t
     if (
@@ -267,6 +270,14 @@ def _as_dtype(t: torch.Tensor, dtype: torch.dtype, where: str) -> torch.Tensor:
         and t.dtype.itemsize <= 4
         and dtype.itemsize >= 2
     ):
+        return t.to(dtype)
+    if t.dtype == torch.int64 and dtype == torch.int32:
+        info = torch.iinfo(dtype)
+        if t.numel() and (int(t.min()) < info.min or int(t.max()) > info.max):
+            raise ShardError(
+                f"{where}: expected int64 values that fit int32 [{info.min}, {info.max}], found "
+                f"[{int(t.min())}, {int(t.max())}]"
+            )
         return t.to(dtype)
     raise ShardError(
         f"{where}: expected dtype {str(dtype).replace('torch.', '')}, "

@@ -58,9 +58,13 @@ __all__ = ["READERS", "FormatReader", "LayerEntry", "TensorIndex", "find_quant_c
 def find_quant_config(directory: Path, config: Mapping[str, Any] | None) -> tuple[dict[str, Any] | None, str]:
     """The quantization config and where it came from (config.json keys first, then side files)."""
     if config is not None:
+        text = config.get("text_config")
         for where, qc in (
             ("quantization_config", config.get("quantization_config")),
-            ("text_config.quantization_config", (config.get("text_config") or {}).get("quantization_config")),
+            (
+                "text_config.quantization_config",
+                text.get("quantization_config") if isinstance(text, dict) else None,
+            ),
             ("compression_config", config.get("compression_config")),
         ):
             if qc is not None:
@@ -76,7 +80,10 @@ def find_quant_config(directory: Path, config: Mapping[str, Any] | None) -> tupl
             qc = read_json(path)
             if not isinstance(qc, dict):
                 raise CheckpointError(f"{path}: expected a JSON object")
-            if name == "hf_quant_config.json" or (qc.get("producer") or {}).get("name") == "modelopt":
+            producer = qc.get("producer")
+            if name == "hf_quant_config.json" or (
+                isinstance(producer, dict) and producer.get("name") == "modelopt"
+            ):
                 qc.setdefault("quant_method", "modelopt")
             return qc, str(path)
     return None, str(directory)

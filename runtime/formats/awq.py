@@ -28,7 +28,8 @@ from .base import (
     expect,
     prefixes_with,
 )
-from .gptq import _scale_torch_dtype, int_scheme
+from .gptq import Bits, _scale_torch_dtype, int_scheme
+from .schema import Bool, Config, GroupSize, Str
 
 #: nibble that holds column 8c + j
 AWQ_REVERSE_ORDER = (0, 4, 1, 5, 2, 6, 3, 7)
@@ -127,18 +128,30 @@ def awq_layer(index: TensorIndex, prefix: str, group_size: int, zero_point: bool
     return LayerEntry(prefix, scheme, N, K, tensors, AWQAdapter(), bias=bias)
 
 
+class AWQConfig(Config):
+    """``quant_method: awq`` (AutoAWQ, GPTQModel, auto-round's AWQ export): the keys quantrt reads."""
+
+    bits: Bits = None
+    w_bit: Bits = None
+    group_size: GroupSize = None
+    q_group_size: GroupSize = None
+    zero_point: Bool | None = None
+    version: Str | None = None
+
+
 class AWQReader(FormatReader):
     """``quant_method: awq`` (AutoAWQ spells its keys w_bit / q_group_size)."""
 
     name = "awq"
+    schema = AWQConfig
 
     def quantized_layers(self) -> dict[str, LayerEntry]:
-        bits = int(self.cfg("bits", "w_bit", required=True))
+        bits = self.cfg("bits", "w_bit", required=True)
         if bits != 4:
             raise CheckpointError(f"{self.source}: AWQ stores 4-bit weights, the config says bits={bits}")
-        group = int(self.cfg("group_size", "q_group_size", required=True))
-        zero_point = bool(self.cfg("zero_point", default=True))
-        version = str(self.cfg("version", default="gemm")).lower()
+        group = self.cfg("group_size", "q_group_size", required=True)
+        zero_point = self.cfg("zero_point") is not False  # unset or null: AutoAWQ's default
+        version = (self.cfg("version", default=None) or "gemm").lower()
         if version != "gemm":
             raise CheckpointError(
                 f"{self.source}: AWQ version {version!r} is an unsupported variant: quantrt reads "

@@ -13,7 +13,7 @@ import re
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 import torch
 
@@ -22,6 +22,7 @@ from ..checkpoint.safetensors_file import SafetensorsFile, TensorInfo
 from ..errors import CheckpointError
 from ..schemes import Scheme
 from ..specs import TensorSpec
+from .schema import Config, config_path, validate
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 SCALE_DTYPE_NAMES = {
@@ -34,15 +35,25 @@ SCALE_DTYPE_NAMES = {
 SCALE_DTYPES = (*FLOAT_DTYPES, torch.float8_e8m0fnu)
 #: rows converted at a time, so a layer's conversion never holds much more than the layer
 CHUNK_ROWS = 256
+#: elements checked for NaN at a time, so a check's scratch stays small beside a large tensor
+FINITE_CHUNK = 1 << 22
+#: unquantized tensors whose values must be finite when read: a layer's weight or bias, a norm
+FINITE_SUFFIXES = (".weight", ".bias")
 
 
 class TensorIndex:
-    """Every tensor of a checkpoint by name, across its safetensors files (headers only)."""
+    """Every tensor of a checkpoint by name, across its safetensors files (headers only).
+
+    Reading an unquantized 16/32-bit float ``*.weight`` or ``*.bias`` (a dense layer, a bias, a
+    norm), or a tensor named in ``finite``, checks that every value is finite: NaN in a dense
+    weight or bias would otherwise pass silently into every output it touches.
+    """
 
     def __init__(self, files: Iterable[SafetensorsFile], owner: Mapping[str, str] | None = None) -> None:
         self.files = list(files)
         self.info: dict[str, TensorInfo] = {}
         self._file: dict[str, SafetensorsFile] = {}
+        self.finite: set[str] = set()
         for f in self.files:
             for name, info in f.tensors.items():
                 if owner is not None and owner.get(name, f.path.name) != f.path.name:
@@ -69,13 +80,18 @@ class TensorIndex:
     def read(self, name: str) -> torch.Tensor:
         if name not in self.info:
             raise CheckpointError(f"missing tensor {name!r}")
-        return self._file[name].get(name)
+        return self._checked(name, self._file[name].get(name))
 
     def read_index(self, name: str, i: int) -> torch.Tensor:
         """``tensor[i]`` of a stacked tensor (one MoE expert), reading only those bytes."""
         if name not in self.info:
             raise CheckpointError(f"missing tensor {name!r}")
-        return self._file[name].get_rows(name, i, i + 1)[0]
+        return self._checked(name, self._file[name].get_rows(name, i, i + 1)[0])
+
+    def _checked(self, name: str, t: torch.Tensor) -> torch.Tensor:
+        if t.dtype in FLOAT_DTYPES and (name in self.finite or name.endswith(FINITE_SUFFIXES)):
+            check_finite(t, self.where(name))
+        return t
 
     def where(self, name: str) -> str:
         info = self.info.get(name)
@@ -131,14 +147,25 @@ class LayerEntry:
 
 
 class FormatReader(ABC):
-    """Recognises one format's config and lays out the checkpoint's layers."""
+    """Recognises one format's config and lays out the checkpoint's layers.
+
+    ``schema`` declares the config keys the reader reads, with their types and bounds; the
+    config is checked against it once, here, so the reader never meets a wrong type.
+    """
 
     name: str = ""
+    schema: ClassVar[type[Config] | None] = None
 
     def __init__(self, qconfig: Mapping[str, Any], index: TensorIndex, source: str) -> None:
         self.qconfig = dict(qconfig)
         self.index = index
         self.source = source  # which file the quantization config came from
+        if self.schema is not None:
+            validate(self.schema, self.qconfig, source)
+
+    def at(self, *path: str | int) -> str:
+        """``<file>: quantization_config.<path>``, how an error names a config key."""
+        return config_path(self.source, *path)
 
     @abstractmethod
     def quantized_layers(self) -> dict[str, LayerEntry]:
@@ -155,6 +182,8 @@ class FormatReader(ABC):
         claimed = {n for e in quant.values() for n in e.tensors.values()}
         out = dict(quant)
         out.update(dense_layers(self.index, claimed, set(quant)))
+        # biases under other names (gpt-oss's ``*_bias``) are checked for NaN when read too
+        self.index.finite.update(e.bias for e in out.values() if e.bias)
         return dict(sorted(out.items(), key=lambda kv: natural_key(kv[0])))
 
     def cfg(self, *keys: str, default: Any = None, required: bool = False) -> Any:
@@ -223,10 +252,16 @@ def expect(
 
 
 def check_finite(t: torch.Tensor, where: str) -> None:
-    """NaN or infinite scales are refused where they are read."""
-    if t.is_floating_point() and not bool(torch.isfinite(t).all()):
-        bad = int((~torch.isfinite(t)).sum())
-        raise CheckpointError(f"{where}: {bad} of {t.numel()} values are NaN or infinite")
+    """NaN or infinite values (scales, code books, biases, dense weights) are refused where they
+    are read; checked a slab at a time, so a large tensor's check needs little scratch."""
+    if t.dtype not in (*FLOAT_DTYPES, torch.float64):
+        return  # integer codes have no NaN; fp8 codes are checked on their bits (check_fp8_codes)
+    flat = t.reshape(-1)
+    starts = range(0, flat.numel(), FINITE_CHUNK)
+    if all(bool(torch.isfinite(flat[s : s + FINITE_CHUNK]).all()) for s in starts):
+        return
+    bad = sum(int((~torch.isfinite(flat[s : s + FINITE_CHUNK])).sum()) for s in starts)
+    raise CheckpointError(f"{where}: {bad} of {t.numel()} values are NaN or infinite")
 
 
 def check_fp8_codes(t: torch.Tensor, where: str) -> None:
@@ -251,14 +286,3 @@ def by_rows(
     """Concatenate ``fn(start, stop)`` over chunks of ``rows``, so a conversion's scratch stays small."""
     parts = [fn(s, min(s + rows, n)) for s in range(0, n, rows)]
     return torch.cat(parts, dim=dim) if len(parts) > 1 else parts[0]
-
-
-def match_rules(prefix: str, rules: Iterable[str]) -> str | None:
-    """The first rule matching ``prefix``: an exact name, or ``re:<regex>`` matched from the start."""
-    for rule in rules:
-        if rule.startswith("re:"):
-            if re.match(rule[3:], prefix):
-                return rule
-        elif rule == prefix:
-            return rule
-    return None

@@ -27,7 +27,9 @@ from ..canonical import CanonicalWeight
 from ..errors import CheckpointError
 from ..schemes import Scheme, parse_scheme
 from ..specs import TensorSpec
-from .base import FormatReader, LayerEntry, check_finite, expect, match_rules, prefixes_with
+from .base import FormatReader, LayerEntry, check_finite, expect, prefixes_with
+from .patterns import NameRules
+from .schema import Bool, Config, Number, Positive, PositivePair, Str, StrList, validate
 
 INT8_SCHEME = parse_scheme("w8a16-int-ch-sym-sfp32")
 #: bitsandbytes dequantizes as (q * SCB) * this fp32 constant (1/127 rounded)
@@ -35,7 +37,13 @@ INV_127 = 7.874015718698502e-3
 
 
 class Bnb8Adapter:
-    """bitsandbytes 8-bit tensors <-> canonical int8 (codes q + 128, scales SCB / 127)."""
+    """bitsandbytes 8-bit tensors <-> canonical int8 (codes q + 128, scales SCB * fp32(1/127)).
+
+    The canonical int form has one multiplier, so it evaluates ``q * (SCB * c)`` where
+    bitsandbytes' ``int8_vectorwise_dequant`` rounds ``(q * SCB) * c``: a 1-ulp difference in
+    about a fifth of the fp32 weights. No single fp32 scale per row reproduces the two roundings
+    (checked on the fixture's rows); bit equality needs a second canonical multiplier.
+    """
 
     name = "bitsandbytes-8bit"
 
@@ -53,6 +61,25 @@ class Bnb8Adapter:
         q = w.contiguous().view(torch.uint8) ^ 0x80  # two's complement + 128: the unsigned 8-bit code
         scales = (scb * torch.tensor(INV_127, dtype=torch.float32)).reshape(N, 1)
         return CanonicalWeight(scheme, N, K, {"qweight": q, "scales": scales}, output_sizes)
+
+
+class BitsandbytesConfig(Config):
+    """``quant_method: bitsandbytes`` (transformers' BitsAndBytesConfig): the keys quantrt reads."""
+
+    load_in_4bit: Bool | None = None
+    load_in_8bit: Bool | None = None
+    llm_int8_skip_modules: StrList | None = None
+    bnb_4bit_quant_storage: Str | None = None
+
+
+class QuantState(Config):
+    """The JSON quant state bitsandbytes stores beside each 4-bit weight."""
+
+    quant_type: Str = None
+    blocksize: Positive = None
+    shape: PositivePair = None
+    nested_blocksize: Positive = None
+    nested_offset: Number = None
 
 
 BNB4_ROLES = {
@@ -96,6 +123,9 @@ class Bnb4Adapter:
             check_finite(absmax, "weight.absmax")
         if "nested_absmax" in out:
             check_finite(out["nested_absmax"], "weight.nested_absmax")
+        check_finite(out["code"], "weight.quant_map")
+        if "nested_code" in out:
+            check_finite(out["nested_code"], "weight.nested_quant_map")
         return CanonicalWeight(scheme, N, K, out, output_sizes)
 
 
@@ -103,6 +133,7 @@ class BitsandbytesReader(FormatReader):
     """``quant_method: bitsandbytes``."""
 
     name = "bitsandbytes"
+    schema = BitsandbytesConfig
 
     def quantized_layers(self) -> dict[str, LayerEntry]:
         four = bool(self.cfg("load_in_4bit", default=False))
@@ -111,9 +142,10 @@ class BitsandbytesReader(FormatReader):
         skip = list(self.cfg("llm_int8_skip_modules", default=None) or [])
         if four:
             return self._four_bit(skip)
+        rules = NameRules(skip, self.at("llm_int8_skip_modules"))
         out: dict[str, LayerEntry] = {}
         for prefix in prefixes_with(self.index, "SCB"):
-            if any(match_rules(prefix, [s]) or prefix.endswith("." + s) or prefix == s for s in skip):
+            if rules.first(prefix) or any(prefix.endswith("." + s) for s in skip):
                 raise CheckpointError(
                     f"{self.source}: {prefix} is in llm_int8_skip_modules but stores 8-bit tensors"
                 )
@@ -144,7 +176,7 @@ class BitsandbytesReader(FormatReader):
         return out
 
     def _four_bit(self, skip: list[str]) -> dict[str, LayerEntry]:
-        storage = str(self.cfg("bnb_4bit_quant_storage", default="uint8"))
+        storage = self.cfg("bnb_4bit_quant_storage", default=None) or "uint8"
         if storage != "uint8":
             raise CheckpointError(
                 f"{self.source}: bnb_4bit_quant_storage {storage!r} is not supported (uint8 only)"
@@ -158,6 +190,7 @@ class BitsandbytesReader(FormatReader):
                     f"{self.source}: {prefix} is in llm_int8_skip_modules but stores 4-bit tensors"
                 )
             qs = _quant_state(idx, state)
+            validate(QuantState, qs, idx.where(state), root="")
             qtype = qs.get("quant_type")
             if qtype not in ("nf4", "fp4"):
                 raise CheckpointError(f"{idx.where(state)}: quant_type must be nf4 or fp4, found {qtype!r}")
@@ -171,9 +204,9 @@ class BitsandbytesReader(FormatReader):
                     f"{idx.where(state)}: shape must be [out_features, in_features], found {shape!r}"
                 )
             N, K = shape
-            bs = int(qs.get("blocksize", 64))
+            bs = qs.get("blocksize", 64)
             dq = "nested_offset" in qs
-            if dq and int(qs.get("nested_blocksize", 256)) != 256:
+            if dq and qs.get("nested_blocksize", 256) != 256:
                 raise CheckpointError(
                     f"{idx.where(state)}: nested_blocksize must be 256, found {qs['nested_blocksize']}"
                 )

@@ -14,8 +14,9 @@ static ``input_scale``.
 
 from __future__ import annotations
 
+import re
 from fractions import Fraction
-from typing import Any
+from typing import Annotated, Any
 
 import torch
 
@@ -32,16 +33,62 @@ from .base import (
     by_rows,
     check_finite,
     expect,
-    match_rules,
     prefixes_with,
 )
 from .fp4 import MXFP4Adapter, NVFP4Adapter, fp4_shape
 from .fp8 import FP8Adapter, fp8_layer, fp8_scheme
-from .gptq import _scale_torch_dtype, word_align
+from .gptq import Bits, _scale_torch_dtype, checked_g_idx, word_align
+from .patterns import NameRules
+from .schema import Bool, Config, GroupSize, Str, StrList, leaf
 
 INT_FORMATS = ("pack-quantized", "int-quantized", "naive-quantized")
 FLOAT_FORMATS = ("float-quantized", "nvfp4-pack-quantized", "mxfp4-pack-quantized")
 LATER_FORMATS = ("mxfp8-quantized", "mxfp6-pack-quantized", "sparse-24-bitmask", "marlin-24")
+
+Dynamic = Annotated[bool | str, leaf('true, false or "local"', lambda v: type(v) is bool or v == "local")]
+#: compressed-tensors takes a bool for the older spelling (true = "group")
+ActOrder = Annotated[str | bool, leaf("a string, true or false", lambda v: type(v) in (str, bool))]
+BlockStructure = Annotated[
+    list[int] | str,
+    leaf(
+        'a list of two positive integers or "<rows>x<cols>"',
+        lambda v: (
+            (type(v) is list and len(v) == 2 and all(type(x) is int and x > 0 for x in v))
+            or (type(v) is str and re.fullmatch(r"[1-9]\d{0,8}[xX][1-9]\d{0,8}", v) is not None)
+        ),
+    ),
+]
+
+
+class QuantizationArgs(Config):
+    """compressed-tensors' QuantizationArgs (weights, input activations, the KV cache)."""
+
+    num_bits: Bits = None
+    type: Str | None = None
+    symmetric: Bool | None = None
+    strategy: Str | None = None
+    group_size: GroupSize | None = None
+    block_structure: BlockStructure | None = None
+    dynamic: Dynamic | None = None
+    actorder: ActOrder | None = None
+
+
+class QuantizationScheme(Config):
+    """One entry of ``config_groups``: the layers it targets and their numerics."""
+
+    targets: StrList = None
+    weights: QuantizationArgs | None = None
+    input_activations: QuantizationArgs | None = None
+    format: Str | None = None
+
+
+class CompressedTensorsConfig(Config):
+    """``quant_method: compressed-tensors`` (or ``compression_config``): the keys quantrt reads."""
+
+    config_groups: dict[str, QuantizationScheme] | None = None
+    ignore: StrList | None = None
+    format: Str | None = None
+    kv_cache_scheme: QuantizationArgs | None = None
 
 
 def _scale_spec(scheme: Scheme, N: int, K: int, dtype: torch.dtype, name: str, S: int) -> TensorSpec:
@@ -109,17 +156,8 @@ class CTPackedAdapter:
             zp = unpack_int32(tensors["weight_zero_point"], b, 0, N)
             out["zeros"] = zp.to(torch.int16).contiguous()
         if scheme.act_order:
-            out["g_idx"] = _checked_g_idx(tensors["weight_g_idx"], out["scales"].shape[-1])
+            out["g_idx"] = checked_g_idx(tensors["weight_g_idx"], out["scales"].shape[-1], "weight_g_idx")
         return CanonicalWeight(scheme, N, K, out, output_sizes)
-
-
-def _checked_g_idx(g: torch.Tensor, ng: int) -> torch.Tensor:
-    g = g.to(torch.int32)
-    if g.numel() and (int(g.min()) < 0 or int(g.max()) >= ng):
-        raise CheckpointError(
-            f"weight_g_idx: group ids must lie in [0, {ng - 1}], found [{int(g.min())}, {int(g.max())}]"
-        )
-    return g.contiguous()
 
 
 class CTIntAdapter:
@@ -176,14 +214,14 @@ def weight_scheme(
             f"{where}: {args.get('type')!r} weights arrive with the FP8/FP4 formats; "
             "this reader handles integer weights"
         )
-    bits = int(args.get("num_bits", 8))
-    sym = bool(args.get("symmetric", True))
+    bits = args.get("num_bits", 8)
+    sym = args.get("symmetric") is not False
     strategy = args.get("strategy")
     G = args.get("group_size")
     if strategy is None:
         strategy = "tensor" if G is None else ("channel" if G == -1 else "group")
     actorder = args.get("actorder")
-    act_order = actorder in ("group", "dynamic")
+    act_order = actorder is True or actorder in ("group", "dynamic")
     if strategy == "group":
         if not G or G <= 0 or K % G:
             raise CheckpointError(f"{where}: group_size {G} does not divide K={K}")
@@ -207,12 +245,12 @@ def weight_scheme(
         **gran,
     )
     if act:
-        if act.get("type", "int") != "int" or int(act.get("num_bits", 8)) != 8:
+        if act.get("type", "int") != "int" or act.get("num_bits", 8) != 8:
             raise CheckpointError(
                 f"{where}: input activations {act.get('type')} {act.get('num_bits')}-bit are "
                 "not an integer W8A8 scheme"
             )
-        if not act.get("symmetric", True):
+        if act.get("symmetric") is False:
             raise CheckpointError(f"{where}: asymmetric int8 activations are not supported")
         a_strat = act.get("strategy") or "tensor"
         dynamic = bool(act.get("dynamic", False))
@@ -232,21 +270,25 @@ class CompressedTensorsReader(FormatReader):
     """``quant_method: compressed-tensors`` (or the older ``compression_config``), integer formats."""
 
     name = "compressed-tensors"
+    schema = CompressedTensorsConfig
 
     def quantized_layers(self) -> dict[str, LayerEntry]:
         groups = self.cfg("config_groups", required=True)
         if not isinstance(groups, dict) or not groups:
             raise CheckpointError(f"{self.source}: config_groups must be a non-empty object")
-        ignore = list(self.cfg("ignore", default=[]) or [])
+        ignore = NameRules(self.cfg("ignore", default=None) or [], self.at("ignore"))
+        targets = {
+            n: NameRules(_name_targets(g), self.at("config_groups", n, "targets")) for n, g in groups.items()
+        }
         global_fmt = self.cfg("format", default=None)
         out: dict[str, LayerEntry] = {}
         prefixes = set(prefixes_with(self.index, "weight_packed")) | set(
             prefixes_with(self.index, "weight_scale")
         )
         for prefix in sorted(prefixes):
-            if match_rules(prefix, ignore):
+            if ignore.first(prefix):
                 raise CheckpointError(f"{self.source}: {prefix} is in 'ignore' but stores quantized tensors")
-            gname, group = self._group_for(prefix, groups)
+            gname, group = self._group_for(prefix, groups, targets)
             fmt = group.get("format") or global_fmt
             if (
                 fmt in ("naive-quantized", "int-quantized")
@@ -268,8 +310,10 @@ class CompressedTensorsReader(FormatReader):
             out[prefix] = self._layer(prefix, fmt, group, f"{self.source} config group {gname!r}")
         return out
 
-    def _group_for(self, prefix: str, groups: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-        by_name = [(n, g) for n, g in groups.items() if match_rules(prefix, _name_targets(g))]
+    def _group_for(
+        self, prefix: str, groups: dict[str, Any], targets: dict[str, NameRules]
+    ) -> tuple[str, dict[str, Any]]:
+        by_name = [(n, g) for n, g in groups.items() if targets[n].first(prefix)]
         if by_name:
             return by_name[0]
         by_class = [
@@ -296,6 +340,10 @@ class CompressedTensorsReader(FormatReader):
             shape_t = f"{prefix}.weight_shape"
             expect(idx, shape_t, (2,), (torch.int64, torch.int32))
             N, K = (int(v) for v in idx.read(shape_t).tolist())
+            if N <= 0 or K <= 0:
+                raise CheckpointError(
+                    f"{idx.where(shape_t)}: expected two positive sizes [N, K], found [{N}, {K}]"
+                )
             scheme = weight_scheme(wargs, act, K, idx.dtype(scale), f"{where}, layer {prefix}")
             adapter: Any = CTPackedAdapter()
         else:
@@ -340,7 +388,7 @@ class CompressedTensorsReader(FormatReader):
             raise CheckpointError(
                 f"{here}: format {fmt} needs float weights, the config says {wargs.get('type')!r}"
             )
-        bits = int(wargs.get("num_bits", 8))
+        bits = wargs.get("num_bits", 8)
         bias = f"{prefix}.bias" if f"{prefix}.bias" in idx else None
         if fmt == "float-quantized":
             if bits != 8:
@@ -372,7 +420,7 @@ class CompressedTensorsReader(FormatReader):
         if bits != 4:
             raise CheckpointError(f"{here}: {fmt} weights are 4-bit, found {bits}")
         if fmt == "nvfp4-pack-quantized":
-            gs = int(wargs.get("group_size") or 16)
+            gs = wargs.get("group_size") or 16
             if gs != 16 or wargs.get("strategy") != "tensor_group":
                 raise CheckpointError(
                     f"{here}: nvfp4 weights are tensor_group with group_size 16, found "
@@ -429,7 +477,7 @@ def _fp8_act_mode(act: dict[str, Any] | None, block: tuple[int, int] | None, whe
     """compressed-tensors input_activations of an fp8 layer as fp8_scheme's activation mode."""
     if not act:
         return None
-    if act.get("type") != "float" or int(act.get("num_bits", 8)) != 8:
+    if act.get("type") != "float" or act.get("num_bits", 8) != 8:
         raise CheckpointError(
             f"{where}: fp8 weights pair with fp8 activations, found {act.get('type')} "
             f"{act.get('num_bits')}-bit"

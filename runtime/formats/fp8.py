@@ -30,8 +30,9 @@ from .base import (
     check_finite,
     check_fp8_codes,
     expect,
-    match_rules,
 )
+from .patterns import NameRules
+from .schema import Config, Number, PositivePair, Str, StrList
 
 FP8_WEIGHTS = {torch.float8_e4m3fn: "fp8_e4m3", torch.float8_e5m2: "fp8_e5m2"}
 
@@ -201,10 +202,27 @@ def fp8_prefixes(index: TensorIndex) -> list[str]:
     ]
 
 
+class FP8Config(Config):
+    """``quant_method: fp8`` (transformers' FineGrainedFP8Config, AutoFP8, Quark's fp8 mode)."""
+
+    activation_scheme: Str = None
+    weight_block_size: PositivePair | None = None
+    ignored_layers: StrList | None = None
+    modules_to_not_convert: StrList | None = None
+
+
+class FbgemmFP8Config(Config):
+    """``quant_method: fbgemm_fp8``: the keys quantrt reads."""
+
+    modules_to_not_convert: StrList | None = None
+    activation_scale_ub: Number | None = None
+
+
 class FP8Reader(FormatReader):
     """``quant_method: fp8``: per-tensor (static or dynamic activations) or block-wise weights."""
 
     name = "fp8"
+    schema = FP8Config
 
     def ignored(self) -> dict[str, str]:
         """Scales beside a weight that is not stored in fp8: transformers' FP8 writer leaves layers
@@ -220,29 +238,23 @@ class FP8Reader(FormatReader):
         return out
 
     def quantized_layers(self) -> dict[str, LayerEntry]:
-        act = str(self.cfg("activation_scheme", required=True)).lower()
+        act = self.cfg("activation_scheme", required=True).lower()
         if act not in ("static", "dynamic"):
             raise CheckpointError(
                 f"{self.source}: activation_scheme must be static or dynamic, found {act!r}"
             )
         block = self.cfg("weight_block_size", default=None)
         if block is not None:
-            if not (
-                isinstance(block, list)
-                and len(block) == 2
-                and all(isinstance(b, int) and b > 0 for b in block)
-            ):
-                raise CheckpointError(
-                    f"{self.source}: weight_block_size must be [rows, cols], found {block!r}"
-                )
             if act != "dynamic":
                 raise CheckpointError(
                     f"{self.source}: block-wise fp8 needs activation_scheme dynamic, found {act}"
                 )
-        ignored = list(self.cfg("ignored_layers", "modules_to_not_convert", default=None) or [])
+        key = "ignored_layers" if "ignored_layers" in self.qconfig else "modules_to_not_convert"
+        ignored = list(self.cfg(key, default=None) or [])
+        rules = NameRules(ignored, self.at(key))
         out: dict[str, LayerEntry] = {}
         for prefix in fp8_prefixes(self.index):
-            if ignored and (match_rules(prefix, ignored) or any(prefix.endswith("." + i) for i in ignored)):
+            if ignored and (rules.first(prefix) or any(prefix.endswith("." + i) for i in ignored)):
                 raise CheckpointError(f"{self.source}: {prefix} is in ignored_layers but stores fp8 weights")
             if block is not None:
                 bt = (block[0], block[1])
@@ -277,6 +289,7 @@ class FbgemmFP8Reader(FormatReader):
     """
 
     name = "fbgemm_fp8"
+    schema = FbgemmFP8Config
 
     def quantized_layers(self) -> dict[str, LayerEntry]:
         skip = list(self.cfg("modules_to_not_convert", default=None) or [])

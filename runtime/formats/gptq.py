@@ -10,7 +10,6 @@ replicated (group ids are global) and only ``qweight`` and ``g_idx`` are cut.
 
 from __future__ import annotations
 
-import re
 from fractions import Fraction
 from typing import Any
 
@@ -32,8 +31,32 @@ from .base import (
     expect,
     prefixes_with,
 )
+from .patterns import Pattern, compile_patterns
+from .schema import Bool, Config, GroupSize, Str, int_in
 
 GPTQ_BITS = (2, 3, 4, 8)
+#: what a config may say for bits before the format's own set (GPTQ_BITS) is checked per layer
+Bits = int_in(1, 8)
+
+
+class GPTQOverride(Config):
+    """One GPTQModel ``dynamic`` override: the keys it may change for the layers it matches."""
+
+    bits: Bits = None
+    group_size: GroupSize = None
+    sym: Bool = None
+    desc_act: Bool = None
+
+
+class GPTQConfig(Config):
+    """``quant_method: gptq`` (AutoGPTQ, GPTQModel, HF GPTQConfig): the keys quantrt reads."""
+
+    bits: Bits = None
+    group_size: GroupSize = None
+    sym: Bool | None = None
+    desc_act: Bool | None = None
+    checkpoint_format: Str | None = None
+    dynamic: dict[str, GPTQOverride | None] | None = None
 
 
 def word_align(bits: int) -> int:
@@ -112,12 +135,7 @@ class GPTQAdapter:
         else:
             out["zeros"] = z.contiguous()
         if scheme.act_order:
-            g = tensors["g_idx"].to(torch.int32)
-            if g.numel() and (int(g.min()) < 0 or int(g.max()) >= ng):
-                raise CheckpointError(
-                    f"g_idx: group ids must lie in [0, {ng - 1}], found [{int(g.min())}, {int(g.max())}]"
-                )
-            out["g_idx"] = g.contiguous()
+            out["g_idx"] = checked_g_idx(tensors["g_idx"], ng, "g_idx")
         elif self.has_g_idx and K:
             # a row-parallel rank holds global group ids, so compare from its first one
             g = tensors["g_idx"].long()
@@ -127,6 +145,16 @@ class GPTQAdapter:
                     "g_idx: the config says desc_act false (no act-order) but g_idx is not k // group_size"
                 )
         return CanonicalWeight(scheme, N, K, out, output_sizes)
+
+
+def checked_g_idx(g: torch.Tensor, ng: int, name: str) -> torch.Tensor:
+    """Group ids range-checked in their stored dtype, then int32: casting first would wrap an
+    int64 id of 2^32 + 1 to 1, a valid-looking group."""
+    if g.numel():
+        lo, hi = int(g.min()), int(g.max())
+        if lo < 0 or hi >= ng:
+            raise CheckpointError(f"{name}: group ids must lie in [0, {ng - 1}], found [{lo}, {hi}]")
+    return g.to(torch.int32).contiguous()
 
 
 def _scale_torch_dtype(scheme: Scheme) -> torch.dtype:
@@ -193,13 +221,14 @@ class GPTQReader(FormatReader):
     """``quant_method: gptq`` (or a standalone quantize_config.json), with GPTQModel's ``dynamic``."""
 
     name = "gptq"
+    schema = GPTQConfig
 
     def quantized_layers(self) -> dict[str, LayerEntry]:
-        bits = int(self.cfg("bits", required=True))
-        group = int(self.cfg("group_size", required=True))
-        sym = bool(self.cfg("sym", default=True))
-        desc_act = bool(self.cfg("desc_act", default=False))
-        fmt = str(self.cfg("checkpoint_format", default="gptq") or "gptq").lower()
+        bits = self.cfg("bits", required=True)
+        group = self.cfg("group_size", required=True)
+        sym = self.cfg("sym") is not False  # unset or null: GPTQ's default, symmetric
+        desc_act = self.cfg("desc_act") is True
+        fmt = (self.cfg("checkpoint_format", default="gptq") or "gptq").lower()
         if fmt not in ("gptq", "gptq_v2"):
             raise CheckpointError(f"{self.source}: checkpoint_format {fmt!r} is not gptq or gptq_v2")
         rules = self._dynamic_rules()
@@ -210,35 +239,34 @@ class GPTQReader(FormatReader):
                 raise CheckpointError(
                     f"{self.source}: dynamic rule excludes {prefix} (-:) but it stores qweight"
                 )
-            b = int(over.get("bits", bits))
+            b = over.get("bits", bits)
             adapter = GPTQAdapter(b, zero_offset=1 if fmt == "gptq" else 0)
             out[prefix] = gptq_layer(
                 self.index,
                 prefix,
                 b,
-                int(over.get("group_size", group)),
-                bool(over.get("sym", sym)),
-                bool(over.get("desc_act", desc_act)),
+                over.get("group_size", group),
+                over.get("sym", sym),
+                over.get("desc_act", desc_act),
                 adapter,
                 self.source,
             )
         return out
 
-    def _dynamic_rules(self) -> list[tuple[str, dict[str, Any] | None]]:
+    def _dynamic_rules(self) -> list[tuple[Pattern, dict[str, Any] | None]]:
+        """GPTQModel's ``dynamic``: ``-:<regex>`` excludes, ``+:<regex>`` (or a bare regex)
+        overrides; each regex compiled once and matched from the start of the layer name."""
         dyn = self.cfg("dynamic", default=None) or {}
-        if not isinstance(dyn, dict):
-            raise CheckpointError(f"{self.source}: 'dynamic' must map regexes to overrides, found {dyn!r}")
-        rules: list[tuple[str, dict[str, Any] | None]] = []
-        for key, val in dyn.items():
-            if key.startswith("-:"):
-                rules.append((key[2:], None))
-            else:
-                rules.append((key[2:] if key.startswith("+:") else key, dict(val or {})))
-        return rules
+        keys = [k[2:] if k.startswith(("-:", "+:")) else k for k in dyn]
+        patterns = compile_patterns(keys, self.at("dynamic"))
+        return [
+            (p, None if key.startswith("-:") else dict(val or {}))
+            for p, (key, val) in zip(patterns, dyn.items(), strict=True)
+        ]
 
 
-def _dynamic_for(prefix: str, rules: list[tuple[str, dict[str, Any] | None]]) -> dict[str, Any] | None:
+def _dynamic_for(prefix: str, rules: list[tuple[Pattern, dict[str, Any] | None]]) -> dict[str, Any] | None:
     for pattern, over in rules:
-        if re.match(pattern, prefix):
+        if pattern.match(prefix):
             return over
     return {}

@@ -10,31 +10,52 @@ FP8_PER_CHANNEL_PER_TOKEN) and a static ``input_scale``. NVFP4 stores ``weight``
 
 from __future__ import annotations
 
-import fnmatch
-
 import torch
 
 from ..errors import CheckpointError
 from ..schemes import Scheme, parse_scheme
 from .base import FormatReader, LayerEntry, expect
+from .compressed_tensors import QuantizationArgs
 from .fp4 import NVFP4Adapter, fp4_shape
 from .fp8 import FP8Adapter, fp8_layer, fp8_prefixes, fp8_scheme
+from .patterns import Pattern, compile_patterns
+from .schema import Config, Str, StrList
 
 ALGOS = ("FP8", "FP8_PER_CHANNEL_PER_TOKEN", "NVFP4", "W4A16_NVFP4")
 
 
+class ModelOptQuantization(Config):
+    """The keys quantrt reads of a ModelOpt config (``hf_quant_config.json``'s ``quantization``)."""
+
+    quant_algo: Str | None = None
+    kv_cache_quant_algo: Str | None = None
+    exclude_modules: StrList | None = None
+    ignore: StrList | None = None
+
+
+class ModelOptConfig(ModelOptQuantization):
+    """A ModelOpt config: flat (``quantization_config`` in config.json) or nested."""
+
+    quantization: ModelOptQuantization | None = None
+    kv_cache_scheme: QuantizationArgs | None = None
+
+
 class ModelOptReader(FormatReader):
     name = "modelopt"
+    schema = ModelOptConfig
 
     def quantized_layers(self) -> dict[str, LayerEntry]:
+        nested = bool(self.qconfig.get("quantization"))
         q = dict(self.qconfig.get("quantization") or self.qconfig)
-        algo = str(q.get("quant_algo", "")).upper()
+        algo = str(q.get("quant_algo") or "").upper()
         if algo not in ALGOS:
             raise CheckpointError(
                 f"{self.source}: ModelOpt quant_algo {algo or None!r} is not supported; known: "
                 f"{', '.join(ALGOS)}"
             )
-        exclude = list(q.get("exclude_modules") or q.get("ignore") or [])
+        key = "exclude_modules" if q.get("exclude_modules") else "ignore"
+        where = self.at("quantization", key) if nested else self.at(key)
+        exclude = compile_patterns(q.get(key) or [], where, glob=True)
         out: dict[str, LayerEntry] = {}
         if algo.startswith("FP8"):
             mode = "static" if algo == "FP8" else "token"
@@ -77,10 +98,10 @@ class ModelOptReader(FormatReader):
             )
         return out
 
-    def _not_excluded(self, prefix: str, exclude: list[str]) -> None:
+    def _not_excluded(self, prefix: str, exclude: list[Pattern]) -> None:
         for pattern in exclude:
-            if fnmatch.fnmatch(prefix, pattern) or pattern in prefix.split("."):
+            if pattern.match(prefix) or pattern.text in prefix.split("."):
                 raise CheckpointError(
-                    f"{self.source}: {prefix} matches exclude pattern {pattern!r} but stores "
+                    f"{self.source}: {prefix} matches exclude pattern {pattern.text!r} but stores "
                     "quantized tensors"
                 )

@@ -14,8 +14,7 @@ and ``v_proj.output_scale`` (see ``quantrt.checkpoint.kv_cache``).
 
 from __future__ import annotations
 
-import fnmatch
-from typing import Any
+from typing import Annotated, Any
 
 import torch
 
@@ -25,12 +24,49 @@ from .awq import AWQAdapter
 from .base import FLOAT_DTYPES, SCALE_DTYPE_NAMES, FormatReader, LayerEntry, expect
 from .fp4 import MXFP4Adapter, fp4_shape
 from .fp8 import FP8Adapter, fp8_layer, fp8_scheme
+from .patterns import Pattern, compile_patterns
+from .schema import LIST_PASSES, Bool, Config, GroupSize, Int, Str, StrList
 
 FP8_TYPES = {"fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
 
 
+class QuarkTensor(Config):
+    """Quark's QuantizationSpec of one tensor (weight, input or output): the keys quantrt reads."""
+
+    dtype: Str | None = None
+    qscheme: Str | None = None
+    group_size: GroupSize | None = None
+    is_dynamic: Bool | None = None
+    scale_format: Str | None = None
+    ch_axis: Int | None = None
+
+
+class QuarkLayer(Config):
+    """One layer config (global, per name pattern); a list for ``weight`` is W4A8's two levels,
+    which the reader refuses by name."""
+
+    weight: Annotated[QuarkTensor | None, LIST_PASSES] = None
+    input_tensors: QuarkTensor | None = None
+
+
+class QuarkExport(Config):
+    """Quark's ``export`` section: how int4 nibbles were packed."""
+
+    pack_method: Str | None = None
+
+
+class QuarkConfig(Config):
+    """``quant_method: quark``: the keys quantrt reads."""
+
+    export: QuarkExport | None = None
+    exclude: StrList | None = None
+    global_quant_config: QuarkLayer | None = None
+    layer_quant_config: dict[str, QuarkLayer] | None = None
+
+
 class QuarkReader(FormatReader):
     name = "quark"
+    schema = QuarkConfig
 
     def quantized_layers(self) -> dict[str, LayerEntry]:
         export = self.cfg("export", default=None)
@@ -38,18 +74,27 @@ class QuarkReader(FormatReader):
             raise CheckpointError(
                 f"{self.source}: a Quark config needs its 'export' section (pack_method ...)"
             )
-        pack = str(export.get("pack_method", "reorder"))
+        pack = export.get("pack_method") or "reorder"
         if pack not in ("reorder", "order"):
             raise CheckpointError(
                 f"{self.source}: export.pack_method must be reorder or order, found {pack!r}"
             )
-        exclude = list(self.cfg("exclude", default=None) or [])
+        exclude = compile_patterns(self.cfg("exclude", default=None) or [], self.at("exclude"), glob=True)
+        layer_configs = self.cfg("layer_quant_config", default=None) or {}
+        by_pattern = [
+            (p, dict(cfg))
+            for p, cfg in zip(
+                compile_patterns(layer_configs, self.at("layer_quant_config"), glob=True),
+                layer_configs.values(),
+                strict=True,
+            )
+        ]
         out: dict[str, LayerEntry] = {}
         prefixes = {n[: -len(".weight_scale")] for n in self.index.names() if n.endswith(".weight_scale")}
         for prefix in sorted(prefixes):
-            if any(fnmatch.fnmatch(prefix, p) or p == prefix or prefix.endswith("." + p) for p in exclude):
+            if any(_excluded(prefix, p) for p in exclude):
                 raise CheckpointError(f"{self.source}: {prefix} is excluded but stores quantized tensors")
-            cfg = self._config_for(prefix)
+            cfg = self._config_for(prefix, by_pattern)
             w = cfg.get("weight")
             if isinstance(w, list):
                 raise CheckpointError(
@@ -62,10 +107,10 @@ class QuarkReader(FormatReader):
             out[prefix] = self._layer(prefix, w, cfg.get("input_tensors"), pack)
         return out
 
-    def _config_for(self, prefix: str) -> dict[str, Any]:
-        for pattern, cfg in (self.cfg("layer_quant_config", default=None) or {}).items():
-            if fnmatch.fnmatch(prefix, pattern) if "*" in pattern else pattern in prefix:
-                return dict(cfg)
+    def _config_for(self, prefix: str, by_pattern: list[tuple[Pattern, dict[str, Any]]]) -> dict[str, Any]:
+        for pattern, cfg in by_pattern:
+            if pattern.match(prefix) if "*" in pattern.text else pattern.text in prefix:
+                return cfg
         return dict(self.cfg("global_quant_config", default=None) or {})
 
     def _layer(self, prefix: str, w: dict[str, Any], inp: dict[str, Any] | None, pack: str) -> LayerEntry:
@@ -93,7 +138,7 @@ class QuarkReader(FormatReader):
                 raise CheckpointError(f"{here}: int4 weights with quantized activations are not supported")
             if qscheme != "per_group":
                 raise CheckpointError(f"{here}: int4 weights are per_group, found {qscheme!r}")
-            G = int(w.get("group_size") or 0)
+            G = w.get("group_size") or 0
             qw = f"{prefix}.weight"
             expect(idx, qw, None, (torch.int32,), "int4 packed along N")
             K, cols = idx.shape(qw)
@@ -115,7 +160,7 @@ class QuarkReader(FormatReader):
             tensors = {r: f"{prefix}.{r}" for r in ("weight", "weight_scale", "weight_zero_point")}
             return LayerEntry(prefix, scheme, N, K, tensors, adapter, bias=bias)
         if dtype == "fp4":
-            if w.get("scale_format") not in (None, "e8m0") or int(w.get("group_size") or 0) != 32:
+            if w.get("scale_format") not in (None, "e8m0") or (w.get("group_size") or 0) != 32:
                 raise CheckpointError(
                     f"{here}: fp4 weights are OCP MXFP4 (e8m0 scales per 32), found "
                     f"{w.get('scale_format')} per {w.get('group_size')}"
@@ -150,3 +195,8 @@ def _act_mode(inp: dict[str, Any] | None, where: str) -> str | None:
     if q == "per_channel" and dynamic:
         return "token"  # Quark's per-channel activations (ch_axis 1) are per token: PTPC
     raise CheckpointError(f"{where}: activation qscheme {q!r} (dynamic={dynamic}) is not supported")
+
+
+def _excluded(prefix: str, pattern: Pattern) -> bool:
+    """Quark's ``exclude``: an fnmatch wildcard, the layer's name, or its last components."""
+    return pattern.match(prefix) or pattern.text == prefix or prefix.endswith("." + pattern.text)

@@ -22,6 +22,7 @@ from fractions import Fraction
 from typing import Any
 
 import torch
+from pydantic import Field
 
 from ..canonical import CanonicalWeight
 from ..errors import CheckpointError
@@ -30,6 +31,32 @@ from ..schemes import Scheme, parse_scheme
 from ..specs import TensorSpec
 from .base import FLOAT_DTYPES, SCALE_DTYPE_NAMES, FormatReader, LayerEntry, by_rows, check_finite, expect
 from .fp8 import FP8Adapter, fp8_layer, fp8_scheme
+from .schema import Config, Int, Str, validate
+
+
+class Typed(Config):
+    """torchao's serialised object: ``{"_type": ..., "_data": ...}``."""
+
+    type_: Str | None = Field(None, alias="_type")
+
+
+class TorchAOConfig(Config):
+    """``quant_method: torchao`` (transformers' TorchAoConfig): the keys quantrt reads."""
+
+    quant_type: dict[str, Typed] | None = None
+
+
+class TypedName(Config):
+    """A serialised dtype or enum: ``{"_type": "torch.dtype", "_data": "int4"}``."""
+
+    data: Str | None = Field(None, alias="_data")
+
+
+class IntxData(Config):
+    """The ``_data`` of an IntxUnpackedToInt8Tensor's metadata: the keys quantrt reads."""
+
+    target_dtype: TypedName | None = None
+    block_size: list[Int] | None = None
 
 
 class IntxUnpackedAdapter:
@@ -77,6 +104,7 @@ class IntxUnpackedAdapter:
 
 class TorchAOReader(FormatReader):
     name = "torchao"
+    schema = TorchAOConfig
 
     def quantized_layers(self) -> dict[str, LayerEntry]:
         qt = self.cfg("quant_type", required=True)
@@ -85,7 +113,7 @@ class TorchAOReader(FormatReader):
                 f"{self.source}: torchao quant_type must be {{'default': <config>}}, found keys "
                 f"{sorted(qt) if isinstance(qt, dict) else qt!r}"
             )
-        config_type = str((qt.get("default") or {}).get("_type", ""))
+        config_type = (qt.get("default") or {}).get("_type") or ""
         meta = {k: v for f in self.index.files for k, v in getattr(f, "metadata", {}).items()}
         out: dict[str, LayerEntry] = {}
         for name in self.index.names():
@@ -113,6 +141,8 @@ class TorchAOReader(FormatReader):
             return entry
         if t == "IntxUnpackedToInt8Tensor":
             data = kind.get("_data") or {}
+            stored = idx.info[f"{prefix}._weight_qdata"].file.name
+            validate(IntxData, data, f"{stored}: metadata of {prefix}.weight", root="_data")
             target = str((data.get("target_dtype") or {}).get("_data", ""))
             bits = {"int2": 2, "int3": 3, "int4": 4, "int8": 8}.get(target)
             if bits is None or data.get("activation_quantization"):
