@@ -29,7 +29,7 @@ from quantrt.kernels import Kernel, Verdict, check
 from quantrt.specs import LayerSpec
 
 from . import gguf_native, lut_native, wint_native
-from .native_common import check_call, finish, output_buffer, round_up
+from .native_common import check_call, finish, output_buffer, round_up, traced_result
 
 #: probe features the AMX path needs (AMX tile registers and the bf16 tile multiply)
 AMX_FEATURES = ("amx_bf16", "amx_tile")
@@ -174,16 +174,21 @@ class _AmxPath:
             return self._parent.apply(self, state.inner, x, bias, out)  # type: ignore[arg-type]
         M = check_call(x, state.K, bias, state.N)
         N = state.N
-        y = output_buffer(out, M, N, state.out_dtype)
+        # traced by torch.compile: each slice dequantized into a fresh tensor by the parent's op
+        traced = torch.compiler.is_compiling()
+        y = torch.empty(M, N, dtype=state.out_dtype) if traced else output_buffer(out, M, N, state.out_dtype)
         xb = x.to(torch.bfloat16)
-        scratch = reused_scratch(state.rows, state.K)
+        scratch = None if traced else reused_scratch(state.rows, state.K)
         for n0 in range(0, N, state.rows):
             n1 = min(N, n0 + state.rows)
-            w = state.dequant(state.inner, n0, n1, scratch[: n1 - n0])
+            if scratch is None:
+                w = self._module.traced_dequant_rows(state.inner, n0, n1, torch.bfloat16)
+            else:
+                w = state.dequant(state.inner, n0, n1, scratch[: n1 - n0])
             y[:, n0:n1] = torch.mm(xb, w.t())
         if bias is not None:
             y.add_(bias)
-        return finish(y, out)
+        return traced_result(y, out) if traced else finish(y, out)
 
 
 class _PanelTiles(_AmxPath):
@@ -316,20 +321,15 @@ class AmxGGUF(_AmxPath, gguf_native.CpuNativeGGUF):
         if x.dim() != 2 or x.shape[0] < state.gguf_tiles_from:
             return super().apply(state, x, bias, out)
         inner = state.inner
-        M = check_call(x, state.K, bias, state.N)
-        xb = x.to(torch.bfloat16).contiguous()
-        y = output_buffer(out, M, state.N, state.out_dtype)
-        if bias is not None and bias.stride(0) != 1:
-            bias = bias.contiguous()
-        rc = gguf_native.native_library().quantrt_gguf_linear_tiles(
-            inner.type_code, inner.weight.data_ptr(), state.N, state.K, inner.groups, xb.data_ptr(), M,
-            xb.stride(0), None if bias is None else bias.data_ptr(),
-            0 if bias is None else gguf_native.DTYPE_CODES[bias.dtype], y.data_ptr(), y.stride(0),
-            gguf_native.DTYPE_CODES[y.dtype], torch.get_num_threads(),
-        )  # fmt: skip
-        if rc:
-            raise RuntimeError(f"{self.name}: the AMX tile kernel refused its arguments (code {rc})")
-        return finish(y, out)
+        check_call(x, state.K, bias, state.N)
+        if torch.compiler.is_compiling():  # traced: the op
+            y = gguf_native.TILES_OP(
+                inner.weight, x, bias, inner.type_code, state.N, state.K, inner.groups, state.out_dtype
+            )
+            return traced_result(y, out)
+        return gguf_native.linear_tiles(
+            inner.weight, inner.type_code, state.N, state.K, inner.groups, state.out_dtype, x, bias, out
+        )
 
 
 KERNELS: tuple[type[Kernel], ...] = (AmxWint, AmxLut, AmxGGUF)

@@ -12,12 +12,14 @@ from __future__ import annotations
 import ctypes
 import functools
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from .native import build
+from .native_common import define_op, fake_rows
 
 WEIGHT_DTYPES = (torch.bfloat16, torch.float16)
 #: dtype codes of csrc/common.h
@@ -164,30 +166,13 @@ class DenseLinear(nn.Module):
         x2 = x.reshape(-1, K)
         M = x2.shape[0]
         native = x.device.type == "cpu" and self.weight.device.type == "cpu" and self._uses_native(M, x.dtype)
-        y = self._native(x2) if native else self._torch(x2)
+        if not native:
+            y = self._torch(x2)
+        elif torch.compiler.is_compiling():  # traced: the op (see native_common)
+            y = DENSE_OP(self.weight, x2, self.bias)
+        else:
+            y = _gemv(self._fn, self.weight, x2, self.bias)
         return y.reshape(*lead, N)
-
-    def _native(self, x: torch.Tensor) -> torch.Tensor:
-        M, N = x.shape[0], self.out_features
-        y = torch.empty((M, N), dtype=x.dtype)
-        if M == 0:
-            return y
-        b = self.bias
-        if b is not None and b.dtype not in DTYPE_CODE:
-            b = b.float()
-        if b is not None and b.stride(0) != 1:
-            b = b.contiguous()
-        w = self.weight
-        rc = self._fn(
-            w.data_ptr(), DTYPE_CODE[w.dtype], N, self.in_features, w.stride(0),
-            x.data_ptr(), DTYPE_CODE[x.dtype], M, x.stride(0), x.stride(1),
-            0 if b is None else b.data_ptr(), 0 if b is None else DTYPE_CODE[b.dtype],
-            y.data_ptr(), DTYPE_CODE[y.dtype], y.stride(0), torch.get_num_threads(),
-        )  # fmt: skip
-        if rc:
-            why = "the library was built without the instructions it needs" if rc == 1 else "out of memory"
-            raise RuntimeError(f"dense native GEMV failed ({why})")
-        return y
 
     def _torch(self, x: torch.Tensor) -> torch.Tensor:
         """On the CPU: torch's bf16 F.linear for 16-bit activations of a bf16 weight (fp16 activations
@@ -216,6 +201,47 @@ class DenseLinear(nn.Module):
             f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
             f"weight={self.weight.dtype}, act_dtype={self.act_dtype}"
         )
+
+
+def _gemv(fn: Any, w: torch.Tensor, x: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+    """One call of ``quantrt_dense_linear`` (``fn``): ``x @ w.T + b`` in the activations' dtype."""
+    M, N = x.shape[0], w.shape[0]
+    y = torch.empty((M, N), dtype=x.dtype)
+    if M == 0:
+        return y
+    if b is not None and b.dtype not in DTYPE_CODE:
+        b = b.float()
+    if b is not None and b.stride(0) != 1:
+        b = b.contiguous()
+    rc = fn(
+        w.data_ptr(), DTYPE_CODE[w.dtype], N, w.shape[1], w.stride(0),
+        x.data_ptr(), DTYPE_CODE[x.dtype], M, x.stride(0), x.stride(1),
+        0 if b is None else b.data_ptr(), 0 if b is None else DTYPE_CODE[b.dtype],
+        y.data_ptr(), DTYPE_CODE[y.dtype], y.stride(0), torch.get_num_threads(),
+    )  # fmt: skip
+    if rc:
+        why = "the library was built without the instructions it needs" if rc == 1 else "out of memory"
+        raise RuntimeError(f"dense native GEMV failed ({why})")
+    return y
+
+
+def _dense_impl(w: torch.Tensor, x: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+    if x.dim() != 2 or x.shape[1] != w.shape[1] or x.dtype not in DTYPE_CODE or w.stride(1) != 1:
+        raise ValueError(
+            f"expected activations [M, {w.shape[1]}] for a unit-stride weight, found {list(x.shape)}"
+        )
+    if b is not None and (b.shape != (w.shape[0],) or not b.is_floating_point()):
+        raise ValueError(
+            f"expected a bias [{w.shape[0]}] in fp32, bf16 or fp16, found {b.dtype} {list(b.shape)}"
+        )
+    return _gemv(_library().quantrt_dense_linear, w, x, b)
+
+
+DENSE_OP = define_op(
+    "dense_linear(Tensor weight, Tensor x, Tensor? bias) -> Tensor",
+    _dense_impl,
+    lambda w, x, b: fake_rows(x, w.shape[0], x.dtype),
+)
 
 
 def make_dense_linear(weight: torch.Tensor, bias: torch.Tensor | None, act_dtype: torch.dtype) -> nn.Module:

@@ -21,7 +21,7 @@ from quantrt.schemes import GGUF_TYPES
 from quantrt.specs import LayerSpec
 
 from .native import build
-from .native_common import DTYPE_CODE, check_call, finish, output_buffer
+from .native_common import DTYPE_CODE, check_call, define_op, fake_rows, finish, output_buffer, traced_result
 
 #: the C library's type codes
 TYPE_CODES = {
@@ -292,6 +292,8 @@ class CpuNativeGGUF(Kernel):
 
     def dequant_rows(self, state: GGUFState, n0: int, n1: int) -> torch.Tensor:
         """Rows [n0, n1) of the weight, exactly dequantized (fp32), from the prepared layout."""
+        if torch.compiler.is_compiling():
+            return traced_dequant_rows(state, n0, n1, torch.float32)
         return dequant_rows(state, n0, n1, torch.empty(n1 - n0, state.K, dtype=torch.float32))
 
     def workspace_bytes(self, spec: LayerSpec, max_m: int) -> int:
@@ -311,6 +313,12 @@ class CpuNativeGGUF(Kernel):
         out: torch.Tensor | None = None,
     ) -> torch.Tensor:
         M = check_call(x, state.K, bias, state.N)
+        if torch.compiler.is_compiling():  # traced: the op, which owns its workspace
+            y = LINEAR_OP(
+                state.weight, x, bias, state.type_code, state.N, state.K, state.groups, state.ws_row,
+                state.out_dtype,
+            )  # fmt: skip
+            return traced_result(y, out)
         y = output_buffer(out, M, state.N, state.out_dtype)
         if M:
             if bias is not None and bias.stride(0) != 1:
@@ -325,6 +333,25 @@ class CpuNativeGGUF(Kernel):
             if rc:
                 raise RuntimeError(f"{self.name}: the native kernel refused its arguments (code {rc})")
         return finish(y, out)
+
+
+def linear_tiles(
+    weight: torch.Tensor, type_code: int, N: int, K: int, groups: int, out_dtype: torch.dtype,
+    x: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor | None,
+) -> torch.Tensor:  # fmt: skip
+    """One call of ``quantrt_gguf_linear_tiles`` (bf16 activations on AMX tiles, cpu.amx_gguf)."""
+    xb = x.to(torch.bfloat16).contiguous()
+    y = output_buffer(out, x.shape[0], N, out_dtype)
+    if bias is not None and bias.stride(0) != 1:
+        bias = bias.contiguous()
+    rc = native_library().quantrt_gguf_linear_tiles(
+        type_code, weight.data_ptr(), N, K, groups, xb.data_ptr(), x.shape[0], xb.stride(0),
+        None if bias is None else bias.data_ptr(), 0 if bias is None else DTYPE_CODES[bias.dtype],
+        y.data_ptr(), y.stride(0), DTYPE_CODES[y.dtype], torch.get_num_threads(),
+    )  # fmt: skip
+    if rc:
+        raise RuntimeError(f"cpu.amx_gguf: the AMX tile kernel refused its arguments (code {rc})")
+    return finish(y, out)
 
 
 def _isa(caps: Any) -> str:
@@ -357,5 +384,64 @@ def dequant_rows(state: GGUFState, n0: int, n1: int, out: torch.Tensor) -> torch
         raise RuntimeError(f"gguf dequant_rows: the native code refused rows [{n0}, {n1}) (code {rc})")
     return out
 
+
+def traced_dequant_rows(state: GGUFState, n0: int, n1: int, dtype: torch.dtype) -> torch.Tensor:
+    """:func:`dequant_rows` into a fresh tensor through the op, for torch.compile."""
+    return DEQUANT_OP(state.weight, state.type_code, state.N, state.K, state.groups, n0, n1, dtype)
+
+
+# -- the torch ops (torch.compile; see native_common) ---------------------------------------------------
+
+
+def _state(
+    weight: torch.Tensor, type_code: int, N: int, K: int, groups: int, ws_row: int = 0,
+    out_dtype: torch.dtype = torch.float32,
+) -> GGUFState:  # fmt: skip
+    fn = native_library().quantrt_gguf_linear
+    return GGUFState(weight, type_code, "", N, K, groups, ws_row, out_dtype, fn)
+
+
+def _linear_impl(
+    weight: torch.Tensor, x: torch.Tensor, bias: torch.Tensor | None, type_code: int, N: int, K: int,
+    groups: int, ws_row: int, out_dtype: torch.dtype,
+) -> torch.Tensor:  # fmt: skip
+    """The eager apply on the given tensors (it allocates the output and the workspace)."""
+    return _KERNEL.apply(_state(weight, type_code, N, K, groups, ws_row, out_dtype), x, bias)
+
+
+def _tiles_impl(
+    weight: torch.Tensor, x: torch.Tensor, bias: torch.Tensor | None, type_code: int, N: int, K: int,
+    groups: int, out_dtype: torch.dtype,
+) -> torch.Tensor:  # fmt: skip
+    check_call(x, K, bias, N)
+    return linear_tiles(weight, type_code, N, K, groups, out_dtype, x, bias, None)
+
+
+def _dequant_impl(
+    weight: torch.Tensor, type_code: int, N: int, K: int, groups: int, n0: int, n1: int, dtype: torch.dtype
+) -> torch.Tensor:
+    out = torch.empty(n1 - n0, K, dtype=dtype)
+    return dequant_rows(_state(weight, type_code, N, K, groups), n0, n1, out)
+
+
+_KERNEL = CpuNativeGGUF()
+LINEAR_OP = define_op(
+    "gguf_linear(Tensor weight, Tensor x, Tensor? bias, int type_code, int N, int K, int groups, int ws_row, "
+    "ScalarType out_dtype) -> Tensor",
+    _linear_impl,
+    lambda weight, x, bias, type_code, N, K, groups, ws_row, out_dtype: fake_rows(x, N, out_dtype),
+)
+TILES_OP = define_op(
+    "gguf_linear_tiles(Tensor weight, Tensor x, Tensor? bias, int type_code, int N, int K, int groups, "
+    "ScalarType out_dtype) -> Tensor",
+    _tiles_impl,
+    lambda weight, x, bias, type_code, N, K, groups, out_dtype: fake_rows(x, N, out_dtype),
+)
+DEQUANT_OP = define_op(
+    "gguf_dequant_rows(Tensor weight, int type_code, int N, int K, int groups, int n0, int n1, "
+    "ScalarType dtype) -> Tensor",
+    _dequant_impl,
+    lambda weight, type_code, N, K, groups, n0, n1, dtype: weight.new_empty((n1 - n0, K), dtype=dtype),
+)
 
 KERNELS = (CpuNativeGGUF,)

@@ -35,7 +35,7 @@ from quantrt.specs import LayerSpec
 from quantrt.torchops import SCHEME_FP8_MAX, dynamic_scale, quantize_fp8
 
 from .native import build
-from .native_common import CPU_DTYPES, DTYPE_CODE, round_up, run_linear
+from .native_common import CPU_DTYPES, DTYPE_CODE, define_op, fake_rows, round_up, run_linear, traced_result
 from .native_common import check_call as _check_call
 from .native_common import native_verdict as _native_verdict
 
@@ -271,6 +271,7 @@ class LutState:
     fn: Any
     acts: Fp8Acts | None = None  # W8A8 fp8: how activations are quantized
     tiles_m: int = 1 << 62  # from here the panel GEMM runs on AMX tiles (set by cpu.amx_lut)
+    ints: tuple[int, ...] = ()  # the descriptor's integer fields (FIELDS[4:]), for the torch op
 
     @property
     def nbytes(self) -> int:
@@ -364,7 +365,8 @@ class NativeLut(Kernel):
         if sch.act is not None:
             static = None if sch.act_dynamic else weight["input_scale"].float().amax()
             acts = Fp8Acts(sch.act_granularity, sch.act_group, static)
-        return LutState(tensors, desc, N, K, LARGE_M[bits], spec.output_dtype, fn, acts)
+        ints = tuple(int(values[f]) for f in FIELDS[4:])
+        return LutState(tensors, desc, N, K, LARGE_M[bits], spec.output_dtype, fn, acts, ints=ints)
 
     def strategy(self, state: LutState, m: int) -> str:
         path = (
@@ -394,6 +396,13 @@ class NativeLut(Kernel):
         _check_call(x, state.K, bias, state.N)
         if state.acts is not None:
             x = state.acts.apply(x)  # fp32 [M, K]: the codes times their scales
+        if torch.compiler.is_compiling():  # traced: the op
+            t = state.tensors
+            y = LUT_OP(
+                t["q"], t.get("scales"), t.get("rowscale"), t["tab"], x, bias, state.ints, state.large_m,
+                state.tiles_m, state.out_dtype,
+            )  # fmt: skip
+            return traced_result(y, out)
         return run_linear(
             self.name, state.fn, state.desc, x, bias, out, state.N, state.out_dtype, state.large_m,
             tiles_m=state.tiles_m,
@@ -438,5 +447,68 @@ def dequant_rows(
         raise RuntimeError(f"lut dequant_rows: the native code refused rows [{n0}, {n1}) (code {rc})")
     return out
 
+
+def traced_dequant_rows(state: LutState, n0: int, n1: int, dtype: torch.dtype) -> torch.Tensor:
+    """:func:`dequant_rows` into a fresh tensor through the op, for torch.compile."""
+    t = state.tensors
+    return LUT_DEQUANT_OP(
+        t["q"], t.get("scales"), t.get("rowscale"), t["tab"], t.get("code32"), state.ints, n0, n1, dtype
+    )
+
+
+# -- the torch ops (torch.compile; see native_common): the descriptor rebuilt from the tensors given ---
+
+
+def _lut_state(
+    q: torch.Tensor, scales: torch.Tensor | None, rowscale: torch.Tensor | None, tab: torch.Tensor,
+    ints: list[int], large_m: int, tiles_m: int, out_dtype: torch.dtype,
+) -> LutState:  # fmt: skip
+    values = {
+        "q": q,
+        "scales": scales,
+        "rowscale": rowscale,
+        "tab": tab,
+        **dict(zip(FIELDS[4:], ints, strict=True)),
+    }
+    row = [v.data_ptr() if isinstance(v, torch.Tensor) else int(v or 0) for v in (values[f] for f in FIELDS)]
+    desc = (ctypes.c_int64 * len(row))(*row)
+    fn = _library().quantrt_lut_linear
+    return LutState({}, desc, ints[0], ints[1], large_m, out_dtype, fn, None, tiles_m, tuple(ints))
+
+
+def _lut_impl(
+    q: torch.Tensor, scales: torch.Tensor | None, rowscale: torch.Tensor | None, tab: torch.Tensor,
+    x: torch.Tensor, bias: torch.Tensor | None, ints: list[int], large_m: int, tiles_m: int,
+    out_dtype: torch.dtype,
+) -> torch.Tensor:  # fmt: skip
+    st = _lut_state(q, scales, rowscale, tab, ints, large_m, tiles_m, out_dtype)
+    _check_call(x, st.K, bias, st.N)
+    return run_linear(
+        NativeLut.name, st.fn, st.desc, x, bias, None, st.N, out_dtype, large_m, tiles_m=tiles_m
+    )
+
+
+def _lut_dequant_impl(
+    q: torch.Tensor, scales: torch.Tensor | None, rowscale: torch.Tensor | None, tab: torch.Tensor,
+    code: torch.Tensor | None, ints: list[int], n0: int, n1: int, dtype: torch.dtype,
+) -> torch.Tensor:  # fmt: skip
+    st = _lut_state(q, scales, rowscale, tab, ints, 0, 0, dtype)
+    return dequant_rows(st, n0, n1, torch.empty(n1 - n0, st.K, dtype=dtype), code)
+
+
+LUT_OP = define_op(
+    "lut_linear(Tensor q, Tensor? scales, Tensor? rowscale, Tensor tab, Tensor x, Tensor? bias, int[] ints, "
+    "int large_m, int tiles_m, ScalarType out_dtype) -> Tensor",
+    _lut_impl,
+    lambda q, scales, rowscale, tab, x, bias, ints, large_m, tiles_m, out_dtype: fake_rows(
+        x, ints[0], out_dtype
+    ),
+)
+LUT_DEQUANT_OP = define_op(
+    "lut_dequant_rows(Tensor q, Tensor? scales, Tensor? rowscale, Tensor tab, Tensor? code, int[] ints, "
+    "int n0, int n1, ScalarType dtype) -> Tensor",
+    _lut_dequant_impl,
+    lambda q, scales, rowscale, tab, code, ints, n0, n1, dtype: q.new_empty((n1 - n0, ints[1]), dtype=dtype),
+)
 
 KERNELS: tuple[type[Kernel], ...] = (NativeLut,)

@@ -20,7 +20,16 @@ from quantrt.specs import LayerSpec
 from quantrt.torchops import per_channel_scales
 
 from .native import build
-from .native_common import CPU_DTYPES, DTYPE_CODE, native_verdict, round_up, run_linear
+from .native_common import (
+    CPU_DTYPES,
+    DTYPE_CODE,
+    define_op,
+    fake_rows,
+    native_verdict,
+    round_up,
+    run_linear,
+    traced_result,
+)
 from .native_common import check_call as _check_call
 from .native_common import check_rc as _check_rc
 
@@ -121,6 +130,7 @@ class WintState:
     out_dtype: torch.dtype
     fn: Any
     tiles_m: int = 1 << 62  # from here the panel GEMM runs on AMX tiles (set by cpu.amx_wint)
+    ints: tuple[int, ...] = ()  # the descriptor's integer fields (WINT_FIELDS[4:]), for the torch op
 
     @property
     def nbytes(self) -> int:
@@ -204,9 +214,11 @@ class NativeWint(Kernel):
             "kc": fold * max(1, PANEL_CODES // fold),
         }
         fn = _library().quantrt_wint_linear
+        ints = tuple(int(values[f]) for f in WINT_FIELDS[4:])
         return WintState(
-            tensors, _descriptor(WINT_FIELDS, values), N, K, WINT_LARGE_M[bits], spec.output_dtype, fn
-        )
+            tensors, _descriptor(WINT_FIELDS, values), N, K, WINT_LARGE_M[bits], spec.output_dtype, fn,
+            ints=ints,
+        )  # fmt: skip
 
     def strategy(self, state: WintState, m: int) -> str:
         if m >= state.tiles_m:
@@ -226,6 +238,13 @@ class NativeWint(Kernel):
         out: torch.Tensor | None = None,
     ) -> torch.Tensor:
         _check_call(x, state.K, bias, state.N)
+        if torch.compiler.is_compiling():  # traced: the op
+            t = state.tensors
+            y = WINT_OP(
+                t["q"], t["scales"], t.get("zeros"), t.get("perm"), x, bias, state.ints, state.large_m,
+                state.tiles_m, state.out_dtype,
+            )  # fmt: skip
+            return traced_result(y, out)
         return run_linear(
             self.name, state.fn, state.desc, x, bias, out, state.N, state.out_dtype, state.large_m,
             tiles_m=state.tiles_m,
@@ -245,6 +264,7 @@ class W8A8State:
     large_m: int
     out_dtype: torch.dtype
     fn: Any
+    ints: tuple[int, ...] = ()  # the descriptor's integer fields (W8A8_FIELDS[2:]), for the torch op
 
     @property
     def nbytes(self) -> int:
@@ -311,6 +331,7 @@ class NativeW8A8Int8(Kernel):
             W8A8_LARGE_M,
             spec.output_dtype,
             fn,
+            ints=tuple(int(values[f]) for f in W8A8_FIELDS[2:]),
         )
 
     def strategy(self, state: W8A8State, m: int) -> str:
@@ -327,6 +348,12 @@ class NativeW8A8Int8(Kernel):
         out: torch.Tensor | None = None,
     ) -> torch.Tensor:
         _check_call(x, state.K, bias, state.N)
+        if torch.compiler.is_compiling():  # traced: the op
+            t = state.tensors
+            y = W8A8_OP(
+                t["q"], t["scales"], x, bias, state.ints, state.in_scale, state.large_m, state.out_dtype
+            )
+            return traced_result(y, out)
         return run_linear(
             self.name,
             state.fn,
@@ -381,5 +408,79 @@ def _check_rows(N: int, K: int, n0: int, n1: int, out: torch.Tensor) -> None:
             f"found {out.dtype} {list(out.shape)} strides {out.stride()} on {out.device}"
         )
 
+
+def traced_dequant_rows(state: WintState, n0: int, n1: int, dtype: torch.dtype) -> torch.Tensor:
+    """:func:`dequant_rows` into a fresh tensor through the op, for torch.compile."""
+    t = state.tensors
+    return WINT_DEQUANT_OP(t["q"], t["scales"], t.get("zeros"), t.get("perm"), state.ints, n0, n1, dtype)
+
+
+# -- the torch ops (torch.compile; see native_common): the descriptor rebuilt from the tensors given ---
+
+
+def _wint_state(
+    q: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor | None, perm: torch.Tensor | None,
+    ints: list[int], large_m: int, tiles_m: int, out_dtype: torch.dtype,
+) -> WintState:  # fmt: skip
+    tensors = {"q": q, "scales": scales, "zeros": zeros, "perm": perm}
+    desc = _descriptor(WINT_FIELDS, {**tensors, **dict(zip(WINT_FIELDS[4:], ints, strict=True))})
+    N, K = ints[0], ints[1]
+    fn = _library().quantrt_wint_linear
+    return WintState({}, desc, N, K, large_m, out_dtype, fn, tiles_m, tuple(ints))
+
+
+def _wint_impl(
+    q: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor | None, perm: torch.Tensor | None,
+    x: torch.Tensor, bias: torch.Tensor | None, ints: list[int], large_m: int, tiles_m: int,
+    out_dtype: torch.dtype,
+) -> torch.Tensor:  # fmt: skip
+    st = _wint_state(q, scales, zeros, perm, ints, large_m, tiles_m, out_dtype)
+    _check_call(x, st.K, bias, st.N)
+    return run_linear(
+        NativeWint.name, st.fn, st.desc, x, bias, None, st.N, out_dtype, large_m, tiles_m=tiles_m
+    )
+
+
+def _wint_dequant_impl(
+    q: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor | None, perm: torch.Tensor | None,
+    ints: list[int], n0: int, n1: int, dtype: torch.dtype,
+) -> torch.Tensor:  # fmt: skip
+    st = _wint_state(q, scales, zeros, perm, ints, 0, 0, dtype)
+    return dequant_rows(st, n0, n1, torch.empty(n1 - n0, st.K, dtype=dtype))
+
+
+def _w8a8_impl(
+    q: torch.Tensor, scales: torch.Tensor, x: torch.Tensor, bias: torch.Tensor | None, ints: list[int],
+    in_scale: float, large_m: int, out_dtype: torch.dtype,
+) -> torch.Tensor:  # fmt: skip
+    desc = _descriptor(
+        W8A8_FIELDS, {"q": q, "scales": scales, **dict(zip(W8A8_FIELDS[2:], ints, strict=True))}
+    )
+    N, K = ints[0], ints[1]
+    _check_call(x, K, bias, N)
+    fn = _library().quantrt_w8a8_linear
+    return run_linear(NativeW8A8Int8.name, fn, desc, x, bias, None, N, out_dtype, large_m, (in_scale,))
+
+
+WINT_OP = define_op(
+    "wint_linear(Tensor q, Tensor scales, Tensor? zeros, Tensor? perm, Tensor x, Tensor? bias, int[] ints, "
+    "int large_m, int tiles_m, ScalarType out_dtype) -> Tensor",
+    _wint_impl,
+    lambda q, scales, zeros, perm, x, bias, ints, large_m, tiles_m, out_dtype: fake_rows(
+        x, ints[0], out_dtype
+    ),
+)
+WINT_DEQUANT_OP = define_op(
+    "wint_dequant_rows(Tensor q, Tensor scales, Tensor? zeros, Tensor? perm, int[] ints, int n0, int n1, "
+    "ScalarType dtype) -> Tensor",
+    _wint_dequant_impl,
+    lambda q, scales, zeros, perm, ints, n0, n1, dtype: q.new_empty((n1 - n0, ints[1]), dtype=dtype),
+)
+W8A8_OP = define_op(
+    "w8a8_linear(Tensor q, Tensor scales, Tensor x, Tensor? bias, int[] ints, float in_scale, int large_m, "
+    "ScalarType out_dtype) -> Tensor",
+    _w8a8_impl,
+    lambda q, scales, x, bias, ints, in_scale, large_m, out_dtype: fake_rows(x, ints[0], out_dtype),
+)
 
 KERNELS: tuple[type[Kernel], ...] = (NativeWint, NativeW8A8Int8)

@@ -15,22 +15,45 @@ Policy (issue: no silent fallbacks): when no C++ compiler exists, :func:`status`
 native kernels answer ``supports`` with that reason, so dispatch picks the pure-torch kernels. When
 a compiler exists and a build fails, :func:`library` raises :class:`NativeBuildError` with the
 compiler's output, and a test that uses the kernel fails.
+
+The build directory's name hashes the sources, the flags, the CPU's features and where quantrt and
+torch are installed: the generated ``build.ninja`` names the sources and torch's libraries by their
+paths, so two installs sharing a cache would otherwise rebuild each other's library under each other.
+A build says so on stderr (the library, then the time it took: seconds, up to about 15 s). Builders of one
+directory take turns through a ``flock`` on ``quantrt-build.lock`` there, which the kernel releases
+when its holder dies; torch's own lock file (``lock``, created and removed around its build) is then
+only ever left behind by a builder that was killed, and is removed with a warning instead of making
+every later process wait on it forever.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import fcntl
 import hashlib
 import os
 import shutil
+import socket
 import sys
 import threading
+import time
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 CSRC = Path(__file__).resolve().parent / "csrc"
 #: -march=native: the host's ISA; -fopenmp: the kernels' threads (the count is an argument)
 CFLAGS = ("-O3", "-march=native", "-fopenmp", "-std=c++17", "-fno-math-errno")
 LDFLAGS = ("-fopenmp",)
+#: our lock file in a build directory (a flock, with its holder's pid and host written in it)
+LOCK_NAME = "quantrt-build.lock"
+#: torch's lock file in a build directory (cpp_extension's FileBaton)
+TORCH_LOCK_NAME = "lock"
+#: a torch lock whose writer may still run is taken as stale once this old (a build takes ~15 s)
+STALE_LOCK_S = 300.0
+#: how long a process waits for another, running one to finish building the same library
+LOCK_WAIT_S = 900.0
 
 _lock = threading.Lock()
 _libs: dict[str, ctypes.CDLL] = {}
@@ -66,6 +89,125 @@ def _cpu_flags_hash() -> str:
     return hashlib.sha1(flags.encode()).hexdigest()[:10]
 
 
+def build_dir(name: str) -> Path:
+    """Where ``csrc/<name>.cpp`` is built: ``quantrt_<name>_<key>`` in ``TORCH_EXTENSIONS_DIR`` (else
+    torch's default root), the key a hash of the sources, the flags, the CPU's features and the
+    install locations of quantrt and torch."""
+    import torch
+    from torch.utils import cpp_extension
+
+    source = CSRC / f"{name}.cpp"
+    digest = hashlib.sha1()
+    for p in (source, *sorted(CSRC.glob("*.h"))):
+        digest.update(p.name.encode() + b"\0" + p.read_bytes() + b"\0")
+    for part in (
+        *CFLAGS, "|", *LDFLAGS, "|", _cpu_flags_hash(), str(CSRC.resolve()),
+        str(Path(torch.__file__).resolve().parent), torch.__version__, os.environ.get("CXX", "c++"),
+    ):  # fmt: skip
+        digest.update(part.encode() + b"\0")
+    root = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or cpp_extension.get_default_build_root())
+    return root / f"quantrt_{name}_{digest.hexdigest()[:12]}"
+
+
+def _say(message: str) -> None:
+    print(f"quantrt: {message}", file=sys.stderr, flush=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process
+        return True
+    return True
+
+
+def _holder(text: str) -> tuple[int | None, str]:
+    """The pid and host written in our lock file ("pid host"), pid None when unreadable."""
+    parts = text.split()
+    try:
+        return int(parts[0]), parts[1] if len(parts) > 1 else ""
+    except (IndexError, ValueError):
+        return None, ""
+
+
+def _who(text: str) -> str:
+    pid, host = _holder(text)
+    return "an unknown process" if pid is None else f"pid {pid}" + (f" on {host}" if host else "")
+
+
+def _clear_stale_torch_lock(directory: Path, last_holder: str) -> None:
+    """With our flock held, torch's lock file can only be a killed build's: remove it with a warning
+    when the builder named in our lock file is gone (or none is named), or once it is
+    ``STALE_LOCK_S`` old (a reused pid, another host), so this build does not wait on it forever."""
+    lock = directory / TORCH_LOCK_NAME
+    pid, host = _holder(last_holder)
+    who = _who(last_holder)
+    said = False
+    while True:
+        try:
+            age = time.time() - lock.stat().st_mtime
+        except FileNotFoundError:
+            return
+        dead = pid is None or (host in ("", socket.gethostname()) and not _alive(pid))
+        if dead or age > STALE_LOCK_S:
+            why = "which is no longer running" if dead else f"older than {STALE_LOCK_S:.0f} s"
+            warnings.warn(
+                f"quantrt: removing the stale build lock {lock} ({age:.0f} s old, left by {who}, {why}: "
+                "a build that was killed)",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+            with contextlib.suppress(FileNotFoundError):
+                lock.unlink()
+            return
+        if not said:  # its writer may still run (or runs elsewhere): wait until the bound
+            _say(f"waiting for torch's build lock {lock} ({who}; taken as stale at {STALE_LOCK_S:.0f} s old)")
+            said = True
+        time.sleep(0.5)
+
+
+@contextlib.contextmanager
+def build_lock(directory: Path, name: str, wait_s: float | None = None) -> Iterator[None]:
+    """Hold the build directory's flock (waiting for a running builder at most ``wait_s``, by default
+    ``LOCK_WAIT_S``), with torch's stale lock cleared; raises :class:`NativeBuildError` on timeout."""
+    wait_s = LOCK_WAIT_S if wait_s is None else wait_s
+    with open(directory / LOCK_NAME, "a+") as f:
+        deadline, said = time.monotonic() + wait_s, False
+        while True:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                f.seek(0)
+                holder = _who(f.read())
+                if time.monotonic() > deadline:
+                    raise NativeBuildError(
+                        f"waited {wait_s:g} s for native CPU kernels {name!r} to be built by {holder} "
+                        f"(lock {directory / LOCK_NAME}); it still runs"
+                    ) from None
+                if not said:
+                    _say(
+                        f"waiting for {holder}, which is building native CPU kernels {name!r} in {directory}"
+                    )
+                    said = True
+                time.sleep(0.2)
+        try:
+            f.seek(0)
+            last = f.read().strip()
+            _clear_stale_torch_lock(directory, last)
+            f.seek(0)
+            f.truncate()
+            f.write(f"{os.getpid()} {socket.gethostname()}\n")
+            f.flush()
+            yield
+        finally:  # the file names a builder only while it builds (or after it was killed)
+            f.seek(0)
+            f.truncate()
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 def library(name: str) -> ctypes.CDLL:
     """The library built from ``csrc/<name>.cpp`` (and the headers beside it), built once per
     process and cached on disk across processes."""
@@ -83,28 +225,28 @@ def library(name: str) -> ctypes.CDLL:
         source = CSRC / f"{name}.cpp"
         if not source.is_file():
             raise NativeBuildError(f"no source {source} for native CPU kernels {name!r}")
-        headers = sorted(CSRC.glob("*.h"))
-        digest = hashlib.sha1()
-        for p in (source, *headers):
-            digest.update(p.read_bytes())
-        digest.update(_cpu_flags_hash().encode())
-        build_name = f"quantrt_{name}_{digest.hexdigest()[:12]}"
-        root = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or cpp_extension.get_default_build_root())
-        build_dir = root / build_name
-        build_dir.mkdir(parents=True, exist_ok=True)
-        try:
-            path = cpp_extension.load(
-                build_name,
-                [str(source)],
-                extra_cflags=list(CFLAGS),
-                extra_ldflags=list(LDFLAGS),
-                extra_include_paths=[str(CSRC)],
-                build_directory=str(build_dir),
-                is_python_module=False,
-                verbose=False,
-            )
-        except Exception as e:  # the compiler's own message says what went wrong
-            raise NativeBuildError(f"building native CPU kernels {name!r} failed: {e}") from e
+        directory = build_dir(name)
+        directory.mkdir(parents=True, exist_ok=True)
+        with build_lock(directory, name):
+            fresh = not (directory / f"{directory.name}.so").is_file()
+            if fresh:
+                _say(f"compiling native CPU kernels {name!r} ({source.name}) in {directory} ...")
+            start = time.monotonic()
+            try:
+                path = cpp_extension.load(
+                    directory.name,
+                    [str(source)],
+                    extra_cflags=list(CFLAGS),
+                    extra_ldflags=list(LDFLAGS),
+                    extra_include_paths=[str(CSRC)],
+                    build_directory=str(directory),
+                    is_python_module=False,
+                    verbose=False,
+                )
+            except Exception as e:  # the compiler's own message says what went wrong
+                raise NativeBuildError(f"building native CPU kernels {name!r} failed: {e}") from e
+            if fresh:
+                _say(f"built native CPU kernels {name!r} in {time.monotonic() - start:.1f} s")
         lib = ctypes.CDLL(str(path))
         _libs[name] = lib
         return lib

@@ -10,6 +10,9 @@
 //                 quantize_row_q8_K_ref), fp32 d
 //   both also keep the integer sum of every 16 and every 32 codes (llama.cpp's bsums): they turn a
 //   weight code offset (Q4_0's -8) or a sub-block min (Q4_K's dmin * m) into one product per block.
+//   A block holding a NaN or Inf gets a NaN scale (llama.cpp would make codes of it): its row's
+//   outputs are then NaN, and a row with Inf but no NaN gets the signed infinities (or NaN) the fp32
+//   reference gives it, from its infinite terms (inf_row). The check is one compare per 16 inputs.
 //
 // Weight layout (prepared once by backends/cpu/gguf_native.py): rows [0, 16*G) form G groups of 16
 // rows. Every field of a group block is transposed so that the 16 rows' values sit side by side:
@@ -30,6 +33,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <limits>
+#include <vector>
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512VNNI__)
 #define QRT_GGUF_SIMD 1
@@ -147,16 +152,39 @@ inline void store_codes(const float* x, int n, float mul, int8_t* q, int32_t* s1
 #endif
 }
 
-inline float abs_max(const float* x, int n) {
+// max |x| over the block, and whether every element is finite (a NaN is lost by the max, so the
+// flag is kept beside it: one compare per 16 elements)
+inline float abs_max(const float* x, int n, bool& finite) {
 #if QRT_GGUF_SIMD
+  const __m512 inf = _mm512_set1_ps(INFINITY);
   __m512 a = _mm512_setzero_ps();
-  for (int i = 0; i < n; i += 16) a = _mm512_max_ps(a, _mm512_abs_ps(_mm512_loadu_ps(x + i)));
+  __mmask16 bad = 0;
+  for (int i = 0; i < n; i += 16) {
+    const __m512 v = _mm512_abs_ps(_mm512_loadu_ps(x + i));
+    a = _mm512_max_ps(a, v);
+    bad |= _mm512_cmp_ps_mask(v, inf, _CMP_NLT_UQ);
+  }
+  finite = bad == 0;
   return _mm512_reduce_max_ps(a);
 #else
   float a = 0.f;
-  for (int i = 0; i < n; ++i) a = std::max(a, std::fabs(x[i]));
+  finite = true;
+  for (int i = 0; i < n; ++i) {
+    const float v = std::fabs(x[i]);
+    if (!(v < INFINITY)) finite = false;
+    a = std::max(a, v);
+  }
   return a;
 #endif
+}
+
+// A block holding a NaN or an Inf: scale NaN, codes and sums 0, so that every output of its row is
+// NaN, as the reference's fp32 sum is for a NaN input; rows with Inf but no NaN are then given the
+// reference's signed infinities by inf_row (after the dot products).
+inline void poison_block(int n, int8_t* q, float* d, int32_t* s16) {
+  *d = std::numeric_limits<float>::quiet_NaN();
+  std::memset(q, 0, size_t(n));
+  std::memset(s16, 0, sizeof(int32_t) * size_t(n / 16));
 }
 
 // the first index whose |x| equals amax (0 when none does: NaN inputs)
@@ -176,14 +204,18 @@ inline int first_abs(const float* x, int n, float amax) {
 
 // Q8_0-style: d = max|x| / 127, q = round(x * (1/d))
 inline void quant_block32(const float* x, int8_t* q, float* d, int32_t* s16) {
-  const float dd = abs_max(x, 32) / 127.f;
+  bool finite;
+  const float dd = abs_max(x, 32, finite) / 127.f;
+  if (!finite) return poison_block(32, q, d, s16);
   *d = dd;
   store_codes(x, 32, dd != 0.f ? 1.f / dd : 0.f, q, s16);
 }
 
 // Q8_K-style (quantize_row_q8_K_ref): the scale is set by the first element of largest magnitude
 inline void quant_block256(const float* x, int8_t* q, float* d, int32_t* s16) {
-  const float amax = abs_max(x, 256);
+  bool finite;
+  const float amax = abs_max(x, 256, finite);
+  if (!finite) return poison_block(256, q, d, s16);
   if (amax == 0.f) {
     *d = 0.f;
     std::memset(q, 0, 256);
@@ -784,6 +816,18 @@ inline int64_t m_tile(int64_t K) {
   return std::max<int64_t>(4, (int64_t(256) << 10) / std::max<int64_t>(K, 1) / 4 * 4);
 }
 
+// whether row m's activation blocks hold a NaN or Inf (poison_block marked them)
+inline bool poisoned(uint8_t* ws, const XLayout& l, int64_t m, int64_t nab) {
+  const float* d = x_row(ws, l, m).d;
+  for (int64_t i = 0; i < nab; ++i)
+    if (std::isnan(d[i])) return true;
+  return false;
+}
+
+void inf_row(int32_t t, const uint8_t* w, int64_t N, int64_t K, int64_t ngroups, const void* xrow, int64_t sk,
+             int32_t xdt, const void* bias, int32_t bdt, void* out, int64_t som, int32_t odt, int64_t m,
+             int32_t threads);
+
 }  // namespace
 
 extern "C" {
@@ -856,6 +900,12 @@ int32_t quantrt_gguf_linear(int32_t type, const uint8_t* w, int64_t N, int64_t K
       }
     }
   }
+  // rows with a NaN or Inf input came out NaN; those with Inf but no NaN get the reference's infinities
+  const int64_t esz = xdt == qrt::F32 ? 4 : 2;
+  for (int64_t m = 0; m < M; ++m)
+    if (poisoned(ws, xl, m, nab))
+      inf_row(type, w, N, K, ngroups, static_cast<const uint8_t*>(x) + m * sxm * esz, sxk, xdt, bias, bdt, out, som,
+              odt, m, threads);
   return 0;
 }
 
@@ -1040,6 +1090,52 @@ void dequant_block_store(int32_t t, const uint8_t* blk, const uint8_t* us, void*
   }
 }
 #endif
+
+// Row m of the output for an activation row holding ±Inf: the reference's fp32 sum is then decided
+// by its infinite terms alone (a finite rest cannot change an infinity), so y[m, n] is the IEEE sum
+// of w[n, k] * x[k] over the infinite x[k]: ±Inf where they share a sign, NaN where two signs meet or
+// a weight is 0, plus the bias as the reference adds it. A row that also holds a NaN keeps its NaN
+// outputs. Rare inputs only: one exactly dequantized weight block per (row, block with an Inf).
+void inf_row(int32_t t, const uint8_t* w, int64_t N, int64_t K, int64_t ngroups, const void* xrow, int64_t sk,
+             int32_t xdt, const void* bias, int32_t bdt, void* out, int64_t som, int32_t odt, int64_t m,
+             int32_t threads) {
+  std::vector<int64_t> pos;
+  for (int64_t k = 0; k < K; ++k) {
+    const float v = qrt::load_act(xrow, k * sk, xdt);
+    if (std::isnan(v)) return;
+    if (std::isinf(v)) pos.push_back(k);
+  }
+  if (pos.empty()) return;
+  const TypeInfo ti = kInfo[t];
+  const int64_t nb = K / ti.B;
+  const int64_t pbytes = nb * kGroup * ti.P, fbytes = nb * kGroup * ti.F, rbytes = nb * ti.T;
+  const uint8_t* fields = w + ngroups * pbytes;
+  const uint8_t* tail = fields + ngroups * fbytes;
+  const bool unpacked = t == Q3_K || t == Q4_K || t == Q5_K;
+#pragma omp parallel for num_threads(std::max<int32_t>(threads, 1)) schedule(static)
+  for (int64_t n = 0; n < N; ++n) {
+    const int64_t g = n / kGroup, r = n % kGroup;
+    alignas(64) uint8_t blk[256];
+    uint8_t us[32];
+    alignas(64) float vals[256];
+    int64_t have = -1;
+    float acc = 0.f;
+    for (const int64_t k : pos) {
+      const int64_t b = k / ti.B;
+      if (b != have) {
+        if (g < ngroups) {
+          gather_block(t, w + g * pbytes + b * kGroup * ti.P, fields + g * fbytes + b * kGroup * ti.F, r, blk, us);
+          dequant_block(t, blk, unpacked ? us : nullptr, vals);
+        } else {
+          dequant_block(t, tail + (n - ngroups * kGroup) * rbytes + b * ti.T, nullptr, vals);
+        }
+        have = b;
+      }
+      acc += vals[k % ti.B] * qrt::load_act(xrow, k * sk, xdt);
+    }
+    store(out, som, odt, bias, bdt, m, n, acc);
+  }
+}
 
 }  // namespace
 

@@ -39,6 +39,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <limits>
 
 namespace {
 
@@ -561,6 +562,8 @@ inline __m512i dpbusd(__m512i acc, __m512i a, __m512i b) {
 // x [M, K] -> int8 codes xq[m][ldq] (zeros from K on), scales a[m] and code sums qs[m], exactly as
 // quantrt.torchops: s = amax / 127 (1 where that is 0) per row, or the static scale; then
 // round-half-even(x / s) clamped to [-128, 127].
+// A row where some x / s is NaN gets scale NaN, so all of its outputs are NaN as the reference's are
+// (an Inf over a static scale saturates to a code, as there).
 void xquant(const void* x, int32_t dt, int64_t M, int64_t sm, int64_t sk, int64_t K, int64_t ldq, float in_scale,
             int8_t* xq, float* a, int32_t* qs, int threads) {
 #pragma omp parallel for num_threads(threads) schedule(static) if (M >= 4)
@@ -574,14 +577,18 @@ void xquant(const void* x, int32_t dt, int64_t M, int64_t sm, int64_t sk, int64_
     }
     const __m512 sv = _mm512_set1_ps(s), lo = _mm512_set1_ps(-128.0f), hi = _mm512_set1_ps(127.0f);
     __m512i sum = _mm512_setzero_si512();
+    __mmask16 nan = 0;
     for (int64_t k = 0; k < ldq; k += 16) {
       const __m512 v = _mm512_div_ps(load16(x, dt, m * sm, k, K, sk, nullptr), sv);
+      nan |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
       const __m512 r = _mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
       const __m512i c = _mm512_cvtps_epi32(_mm512_min_ps(_mm512_max_ps(r, lo), hi));
       sum = _mm512_add_epi32(sum, c);
       _mm_storeu_si128(reinterpret_cast<__m128i*>(xq + m * ldq + k), _mm512_cvtepi32_epi8(c));
     }
-    a[m] = s;
+    // x / s is NaN where the reference's code is NaN (a NaN input; with per-token scales also an Inf,
+    // whose scale is Inf): the reference's outputs of the row are all NaN, so its scale is NaN too
+    a[m] = nan ? std::numeric_limits<float>::quiet_NaN() : s;
     qs[m] = _mm512_reduce_add_epi32(sum);
   }
 }
