@@ -72,7 +72,15 @@ class QuantizedWeight:
             raise CheckpointError(f"{self.checkpoint.path}: layer {self.prefix}: {err}") from None
 
     def dequantize(self) -> torch.Tensor:
-        """The fp32 [out_features, in_features] weight, computed a block of rows at a time."""
+        """The fp32 [out_features, in_features] weight, computed a block of rows at a time; a
+        format whose tool rounds differently from the canonical form's one multiplier (bitsandbytes
+        int8) gives its tool's values through its adapter's ``dequantize_stored``."""
+        exact = getattr(self.entry.adapter, "dequantize_stored", None)
+        if exact is not None:
+            try:
+                return exact(self.stored(), self.entry.N, self.entry.K)
+            except CheckpointError as err:
+                raise CheckpointError(f"{self.checkpoint.path}: layer {self.prefix}: {err}") from None
         return dequantize_by_rows(self.canonical())
 
 

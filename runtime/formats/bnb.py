@@ -39,10 +39,11 @@ INV_127 = 7.874015718698502e-3
 class Bnb8Adapter:
     """bitsandbytes 8-bit tensors <-> canonical int8 (codes q + 128, scales SCB * fp32(1/127)).
 
-    The canonical int form has one multiplier, so it evaluates ``q * (SCB * c)`` where
+    The canonical int form has one multiplier, so kernels evaluate ``q * (SCB * c)`` where
     bitsandbytes' ``int8_vectorwise_dequant`` rounds ``(q * SCB) * c``: a 1-ulp difference in
-    about a fifth of the fp32 weights. No single fp32 scale per row reproduces the two roundings
-    (checked on the fixture's rows); bit equality needs a second canonical multiplier.
+    about a fifth of the fp32 weights, and no single fp32 scale per row reproduces the two
+    roundings. :meth:`dequantize_stored` is the tool's own two-step rounding, which a checkpoint's
+    ``dequantize()`` uses, so it equals bitsandbytes bit for bit.
     """
 
     name = "bitsandbytes-8bit"
@@ -61,6 +62,12 @@ class Bnb8Adapter:
         q = w.contiguous().view(torch.uint8) ^ 0x80  # two's complement + 128: the unsigned 8-bit code
         scales = (scb * torch.tensor(INV_127, dtype=torch.float32)).reshape(N, 1)
         return CanonicalWeight(scheme, N, K, {"qweight": q, "scales": scales}, output_sizes)
+
+    def dequantize_stored(self, tensors: dict[str, torch.Tensor], N: int, K: int) -> torch.Tensor:
+        """fp32 [N, K] as bitsandbytes computes it: ``(q * SCB) * fp32(1/127)``, rounded twice."""
+        w, scb = tensors["weight"], tensors["SCB"].float()
+        check_finite(scb, "SCB")
+        return (w.float() * scb.reshape(N, 1)) * torch.tensor(INV_127, dtype=torch.float32)
 
 
 class BitsandbytesConfig(Config):
