@@ -269,8 +269,12 @@ def test_a_wrong_byte_is_caught():
     assert diff == [[5, 173]], f"seed {seed}"
     x = torch.randn(1, 512, device=DEV)
     x[0, 173] = 50.0
-    y = gguf_matmul(x, planes, "q4_k", 16, 512, config=GGUFConfig(1, 16))
-    assert rel(y, x.double().cpu() @ dense(q, "q4_k").double().T) > 100 * TOL[torch.float32], f"seed {seed}"
+    y = gguf_matmul(x, planes, "q4_k", 16, 512, config=GGUFConfig(1, 16)).cpu()
+    clean = x.double().cpu() @ dense(q, "q4_k").double().T
+    # the flipped weight moves only row 5, by about its own size: measured on that row (the whole
+    # output's norm is set by the other rows' random super-block scales, which can dwarf row 5's)
+    assert rel(y[:, 5], clean[:, 5]) > 100 * TOL[torch.float32], f"seed {seed}"
+    assert rel(y, x.double().cpu() @ got.double().T) <= TOL[torch.float32], f"seed {seed}"
 
 
 # -- torch op, validation ------------------------------------------------------------------------------
