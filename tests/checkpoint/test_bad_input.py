@@ -3,45 +3,15 @@ error naming the file, the tensor or key, and the expected vs found value."""
 
 from __future__ import annotations
 
-import json
-import shutil
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
+from fixture_edits import DOWN, copy, edit_config, edit_tensors, load_everything
+from safetensors.torch import load_file
 
 from quantrt.checkpoint import open_checkpoint
 from quantrt.errors import CheckpointError
-
-ROOT = Path(__file__).resolve().parents[1] / "fixtures" / "interop"
-DOWN = "model.layers.0.mlp.down_proj"
-
-
-def copy(tmp_path: Path, variant: str) -> Path:
-    dst = tmp_path / variant
-    shutil.copytree(ROOT / variant, dst)
-    return dst
-
-
-def edit_config(d: Path, fn: Callable[[dict], None], name: str = "config.json") -> None:
-    cfg = json.loads((d / name).read_text())
-    fn(cfg.get("quantization_config", cfg) if name == "config.json" else cfg)
-    (d / name).write_text(json.dumps(cfg))
-
-
-def edit_tensors(d: Path, fn: Callable[[dict[str, torch.Tensor]], None]) -> None:
-    path = d / "model.safetensors"
-    tensors = load_file(path)
-    fn(tensors)
-    save_file(tensors, path, metadata={"format": "pt"})
-
-
-def load_everything(d: Path) -> None:
-    ck = open_checkpoint(d)
-    for _, qw in ck.weights():
-        qw.dequantize()
 
 
 def test_unknown_and_missing_quant_method(tmp_path: Path) -> None:

@@ -6,7 +6,6 @@ and a name pattern taken from a config is compiled once and matched in bounded t
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 import textwrap
@@ -17,33 +16,13 @@ from typing import Any
 
 import pytest
 import torch
+from fixture_edits import DOWN, ROOT, copy, edit_config, load_everything
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from quantrt.checkpoint import open_checkpoint
 from quantrt.errors import CheckpointError
 from quantrt.formats import patterns
-
-ROOT = Path(__file__).resolve().parents[1] / "fixtures" / "interop"
-DOWN = "model.layers.0.mlp.down_proj"
-
-
-def copy(tmp_path: Path, variant: str) -> Path:
-    dst = tmp_path / variant
-    shutil.copytree(ROOT / variant, dst)
-    return dst
-
-
-def edit_config(d: Path, fn: Callable[[dict], None], name: str = "config.json") -> None:
-    cfg = json.loads((d / name).read_text())
-    fn(cfg.get("quantization_config", cfg) if name == "config.json" else cfg)
-    (d / name).write_text(json.dumps(cfg))
-
-
-def load_everything(d: Path) -> None:
-    ck = open_checkpoint(d)
-    for _, qw in ck.weights():
-        qw.dequantize()
 
 
 def refused(d: Path, message: str, file: str = "config.json") -> None:

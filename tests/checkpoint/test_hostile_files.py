@@ -22,15 +22,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from fixture_edits import ROOT, copy
 from safetensors import safe_open
 from safetensors.torch import save_file
 
 import quantrt
 from quantrt.errors import CheckpointError
 
-INTEROP = Path(__file__).resolve().parents[1] / "fixtures" / "interop"
-GPTQ = INTEROP / "gptqmodel-gptq-w4g128-asym-v2"
-SHARDED = INTEROP / "autoround-gptq-w4g64-sym-sharded"
+GPTQ = ROOT / "gptqmodel-gptq-w4g128-asym-v2"
+SHARDED = ROOT / "autoround-gptq-w4g64-sym-sharded"
 
 
 def refused(path: Path, pattern: str, seconds: float = 10.0) -> CheckpointError:
@@ -54,12 +54,6 @@ def refused(path: Path, pattern: str, seconds: float = 10.0) -> CheckpointError:
     assert re.search(pattern, str(err)), str(err)
     assert time.perf_counter() - t0 < seconds
     return err
-
-
-def copy_fixture(src: Path, tmp_path: Path) -> Path:
-    dst = tmp_path / src.name
-    shutil.copytree(src, dst)
-    return dst
 
 
 # -- 1. unbounded work, files that are not regular files ----------------------------------------
@@ -90,7 +84,7 @@ def test_safetensors_experts_of_nothing(tmp_path: Path) -> None:
     """gpt-oss MXFP4 experts stacked [E, N, K/32, 16] with N = 0: no bytes back the 2^40 experts."""
     from safetensors.torch import load_file
 
-    d = copy_fixture(INTEROP / "gptoss-mxfp4-handbuilt", tmp_path)
+    d = copy(tmp_path, "gptoss-mxfp4-handbuilt")
     tensors = load_file(d / "model.safetensors")
     stem = "model.layers.0.mlp.experts.down_proj"
     tensors[f"{stem}_blocks"] = torch.empty(2**40, 0, 2, 16, dtype=torch.uint8)
@@ -103,7 +97,7 @@ def test_safetensors_experts_of_nothing(tmp_path: Path) -> None:
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs on this platform")
 @pytest.mark.parametrize("name", ["config.json", "model.safetensors.index.json", "quantize_config.json"])
 def test_side_file_that_is_a_fifo(tmp_path: Path, name: str) -> None:
-    d = copy_fixture(GPTQ, tmp_path)
+    d = copy(tmp_path, GPTQ.name)
     (d / name).unlink(missing_ok=True)
     if name == "quantize_config.json":  # read only when config.json has no quantization_config
         cfg = json.loads((d / "config.json").read_text())
@@ -114,14 +108,14 @@ def test_side_file_that_is_a_fifo(tmp_path: Path, name: str) -> None:
 
 
 def test_config_that_is_dev_zero(tmp_path: Path) -> None:
-    d = copy_fixture(GPTQ, tmp_path)
+    d = copy(tmp_path, GPTQ.name)
     (d / "config.json").unlink()
     (d / "config.json").symlink_to("/dev/zero")
     refused(d, r"config\.json: expected a regular file, found a device")
 
 
 def test_config_that_is_huge(tmp_path: Path) -> None:
-    d = copy_fixture(GPTQ, tmp_path)
+    d = copy(tmp_path, GPTQ.name)
     with (d / "config.json").open("r+b") as f:
         f.truncate(2**34)  # sparse: 16 GiB claimed, nothing written
     refused(d, r"config\.json: 17179869184 bytes; a JSON side file may hold at most")
@@ -142,7 +136,7 @@ def test_checkpoint_path_that_is_a_fifo(tmp_path: Path) -> None:
     ],
 )
 def test_config_json_that_json_cannot_hold(tmp_path: Path, text: str, pattern: str) -> None:
-    d = copy_fixture(GPTQ, tmp_path)
+    d = copy(tmp_path, GPTQ.name)
     (d / "config.json").write_text(text)
     refused(d, rf"config\.json: {pattern}")
 
@@ -151,7 +145,7 @@ def test_config_json_that_json_cannot_hold(tmp_path: Path, text: str, pattern: s
 
 
 def sharded_with(tmp_path: Path, edit: Callable[[Path, dict[str, str]], None]) -> Path:
-    d = copy_fixture(SHARDED, tmp_path)
+    d = copy(tmp_path, SHARDED.name)
     index = d / "model.safetensors.index.json"
     doc = json.loads(index.read_text())
     edit(d, doc["weight_map"])
@@ -178,7 +172,7 @@ def test_index_naming_an_absolute_path(tmp_path: Path) -> None:
 
 
 def test_shard_symlinked_out_of_the_folder(tmp_path: Path) -> None:
-    d = copy_fixture(SHARDED, tmp_path)
+    d = copy(tmp_path, SHARDED.name)
     shard = sorted(d.glob("model-*.safetensors"))[0]
     away = tmp_path / "elsewhere"
     away.mkdir()
@@ -188,7 +182,7 @@ def test_shard_symlinked_out_of_the_folder(tmp_path: Path) -> None:
 
 
 def test_unindexed_file_symlinked_out_of_the_folder(tmp_path: Path) -> None:
-    d = copy_fixture(GPTQ, tmp_path)
+    d = copy(tmp_path, GPTQ.name)
     away = tmp_path / "elsewhere.safetensors"
     shutil.move(d / "model.safetensors", away)
     (d / "model.safetensors").symlink_to(away)
@@ -199,7 +193,7 @@ def test_unindexed_file_symlinked_out_of_the_folder(tmp_path: Path) -> None:
 
 
 def test_quantized_checkpoint_without_config(tmp_path: Path) -> None:
-    d = copy_fixture(GPTQ, tmp_path)
+    d = copy(tmp_path, GPTQ.name)
     (d / "config.json").unlink()
     for side in ("quantize_config.json", "quant_config.json"):
         (d / side).unlink(missing_ok=True)
@@ -210,7 +204,7 @@ def test_quantized_checkpoint_without_config(tmp_path: Path) -> None:
 
 
 def test_quantization_config_null(tmp_path: Path) -> None:
-    d = copy_fixture(GPTQ, tmp_path)
+    d = copy(tmp_path, GPTQ.name)
     for side in ("quantize_config.json", "quant_config.json"):
         (d / side).unlink(missing_ok=True)
     cfg = json.loads((d / "config.json").read_text())
@@ -237,7 +231,7 @@ def test_quantized_weight_stored_as_a_float_keeps_its_scales_in_view(tmp_path: P
     which is an error, not a dense layer that ignores them."""
     from safetensors.torch import load_file
 
-    d = copy_fixture(GPTQ, tmp_path)
+    d = copy(tmp_path, GPTQ.name)
     tensors = load_file(d / "model.safetensors")
     victim = next(n for n in tensors if n.endswith(".qweight"))
     prefix = victim[: -len(".qweight")]
@@ -302,7 +296,7 @@ def test_tokenizer_file_that_is_a_fifo(tmp_path: Path) -> None:
     pytest.importorskip("transformers")
     from quantrt.models.tokenizer import load_tokenizer
 
-    d = copy_fixture(GPTQ, tmp_path)
+    d = copy(tmp_path, GPTQ.name)
     os.mkfifo(d / "tokenizer.json")
     with pytest.raises(CheckpointError, match=r"tokenizer\.json: expected a regular file, found a FIFO"):
         load_tokenizer(d)

@@ -5,42 +5,17 @@ found; nothing passes silently, and no value is changed by a cast before it is c
 from __future__ import annotations
 
 import json
-import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from safetensors import safe_open
-from safetensors.torch import load_file, save_file
+from fixture_edits import DOWN, ROOT, copy, edit_tensors, load_everything
+from safetensors.torch import load_file
 
 from quantrt.checkpoint import open_checkpoint
 from quantrt.errors import CheckpointError, ShardError
-
-ROOT = Path(__file__).resolve().parents[1] / "fixtures" / "interop"
-DOWN = "model.layers.0.mlp.down_proj"
-
-
-def copy(tmp_path: Path, variant: str) -> Path:
-    dst = tmp_path / variant
-    shutil.copytree(ROOT / variant, dst)
-    return dst
-
-
-def edit_tensors(d: Path, fn: Callable[[dict[str, torch.Tensor]], None], metadata: Any = None) -> None:
-    path = d / "model.safetensors"
-    with safe_open(path, "pt") as f:
-        meta = f.metadata()
-    tensors = load_file(path)
-    fn(tensors)
-    save_file(tensors, path, metadata=metadata(meta) if metadata else meta)
-
-
-def load_everything(d: Path) -> None:
-    ck = open_checkpoint(d)
-    for _, qw in ck.weights():
-        qw.dequantize()
 
 
 def poke(name: str, index: tuple[int, ...], value: float) -> Callable[[dict[str, torch.Tensor]], None]:
