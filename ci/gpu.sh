@@ -2,6 +2,7 @@
 # On a GPU machine without network access (the lent H200): install quantrt from this tree,
 # record the probe, run the GPU tests (tests/gpu and the Triton kernels at full speed), the
 # quick benchmark and the embedded default, and leave everything in $OUT.
+# The wheels the image lacks come from bash ci/gpu-wheels.sh (run here, then carry .whl).
 # Usage (device tool): bash ci/gpu.sh            (bench off: QUANTRT_GPU_BENCH=0; sweep the CUDA
 # W4A16 launch shapes first and use them: QUANTRT_GPU_TUNE=1; the Triton W8A8 tiles:
 # QUANTRT_GPU_TUNE_W8A8=1; the FP4/NF4 and GGUF kernels: QUANTRT_GPU_TUNE_LUT=1; the CUDA GGUF GEMV:
@@ -13,6 +14,12 @@ OUT="${OUT:-$ROOT/out}"
 mkdir -p "$OUT"
 cd "$ROOT"
 export PYTHONUNBUFFERED=1
+# what the image lacks travels as wheels in .whl/ (fetched by ci/gpu-wheels.sh, named in carry)
+if compgen -G ".whl/*.whl" > /dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+    .whl/*.whl > "$OUT/wheels.log" 2>&1 || { cat "$OUT/wheels.log"; exit 1; }
+  export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
 python3 -m pip install -q --no-deps --no-build-isolation -e . > "$OUT/install.log" 2>&1 || { cat "$OUT/install.log"; exit 1; }
 status=0
 ( cd /tmp && quantrt probe --json ) > "$OUT/probe.json" 2> "$OUT/probe.err" || status=1
