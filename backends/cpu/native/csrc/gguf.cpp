@@ -60,6 +60,36 @@ constexpr int64_t kGroup = 16;
 inline bool is_k(int32_t t) { return t >= Q2_K; }
 inline int64_t align64(int64_t n) { return (n + 63) & ~int64_t(63); }
 
+// one block of row r of a 16-row group into llama.cpp's canonical bytes (defined below)
+void gather_block(int32_t t, const uint8_t* p, const uint8_t* f, int64_t r, uint8_t* blk, uint8_t* us);
+
+// Where a prepared weight's parts lie: per 16-row group its code planes (pbytes) then its fields
+// (fbytes), the groups' fields after all groups' planes, then the rows past the last whole group in
+// llama.cpp's own blocks (rbytes each). One description for the GEMM, the exact dequantization and
+// the infinite-input rows.
+struct Layout {
+  TypeInfo ti;
+  int64_t nb, pbytes, fbytes, rbytes, ngroups;
+  const uint8_t* w;
+  const uint8_t* fields;
+  const uint8_t* tail;
+  bool unpacked;
+  Layout(int32_t t, const uint8_t* w_, int64_t K, int64_t ngroups_)
+      : ti(kInfo[t]), nb(K / kInfo[t].B), pbytes(nb * kGroup * ti.P), fbytes(nb * kGroup * ti.F),
+        rbytes(nb * ti.T), ngroups(ngroups_), w(w_), fields(w_ + ngroups_ * pbytes),
+        tail(fields + ngroups_ * fbytes), unpacked(t == Q3_K || t == Q4_K || t == Q5_K) {}
+  // block b of row n in canonical bytes: gathered into blk (scales unpacked into us, returned in
+  // *scl) for a grouped row, or pointed at in place for a tail row
+  const uint8_t* block(int32_t t, int64_t n, int64_t b, uint8_t* blk, uint8_t* us, const uint8_t** scl) const {
+    const int64_t g = n / kGroup;
+    *scl = nullptr;
+    if (g >= ngroups) return tail + (n - ngroups * kGroup) * rbytes + b * ti.T;
+    gather_block(t, w + g * pbytes + b * kGroup * ti.P, fields + g * fbytes + b * kGroup * ti.F, n % kGroup, blk, us);
+    if (unpacked) *scl = us;
+    return blk;
+  }
+};
+
 inline float f16(const uint8_t* p) {
   uint16_t h;
   std::memcpy(&h, p, 2);
@@ -852,11 +882,11 @@ int32_t quantrt_gguf_linear(int32_t type, const uint8_t* w, int64_t N, int64_t K
                             uint8_t* ws, int32_t threads) {
   if (type < 0 || type >= NTYPES || K % kInfo[type].B || ngroups * kGroup > N || M < 0) return -1;
   if (!QRT_GGUF_SIMD && ngroups) return -1;
-  const TypeInfo ti = kInfo[type];
-  const int64_t nb = K / ti.B, nab = K / (is_k(type) ? 256 : 32);
-  const int64_t pbytes = nb * kGroup * ti.P, fbytes = nb * kGroup * ti.F, rbytes = nb * ti.T;
-  const uint8_t* fields = w + ngroups * pbytes;
-  const uint8_t* tail = fields + ngroups * fbytes;
+  const Layout L(type, w, K, ngroups);
+  const int64_t nb = L.nb, nab = K / (is_k(type) ? 256 : 32);
+  const int64_t pbytes = L.pbytes, fbytes = L.fbytes, rbytes = L.rbytes;
+  const uint8_t* fields = L.fields;
+  const uint8_t* tail = L.tail;
   const int64_t ntail = N - ngroups * kGroup;
   const XLayout xl = x_layout(type, K);
   const int64_t mt = m_tile(K);
@@ -1106,32 +1136,23 @@ void inf_row(int32_t t, const uint8_t* w, int64_t N, int64_t K, int64_t ngroups,
     if (std::isinf(v)) pos.push_back(k);
   }
   if (pos.empty()) return;
-  const TypeInfo ti = kInfo[t];
-  const int64_t nb = K / ti.B;
-  const int64_t pbytes = nb * kGroup * ti.P, fbytes = nb * kGroup * ti.F, rbytes = nb * ti.T;
-  const uint8_t* fields = w + ngroups * pbytes;
-  const uint8_t* tail = fields + ngroups * fbytes;
-  const bool unpacked = t == Q3_K || t == Q4_K || t == Q5_K;
+  const Layout L(t, w, K, ngroups);
 #pragma omp parallel for num_threads(std::max<int32_t>(threads, 1)) schedule(static)
   for (int64_t n = 0; n < N; ++n) {
-    const int64_t g = n / kGroup, r = n % kGroup;
     alignas(64) uint8_t blk[256];
     uint8_t us[32];
     alignas(64) float vals[256];
     int64_t have = -1;
     float acc = 0.f;
     for (const int64_t k : pos) {
-      const int64_t b = k / ti.B;
+      const int64_t b = k / L.ti.B;
       if (b != have) {
-        if (g < ngroups) {
-          gather_block(t, w + g * pbytes + b * kGroup * ti.P, fields + g * fbytes + b * kGroup * ti.F, r, blk, us);
-          dequant_block(t, blk, unpacked ? us : nullptr, vals);
-        } else {
-          dequant_block(t, tail + (n - ngroups * kGroup) * rbytes + b * ti.T, nullptr, vals);
-        }
+        const uint8_t* scl;
+        const uint8_t* src = L.block(t, n, b, blk, us, &scl);
+        dequant_block(t, src, scl, vals);
         have = b;
       }
-      acc += vals[k % ti.B] * qrt::load_act(xrow, k * sk, xdt);
+      acc += vals[k % L.ti.B] * qrt::load_act(xrow, k * sk, xdt);
     }
     store(out, som, odt, bias, bdt, m, n, acc);
   }
@@ -1147,29 +1168,17 @@ int32_t quantrt_gguf_dequant_rows(int32_t type, const uint8_t* w, int64_t N, int
                                   int64_t n0, int64_t n1, void* out, int32_t odt, int64_t ldo, int32_t threads) {
   if (type < 0 || type >= NTYPES || K % kInfo[type].B || ngroups * kGroup > N) return -1;
   if (n0 < 0 || n1 > N || n0 > n1 || ldo < K || (odt != qrt::F32 && odt != qrt::BF16 && odt != qrt::F16)) return -1;
-  const TypeInfo ti = kInfo[type];
-  const int64_t nb = K / ti.B;
-  const int64_t pbytes = nb * kGroup * ti.P, fbytes = nb * kGroup * ti.F, rbytes = nb * ti.T;
-  const uint8_t* fields = w + ngroups * pbytes;
-  const uint8_t* tail = fields + ngroups * fbytes;
-  const bool unpacked = type == Q3_K || type == Q4_K || type == Q5_K;
+  const Layout L(type, w, K, ngroups);
+  const TypeInfo ti = L.ti;
 #pragma omp parallel for num_threads(std::max<int64_t>(1, std::min<int64_t>(threads, n1 - n0))) schedule(static)
   for (int64_t n = n0; n < n1; ++n) {
-    const int64_t g = n / kGroup, r = n % kGroup;
     alignas(64) uint8_t blk[256];
     uint8_t us[32];
     alignas(64) float vals[256];
     (void)vals;
-    for (int64_t b = 0; b < nb; ++b) {
-      const uint8_t* src;
-      const uint8_t* scl = nullptr;
-      if (g < ngroups) {
-        gather_block(type, w + g * pbytes + b * kGroup * ti.P, fields + g * fbytes + b * kGroup * ti.F, r, blk, us);
-        src = blk;
-        if (unpacked) scl = us;
-      } else {
-        src = tail + (n - ngroups * kGroup) * rbytes + b * ti.T;
-      }
+    for (int64_t b = 0; b < L.nb; ++b) {
+      const uint8_t* scl;
+      const uint8_t* src = L.block(type, n, b, blk, us, &scl);
 #if QRT_GGUF_SIMD
       dequant_block_store(type, src, scl, out, (n - n0) * ldo + b * ti.B, odt);
 #else
