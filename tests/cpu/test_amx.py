@@ -24,6 +24,8 @@ from quantrt.schemes import parse_scheme
 from quantrt.specs import LayerSpec
 
 LOOSE = 1e-2
+#: kernels that quantize activations to 8-bit blocks (llama.cpp's scheme, the GGUF GEMM)
+ACT8_LOOSE = 2e-2
 CPU = probe().cpu
 #: the native kernels' own verdicts on this machine (the AMX subclasses add only the AMX features)
 HERE = lut_native.NativeLut.supports(LayerSpec(parse_scheme("w4a16-nvfp4"), 256, 256), CPU)
@@ -139,7 +141,10 @@ def test_apply_below_and_above_the_threshold(scheme: str) -> None:
         y = k.apply(st, x)
         assert y.shape == (m, N) and y.dtype == torch.bfloat16
         err = rel(y, reference.linear(x, w, out_dtype=torch.float32))
-        assert err < LOOSE, f"{scheme} M={m}: {err:.3g}"
+        # below the threshold GGUF runs the parent's GEMM over 8-bit activation blocks: on one
+        # row that error alone reaches 1e-2 on some draws (one in a few hundred)
+        bound = ACT8_LOOSE if scheme.startswith("gguf") and m < k.amx_from_m else LOOSE
+        assert err < bound, f"{scheme} M={m}: {err:.3g}"
         path = k.strategy(st, m)
         assert path.startswith("amx: dequant bf16 slices of 32 rows") == (m >= k.amx_from_m), path
 
