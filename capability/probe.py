@@ -15,6 +15,7 @@ from typing import Any
 
 from .amd import probe_amd
 from .cpu import probe_cpu
+from .kinds import plugin_kinds
 from .nvidia import probe_nvidia
 from .software import device_libraries, probe_libraries, real_find_spec, real_version, torch_ops
 from .types import UNKNOWN, Capabilities, DeviceCaps
@@ -104,6 +105,11 @@ def _probe_this_machine() -> Capabilities:
     return _probe(ProbeSources.real())
 
 
+def reset_probe() -> None:
+    """Forget this machine's cached probe (tests that install a device package call this)."""
+    _probe_this_machine.cache_clear()
+
+
 def _run(notes: list[str], section: str, fn: Callable[[], tuple[Any, list[str]]], default: Any) -> Any:
     """Run one source; its notes join ``notes``, and a crash becomes a note and the default."""
     try:
@@ -137,6 +143,10 @@ def _probe(src: ProbeSources) -> Capabilities:
         notes, "amdsmi", lambda: probe_amd(src.amdsmi, torch, src.environ, libs, missing("amdsmi", "")), []
     )
     accelerators += _run(notes, "xpu", lambda: probe_xpu(torch, libs), [])
+    for kind in plugin_kinds():  # device kinds installed packages add (quantrt.devices)
+        if kind.probe is not None:
+            found = _run(notes, kind.name, lambda k=kind: k.probe(torch, libs), [])
+            accelerators += [d for d in found if _own(notes, kind.name, d)]
     return Capabilities(
         cpu=cpu,
         accelerators=tuple(accelerators),
@@ -145,6 +155,16 @@ def _probe(src: ProbeSources) -> Capabilities:
         origin="probe",
         notes=tuple(notes),
     )
+
+
+def _own(notes: list[str], kind: str, dev: Any) -> bool:
+    """A plugin probe's device is kept only when it is a DeviceCaps of the plugin's own kind."""
+    if isinstance(dev, DeviceCaps) and dev.kind == kind:
+        return True
+    notes.append(
+        f"{kind}: probe returned {type(dev).__name__} {getattr(dev, 'kind', '?')!r}, not a {kind} DeviceCaps: dropped"
+    )
+    return False
 
 
 def _finish_cpu(cpu: DeviceCaps, torch: Any, libraries: Mapping[str, str]) -> DeviceCaps:

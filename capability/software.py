@@ -11,6 +11,8 @@ import importlib.util
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from .kinds import kind_of
+
 #: library name used in Capabilities/DeviceCaps -> (top-level module, distribution names to try)
 LIBRARIES: dict[str, tuple[str, tuple[str, ...]]] = {
     "triton": ("triton", ("triton", "pytorch-triton", "pytorch-triton-rocm", "pytorch-triton-xpu")),
@@ -26,14 +28,6 @@ LIBRARIES: dict[str, tuple[str, tuple[str, ...]]] = {
     "gguf": ("gguf", ("gguf",)),
     "transformers": ("transformers", ("transformers",)),
     "compressed_tensors": ("compressed_tensors", ("compressed-tensors",)),
-}
-
-#: Which libraries matter to which device kind (the rest are format or probe libraries).
-DEVICE_LIBRARIES: dict[str, tuple[str, ...]] = {
-    "cpu": ("ipex", "neural_compressor", "bitsandbytes"),
-    "cuda": ("triton", "cupy", "bitsandbytes", "flashinfer", "deep_gemm"),
-    "rocm": ("triton", "aiter", "bitsandbytes"),
-    "xpu": ("triton", "ipex", "neural_compressor", "bitsandbytes"),
 }
 
 #: torch ops (without the ``aten::`` prefix) whose kernels quantized paths rely on.
@@ -111,7 +105,8 @@ def probe_libraries(
 def device_libraries(kind: str, found: Iterable[str]) -> frozenset[str]:
     """The importable libraries that have kernels or runtimes for this device kind."""
     have = set(found)
-    return frozenset(n for n in DEVICE_LIBRARIES.get(kind, ()) if n in have)
+    k = kind_of(kind)
+    return frozenset(n for n in (k.libraries if k is not None else ()) if n in have)
 
 
 def torch_ops(torch: Any, dispatch_key: str) -> frozenset[str]:

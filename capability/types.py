@@ -11,10 +11,13 @@ import json
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from .kinds import BUILTIN, kind_of, kinds
+
 UNKNOWN = "unknown"
 
-#: Device kinds a kernel can target. ``rocm`` devices are addressed as ``cuda:N`` by torch.
-DEVICE_KINDS = ("cpu", "cuda", "rocm", "xpu")
+#: The built-in device kinds (``rocm`` devices are ``cuda:N`` to torch); installed packages add
+#: more through ``quantrt.devices`` (:mod:`quantrt.capability.kinds`).
+DEVICE_KINDS = tuple(k.name for k in BUILTIN)
 
 #: Keys ``quantrt probe --json`` adds beside the capabilities (how the probe went, not what the
 #: machine can do): ``Capabilities.from_json`` accepts and drops them, so that output loads back.
@@ -61,10 +64,8 @@ class DeviceCaps:
     @property
     def torch_device(self) -> str:
         """The torch device string for this device (ROCm GPUs are ``cuda:N`` in torch)."""
-        if self.kind == "cpu":
-            return "cpu"
-        prefix = "cuda" if self.kind in ("cuda", "rocm") else self.kind
-        return f"{prefix}:{self.index}"
+        k = kind_of(self.kind)
+        return k.torch_device(self.index) if k is not None else f"{self.kind}:{self.index}"
 
     @property
     def sm(self) -> int | None:
@@ -109,15 +110,19 @@ class Capabilities:
         return hash(json.dumps(self.to_json(), sort_keys=True))
 
     def device(self, device: Any = "cpu") -> DeviceCaps:
-        """The DeviceCaps for a torch device (``"cpu"``, ``"cuda"``, ``"cuda:1"``, ``torch.device``)."""
+        """The DeviceCaps for a torch device (``"cpu"``, ``"cuda"``, ``"cuda:1"``, ``torch.device``) or
+        a device kind's own name (``"rocm:0"``, an installed kind's ``"acme:0"``)."""
         text = str(device)
         kind, _, idx = text.partition(":")
-        index = int(idx) if idx else 0
+        index = int(idx) if idx.isdigit() else 0
         if kind == "cpu":
             return self.cpu
+        for dev in self.accelerators:  # the kind's own name first, then torch's device type
+            if dev.kind == kind and dev.index == index:
+                return dev
         for dev in self.accelerators:
-            torch_kind = "cuda" if dev.kind in ("cuda", "rocm") else dev.kind
-            if torch_kind == kind and dev.index == index:
+            k = kind_of(dev.kind)
+            if k is not None and k.torch_type == kind and dev.index == index:
                 return dev
         have = ", ".join(d.torch_device for d in self.accelerators) or "none"
         raise CapabilityError(f"no device {text!r} in capabilities ({self.origin}); accelerators: {have}")
@@ -182,11 +187,12 @@ def _from_json(cls: type[DeviceCaps], data: Any, where: str) -> DeviceCaps:
     unknown = set(data) - known
     if unknown:
         raise CapabilityError(f"{where}: unknown field(s) {sorted(unknown)}; known: {sorted(known)}")
+    known_kinds = tuple(kinds())
     if "kind" not in data:
-        raise CapabilityError(f"{where}: missing field 'kind' (one of {', '.join(DEVICE_KINDS)})")
+        raise CapabilityError(f"{where}: missing field 'kind' (one of {', '.join(known_kinds)})")
     kind = data["kind"]
-    if kind not in DEVICE_KINDS:
-        raise CapabilityError(f"{where}.kind: expected one of {DEVICE_KINDS}, found {kind!r}")
+    if kind not in known_kinds:
+        raise CapabilityError(f"{where}.kind: expected one of {known_kinds}, found {kind!r}")
     kw: dict[str, Any] = {"kind": kind}
     for key in ("vendor", "name", "arch", "microarch", "driver", "source"):
         if key in data:

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from .capability import Capabilities, CapabilityError, DeviceCaps, load_capabilities, probe
+from .capability import Capabilities, CapabilityError, DeviceCaps, kind_of, load_capabilities, probe
 from .env import Overrides
 from .errors import ConfigError, DispatchError
 from .kernels import Kernel, Verdict, registry
@@ -55,6 +55,8 @@ class Selection:
     candidates: tuple[Candidate, ...]
     forced: bool
     fallback: bool
+    #: the backends whose ordered lists dispatch walked for this device kind, in order
+    order: tuple[str, ...] = ()
 
     @property
     def label(self) -> str:
@@ -81,6 +83,7 @@ class Selection:
             "label": self.label,
             "forced": self.forced,
             "fallback": self.fallback,
+            "order": [*self.order, "reference"],
             "candidates": [c.to_json() for c in self.candidates],
         }
 
@@ -94,7 +97,13 @@ class Selection:
         ]
         if self.kernel.backend == "reference" and self.fallback:
             lines.append("note     no native kernel yet for this layer on this device: the reference runs it")
-        lines.append("candidates")
+        lists = " > ".join(f"the {b} backend's list" for b in self.order)
+        lines.append(
+            "candidates  in dispatch order, top to bottom: "
+            + (f"{lists}, then the reference" if lists else "the reference")
+            if not self.forced
+            else "candidates"
+        )
         width = max((len(c.name) for c in self.candidates), default=10)
         mark = {CHOSEN: "*", REJECTED: "x", SKIPPED: "-", ALSO: "+"}
         for c in self.candidates:
@@ -130,7 +139,8 @@ def _device_caps(caps: Capabilities, device: Any) -> DeviceCaps:
 def select(
     spec: LayerSpec, device: Any = "cpu", caps: Capabilities | None = None, overrides: Overrides | None = None
 ) -> Selection:
-    """Walk the device's candidates in priority order; the first that supports the layer wins."""
+    """Walk the device kind's registered lists top to bottom; the first kernel that supports the
+    layer wins, the reference last."""
     ov = overrides or Overrides.from_env()
     caps = caps or planning_capabilities(ov)
     dev = _device_caps(caps, device)
@@ -204,26 +214,29 @@ def select(
     else:
         candidates.append(Candidate(reference.name, "reference", ALSO, ref_v, "reference"))
         fallback = False
-    sel = Selection(spec, dev, caps.origin, chosen, tuple(candidates), False, fallback)
+    order = tuple(lst.backend for lst in reg.order(dev.kind))
+    sel = Selection(spec, dev, caps.origin, chosen, tuple(candidates), False, fallback, order)
     _report(sel, ov)
     return sel
 
 
-_KIND_WORDS = {"cpu": "CPU", "cuda": "CUDA", "rocm": "ROCm", "xpu": "XPU"}
+def _kind_word(kind: str) -> str:
+    k = kind_of(kind)
+    return k.label if k is not None else kind
 
 
 def _check_backend_has_device(backend: str, caps: Capabilities, reg: Any) -> None:
     """A forced backend whose devices the capabilities lack is refused by name, not planned as
     "no native kernel yet" for a device it was never meant to run on."""
-    kinds = {kind for k in reg.all() if k.backend == backend for kind in k.device_kinds}
-    if backend in _KIND_WORDS:
+    kinds = {lst.device_kind for lst in reg.lists if lst.backend == backend}
+    if kind_of(backend) is not None:
         kinds.add(backend)
     devices = (caps.cpu, *caps.accelerators)
     if not kinds or any(d.kind in kinds for d in devices):
         return
     probed = caps.origin == "probe"
     where = "this machine has" if probed else f"capabilities {caps.origin} have"
-    want = " or ".join(sorted(_KIND_WORDS.get(k, k) for k in kinds))
+    want = " or ".join(sorted(_kind_word(k) for k in kinds))
     found = ", ".join(
         f"{d.torch_device} {d.name} ({d.arch if d.kind == 'cpu' else f'{d.kind}, {d.arch}'})" for d in devices
     )
@@ -242,9 +255,9 @@ def _ask(k: type[Kernel], spec: LayerSpec, dev: DeviceCaps) -> Verdict:
 def _forced(spec: LayerSpec, dev: DeviceCaps, origin: str, name: str, reg: Any) -> Selection:
     k = reg.get(name)
     if k is None:
-        known = ", ".join(n for n in reg.names() if dev.kind in reg.get(n).device_kinds)
+        known = ", ".join(c.name for c in reg.candidates(dev.kind))
         raise DispatchError(f"QUANTRT_KERNEL={name!r}: no such kernel; kernels for {dev.kind}: {known}")
-    if dev.kind not in k.device_kinds:
+    if k is not reg.fallback and dev.kind not in k.device_kinds:
         raise DispatchError(
             f"QUANTRT_KERNEL={name!r} runs on {', '.join(k.device_kinds)}, "
             f"not on {dev.torch_device} ({dev.kind})"
@@ -365,12 +378,28 @@ def build(
                 f"but this machine's {real_dev.torch_device} ({real_dev.name}, {real_dev.arch}) cannot run "
                 f"it: {v.reason}. Unset QUANTRT_CAPABILITIES to plan for this machine."
             )
-    return sel.kernel(), sel
+    return sel.kernel(real_dev), sel
 
 
 def device_of(device: Any) -> str:
-    """Normalise ``"cuda"`` / ``torch.device`` to the ``kind[:index]`` string capabilities use."""
+    """quantrt's ``kind[:index]`` string for a torch device (``"cuda"``, ``torch.device``) or a device
+    kind's own name (``"rocm:0"``, an installed kind's ``"acme:0"``)."""
+    if isinstance(device, str):
+        kind, _, idx = device.partition(":")
+        k = kind_of(kind)
+        if k is not None and k.torch_type != kind:
+            return f"{kind}:{int(idx) if idx.isdigit() else 0}"
     d = torch.device(device)
     if d.type == "cpu":
         return "cpu"
     return f"{d.type}:{d.index or 0}"
+
+
+def torch_device_of(device: Any) -> torch.device:
+    """The torch device a layer's tensors live on, for the same arguments as :func:`device_of`."""
+    if isinstance(device, str):
+        kind, _, idx = device.partition(":")
+        k = kind_of(kind)
+        if k is not None and k.torch_type != kind:
+            return torch.device(k.torch_device(int(idx) if idx.isdigit() else 0))
+    return torch.device(device)

@@ -9,20 +9,7 @@ from dataclasses import dataclass, field
 from .errors import ConfigError
 from .schemes import SchemeError, parse_scheme
 
-BACKENDS = ("cuda", "rocm", "cpu", "xpu", "reference")
 FALLBACK_POLICIES = ("warn", "strict", "allow")
-
-VARIABLES = {
-    "QUANTRT_BACKEND": "cuda|rocm|cpu|xpu|reference (or an out-of-tree backend's name): only that "
-    "backend's kernels are candidates; the reference stays the last resort under "
-    "QUANTRT_FALLBACK",
-    "QUANTRT_KERNEL": "a kernel name, or scheme=name,... : force that kernel; an error (never a silent "
-    "fallback) when it cannot implement the layer",
-    "QUANTRT_DISABLE_KERNELS": "name,... : skip these kernels",
-    "QUANTRT_CAPABILITIES": "preset name or capabilities JSON file: plan as if on that hardware",
-    "QUANTRT_FALLBACK": "warn (default) | strict | allow : what happens when only the reference or an "
-    "emulated kernel can run a layer",
-}
 
 
 @dataclass(frozen=True)

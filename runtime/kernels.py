@@ -1,13 +1,17 @@
 """The kernel contract and the registry: the public API every backend folder builds on.
 
 A kernel is one implementation of one or more schemes on one kind of device. Dispatch asks
-each candidate ``supports(spec, caps)`` and keeps every answer, so a user can see why a
-kernel was not chosen. ``prepare`` runs once at load (the only place a weight is repacked);
-``apply`` runs per call and obeys the hot-path rules in DESIGN.md: no host synchronisation,
-no environment reads, no allocation beyond the output and the declared workspace.
+each candidate ``supports(spec, caps)`` and keeps every answer, so a user can see why a kernel
+was not chosen. The base class checks what kernels declare (ops, activation and output dtypes)
+and then asks the kernel's ``can_implement``. ``prepare`` runs once at load (the only place a
+weight is repacked) and returns a :class:`~quantrt.prepared.Prepared`: one layout and the
+strategies over it; calls go through that object, which owns the shared prologue, the workspace
+and the traced op, and obey the hot-path rules in DESIGN.md (no host synchronisation, no
+environment reads, no allocation beyond the output and the workspace's growth).
 
-Backends register kernels from a ``register(registry)`` function published in the
-``quantrt.backends`` entry-point group, in-tree and out-of-tree alike.
+Backends register from a ``register(registry)`` function published in the ``quantrt.backends``
+entry-point group, in-tree and out-of-tree alike: one ``register_ordered([...])`` list per device
+kind, whose order is the dispatch policy.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ import importlib.metadata
 import logging
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -24,6 +28,7 @@ import torch
 
 from .canonical import CanonicalWeight
 from .capability import DeviceCaps
+from .prepared import Prepared, Strategy
 from .specs import LayerSpec
 
 log = logging.getLogger("quantrt.kernels")
@@ -96,28 +101,55 @@ def check(*conditions: tuple[bool, str, Mapping[str, Any]]) -> Verdict:
 class Kernel(ABC):
     """One implementation of a set of schemes on one kind of device.
 
-    Subclasses set the class attributes and implement ``supports``, ``prepare`` and
-    ``apply``. ``emulated`` kernels reproduce the numbers without native arithmetic;
-    ``is_substitute`` says when a kernel runs a scheme's weights but keeps activations in
-    16-bit (a weight-only substitute). Both are labelled in plans and tested against the
+    Subclasses set ``name`` and what they take (``ops``, ``act_dtypes``, ``out_dtypes``) and
+    implement ``can_implement`` and ``prepare``; ``backend`` and ``device_kinds`` are stamped by
+    :meth:`Registry.register_ordered`. ``emulated`` kernels reproduce the numbers without native
+    arithmetic; ``is_substitute`` says when a kernel runs a scheme's weights but keeps activations
+    in 16-bit (a weight-only substitute). Both are labelled in plans and tested against the
     matching reference.
     """
 
     name: ClassVar[str] = ""
+    #: the backend whose list registered this kernel (set by ``register_ordered``)
     backend: ClassVar[str] = ""
+    #: the device kinds whose lists hold this kernel (set by ``register_ordered``)
     device_kinds: ClassVar[tuple[str, ...]] = ()
-    #: lower runs first among one device kind's candidates
-    priority: ClassVar[int] = 100
+    #: the layer ops this kernel computes
+    ops: ClassVar[tuple[str, ...]] = ("linear",)
+    #: activation dtypes the layer may be planned with (and calls may pass)
+    act_dtypes: ClassVar[tuple[torch.dtype, ...]] = (torch.bfloat16, torch.float16)
+    #: output dtypes the kernel writes (None: the same as ``act_dtypes``)
+    out_dtypes: ClassVar[tuple[torch.dtype, ...] | None] = None
     emulated: ClassVar[bool] = False
     #: the kernel quantizes a weight-only scheme's activations to 8-bit blocks (llama.cpp's way for
     #: GGUF): it declares so, and matches the reference within that quantization's error (< 1e-2)
     quantizes_activations: ClassVar[bool] = False
     description: ClassVar[str] = ""
 
+    def __init__(self, caps: DeviceCaps | None = None) -> None:
+        #: the device the kernel runs on (dispatch passes the probed one; None: not known)
+        self.caps = caps
+
+    @classmethod
+    def supports(cls, spec: LayerSpec, caps: DeviceCaps) -> Verdict:
+        """Whether this kernel implements the layer on a device with these capabilities: the
+        declared ops and dtypes first, then :meth:`can_implement`."""
+        outs = cls.out_dtypes if cls.out_dtypes is not None else cls.act_dtypes
+        v = check(
+            (spec.op in cls.ops, f"op in {_names(cls.ops)}", {"op": spec.op}),
+            (
+                spec.act_dtype in cls.act_dtypes,
+                f"activations {_names(cls.act_dtypes)}",
+                {"act_dtype": spec.act_dtype},
+            ),
+            (spec.output_dtype in outs, f"output {_names(outs)}", {"out_dtype": spec.output_dtype}),
+        )
+        return v if not v else cls.can_implement(spec, caps)
+
     @classmethod
     @abstractmethod
-    def supports(cls, spec: LayerSpec, caps: DeviceCaps) -> Verdict:
-        """Whether this kernel implements the layer on a device with these capabilities."""
+    def can_implement(cls, spec: LayerSpec, caps: DeviceCaps) -> Verdict:
+        """The kernel's own requirements (schemes, shapes, hardware), each with its reason."""
 
     @classmethod
     def is_substitute(cls, spec: LayerSpec) -> bool:
@@ -125,22 +157,54 @@ class Kernel(ABC):
         return False
 
     @abstractmethod
-    def prepare(self, weight: CanonicalWeight, spec: LayerSpec) -> Any:
-        """Repack canonical tensors (already on the target device) into this kernel's layout."""
+    def prepare(self, weight: CanonicalWeight, spec: LayerSpec) -> Prepared:
+        """Repack canonical tensors (already on the target device) into this kernel's layout and
+        name the strategies that run it (build the result with :meth:`prepared`)."""
 
     def workspace_bytes(self, spec: LayerSpec, max_m: int) -> int:
-        """Scratch memory ``apply`` may use for batches up to ``max_m`` rows."""
+        """Scratch memory a call may use for batches up to ``max_m`` rows."""
         return 0
 
-    @abstractmethod
+    def prepared(
+        self,
+        layout: Any,
+        strategies: Sequence[Strategy],
+        spec: LayerSpec,
+        device: Any = None,
+        rows: Any = None,
+        act_dtypes: Sequence[torch.dtype] | None = None,
+    ) -> Prepared:
+        """The :class:`Prepared` for ``layout``: this layer's shape and dtypes, the workspace from
+        :meth:`workspace_bytes` (when the kernel overrides it) and the optional exact row access."""
+        ws = None
+        if type(self).workspace_bytes is not Kernel.workspace_bytes:
+            ws = lambda m: self.workspace_bytes(spec, m)  # noqa: E731
+        return Prepared(
+            layout,
+            strategies,
+            K=spec.K_part,
+            N=spec.N_part,
+            out_dtype=spec.output_dtype,
+            act_dtypes=act_dtypes or self.act_dtypes,
+            device=device if device is not None else "cpu",
+            workspace=ws,
+            rows=rows,
+            kernel=self.name,
+        )
+
     def apply(
-        self, state: Any, x: torch.Tensor, bias: torch.Tensor | None = None, out: torch.Tensor | None = None
+        self,
+        state: Prepared,
+        x: torch.Tensor,
+        bias: torch.Tensor | None = None,
+        out: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """``y = x @ W.T + bias`` for a 2-D ``x`` [M, K]; writes into ``out`` when given."""
+        return state(x, bias, out)
 
-    def strategy(self, state: Any, m: int) -> str:
-        """Which of the kernel's strategies serves a batch of ``m`` rows (for plans and benchmarks)."""
-        return "default"
+    def strategy(self, state: Prepared, m: int) -> str:
+        """Which of the prepared layer's strategies serves a batch of ``m`` rows."""
+        return state.strategy(m).name
 
     @classmethod
     def label(cls, spec: LayerSpec) -> str:
@@ -151,17 +215,34 @@ class Kernel(ABC):
         return "weight-only substitute" if cls.is_substitute(spec) else "native"
 
 
+def _names(values: Sequence[Any]) -> str:
+    return "(" + ", ".join(str(_show(v)) for v in values) + ")"
+
+
+@dataclass(frozen=True)
+class OrderedList:
+    """One backend's kernels for one device kind, in the order dispatch tries them."""
+
+    backend: str
+    device_kind: str
+    kernels: tuple[type[Kernel], ...]
+    ahead: bool = False
+
+
 class Registry:
-    """Every kernel the loaded backends registered, in registration order."""
+    """Every kernel the loaded backends registered, as one ordered list per backend and device kind."""
 
     def __init__(self) -> None:
-        self._kernels: list[type[Kernel]] = []
+        self.lists: list[OrderedList] = []
         self._names: dict[str, type[Kernel]] = {}
         self.backends: dict[str, str] = {}  # backend name -> where it came from
         self.load_errors: dict[str, str] = {}
         #: device kind -> factory(weight, bias, act_dtype) -> nn.Module for dense (unquantized)
         #: linears; a backend with a faster dense path than torch's registers one
         self.dense_linear: dict[str, Callable[..., Any]] = {}
+        #: the kernel every device kind falls back to (the reference), tried after every list
+        self.fallback: type[Kernel] | None = None
+        self._loading: str | None = None  # the entry point whose register() is running
 
     def register_dense(self, kind: str, factory: Callable[..., Any]) -> None:
         """Serve dense float linears on ``kind`` devices with ``factory(weight, bias, act_dtype)``."""
@@ -169,35 +250,75 @@ class Registry:
             raise ValueError(f"a dense linear factory for {kind!r} is registered twice")
         self.dense_linear[kind] = factory
 
-    def register(self, kernel: type[Kernel]) -> type[Kernel]:
-        """Add a kernel class (usable as a decorator). Names are unique."""
-        if not (isinstance(kernel, type) and issubclass(kernel, Kernel)):
-            raise TypeError(f"register() takes a Kernel subclass, found {kernel!r}")
-        if not kernel.name or not kernel.backend or not kernel.device_kinds:
-            raise ValueError(f"{kernel.__name__}: set name, backend and device_kinds")
-        if kernel.name in self._names and self._names[kernel.name] is not kernel:
-            raise ValueError(
-                f"kernel name {kernel.name!r} is registered twice "
-                f"({self._names[kernel.name].__module__} and {kernel.__module__})"
-            )
-        if kernel.name not in self._names:
-            self._kernels.append(kernel)
-            self._names[kernel.name] = kernel
-        return kernel
+    def register_ordered(
+        self,
+        kernels: Sequence[type[Kernel]],
+        *,
+        device_kind: str | None = None,
+        backend: str | None = None,
+        ahead: bool = False,
+    ) -> None:
+        """Register one backend's kernels for one device kind, best first: dispatch tries them top
+        to bottom and the first that supports a layer runs it.
+
+        ``backend`` defaults to the entry point being loaded and ``device_kind`` to the backend's
+        name. Lists for one device kind are tried in the order backends loaded; ``ahead`` puts a
+        list before the lists loaded earlier (an out-of-tree package overriding in-tree kernels).
+        """
+        backend = backend or self._loading
+        if not backend:
+            raise ValueError("register_ordered(): name the backend (backend=...) outside an entry point")
+        kind = device_kind or backend
+        seen: set[str] = set()
+        for k in kernels:
+            if not (isinstance(k, type) and issubclass(k, Kernel)):
+                raise TypeError(f"register_ordered() takes Kernel subclasses, found {k!r}")
+            if not k.name:
+                raise ValueError(f"{k.__name__}: set name")
+            other = self._names.get(k.name)
+            if (other is not None and other is not k) or k.name in seen:
+                where = other.__module__ if other is not None else k.__module__
+                raise ValueError(f"kernel name {k.name!r} is registered twice ({where} and {k.__module__})")
+            own = vars(k).get("backend")
+            if own and own != backend:
+                raise ValueError(f"{k.name}: registered by backend {backend!r} but belongs to {own!r}")
+            seen.add(k.name)
+        for k in kernels:  # stamped on the class itself, never read through a parent class
+            k.backend = backend
+            kinds = vars(k).get("device_kinds", ())
+            if kind not in kinds:
+                k.device_kinds = (*kinds, kind)
+            self._names[k.name] = k
+        self.lists.append(OrderedList(backend, kind, tuple(kernels), ahead))
+
+    def set_fallback(self, kernel: type[Kernel], backend: str) -> None:
+        """The kernel tried after every list, on every device kind (the reference)."""
+        kernel.backend = backend
+        self._names[kernel.name] = kernel
+        self.fallback = kernel
 
     def get(self, name: str) -> type[Kernel] | None:
         return self._names.get(name)
 
     def names(self) -> list[str]:
-        return [k.name for k in self._kernels]
+        return list(self._names)
+
+    def order(self, kind: str) -> list[OrderedList]:
+        """The lists a device kind's dispatch walks, in order."""
+        mine = [lst for lst in self.lists if lst.device_kind == kind]
+        return [lst for lst in mine if lst.ahead] + [lst for lst in mine if not lst.ahead]
 
     def candidates(self, kind: str) -> list[type[Kernel]]:
-        """A device kind's kernels in priority order (stable for equal priorities)."""
-        ks = [k for k in self._kernels if kind in k.device_kinds]
-        return sorted(ks, key=lambda k: k.priority)
+        """A device kind's kernels in dispatch order, the fallback last."""
+        ks = [k for lst in self.order(kind) for k in lst.kernels]
+        return ks + ([self.fallback] if self.fallback is not None else [])
 
     def all(self) -> list[type[Kernel]]:
-        return list(self._kernels)
+        return list(self._names.values())
+
+    def kinds(self) -> list[str]:
+        """The device kinds some list registers kernels for."""
+        return list(dict.fromkeys(lst.device_kind for lst in self.lists))
 
 
 _REGISTRY: Registry | None = None
@@ -213,7 +334,7 @@ def registry() -> Registry:
                 reg = Registry()
                 from .reference.kernel import ReferenceKernel
 
-                reg.register(ReferenceKernel)
+                reg.set_fallback(ReferenceKernel, "reference")
                 reg.backends["reference"] = "quantrt.reference"
                 load_entry_points(reg)
                 _REGISTRY = reg
@@ -224,7 +345,7 @@ def load_entry_points(reg: Registry, entry_points: Iterable[Any] | None = None) 
     """Call every ``quantrt.backends`` entry point's ``register(registry)``.
 
     A backend that fails to load is recorded in ``reg.load_errors`` and logged; it never
-    takes the others down.
+    takes the others down (what it registered before failing is withdrawn).
     """
     eps = (
         entry_points if entry_points is not None else importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)
@@ -232,13 +353,19 @@ def load_entry_points(reg: Registry, entry_points: Iterable[Any] | None = None) 
     for ep in sorted(eps, key=lambda e: e.name):
         if ep.name in reg.backends:
             continue
+        before = (len(reg.lists), dict(reg._names), dict(reg.dense_linear))
+        reg._loading = ep.name
         try:
             fn: Callable[[Registry], None] = ep.load()
             fn(reg)
             reg.backends[ep.name] = ep.value
         except Exception as e:  # a broken plugin must not break the others
+            del reg.lists[before[0] :]
+            reg._names, reg.dense_linear = before[1], before[2]
             reg.load_errors[ep.name] = f"{type(e).__name__}: {e}"
             log.warning("quantrt: backend %r (%s) failed to load: %s", ep.name, ep.value, e)
+        finally:
+            reg._loading = None
 
 
 def reset_registry() -> None:

@@ -6,8 +6,9 @@
   ``gguf_native`` (llama.cpp's block types), ``wint_native`` (integer weight-only and int8 W8A8),
   ``lut_native`` (code-book and float formats: NF4/FP4, fp8, NVFP4/MXFP4), ``dense_native`` (a
   GEMV for the dense bf16/fp16 layers a checkpoint leaves unquantized, registered with
-  ``register_dense``); ``amx`` (the same layouts on CPUs with AMX: batches from 256 rows dequantize
-  row slices to bf16 and multiply them with torch's oneDNN matmul, which runs on AMX tiles).
+  ``register_dense``); ``amx`` (the same layouts on CPUs with AMX: the native strategies for small
+  batches, then the native panel GEMM on AMX tiles, or, without whole tiles, bf16 row slices through
+  torch's oneDNN matmul from ``amx.AMX_FROM_M`` rows; GGUF from its own per-type thresholds).
 """
 
 from __future__ import annotations
@@ -17,14 +18,25 @@ from typing import Any
 
 def register(registry: Any) -> None:
     """Entry point of the ``quantrt.backends`` group."""
-    from . import amx, gguf_native, lut_native, wint_native
-    from .torch_packed import CpuInt4Pack, CpuInt8Pack, CpuIntMM
-
-    for kernel in (CpuInt4Pack, CpuInt8Pack, CpuIntMM):
-        registry.register(kernel)
-    for module in (gguf_native, wint_native, lut_native, amx):
-        for kernel in module.KERNELS:
-            registry.register(kernel)
+    from .amx import AmxGGUF, AmxLut, AmxWint
     from .dense_native import make_dense_linear
+    from .gguf_native import CpuNativeGGUF
+    from .lut_native import NativeLut
+    from .torch_packed import CpuInt4Pack, CpuInt8Pack, CpuIntMM
+    from .wint_native import NativeW8A8Int8, NativeWint
 
+    registry.register_ordered(
+        [
+            AmxWint,  # CPUs with AMX bf16 tiles: the native layouts, large batches on the tiles
+            AmxLut,
+            AmxGGUF,
+            CpuNativeGGUF,  # the native C++ kernels (AVX-512 VNNI, AVX2, scalar)
+            NativeWint,
+            NativeW8A8Int8,
+            NativeLut,
+            CpuInt4Pack,  # torch's packed CPU ops, where no native kernel can be built
+            CpuInt8Pack,
+            CpuIntMM,
+        ]
+    )
     registry.register_dense("cpu", make_dense_linear)

@@ -28,27 +28,27 @@ def register(registry: Any) -> None:
     from .triton_w4a16 import CudaTritonW4A16, CudaTritonW8A16
     from .triton_w8a8 import CudaTritonBlockFp8, CudaTritonFp8, CudaTritonFp8WeightOnly, CudaTritonInt8
 
-    kernels = (
-        CudaMmaW4A16,
-        CudaMmaW8A16,
-        CudaTritonW4A16,
-        CudaTritonW8A16,
-        CudaTritonFp8,
-        CudaTritonBlockFp8,
-        CudaTritonFp8WeightOnly,
-        CudaTritonInt8,
-        CudaScaledMMNvfp4,
-        CudaMmaFp4,
-        CudaMmaBnb4,
-        CudaTritonFp4,
-        CudaTritonBnb4,
-        CudaMmaGGUF,
-        CudaMmaGGUFQ8,
-        CudaGemvGGUF,
-        CudaTritonGGUF,
-        CudaScaledMMFp8,
-        CudaIntMM,
-        CudaTinygemm,
+    registry.register_ordered(
+        [
+            CudaMmaW4A16,  # tensor-core CUDA C++ (CuPy): int4/int8 weight-only, the fastest where it runs
+            CudaMmaW8A16,
+            CudaScaledMMNvfp4,  # W4A4 NVFP4 on Blackwell's fp4 units
+            CudaMmaFp4,  # NVFP4/MXFP4 and bitsandbytes 4-bit weight-only on the tensor-core kernel
+            CudaMmaBnb4,
+            CudaMmaGGUF,  # GGUF q4_k and q8_0 on the tensor-core kernel
+            CudaMmaGGUFQ8,
+            CudaGemvGGUF,  # GGUF q4_k/q6_k: a CUDA GEMV for small batches, then the Triton GGUF paths
+            CudaTritonW4A16,  # portable Triton: every W4A16/W8A16 layout (act-order, any group)
+            CudaTritonW8A16,
+            CudaTritonFp4,
+            CudaTritonBnb4,
+            CudaTritonGGUF,  # all ten GGUF types
+            CudaTritonFp8,  # W8A8 fp8, per tensor/channel, and block fp8
+            CudaTritonBlockFp8,
+            CudaTritonInt8,
+            CudaTritonFp8WeightOnly,  # fp8 weights decoded by bit tricks, on GPUs without fp8 units
+            CudaScaledMMFp8,  # torch's ops: cuBLASLt fp8 and int8, tinygemm int4
+            CudaIntMM,
+            CudaTinygemm,
+        ]
     )
-    for kernel in kernels:
-        registry.register(kernel)

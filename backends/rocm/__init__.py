@@ -13,5 +13,10 @@ def register(registry: Any) -> None:
     """Entry point of the ``quantrt.backends`` group."""
     from .torch_ops import RocmIntMM, RocmScaledMMFp8, RocmScaledMMFp8Fnuz
 
-    for kernel in (RocmScaledMMFp8Fnuz, RocmScaledMMFp8, RocmIntMM):
-        registry.register(kernel)
+    registry.register_ordered(
+        [
+            RocmScaledMMFp8Fnuz,  # MI300's e4m3fnuz flavour, where the device computes in it
+            RocmIntMM,
+            RocmScaledMMFp8,  # OCP e4m3 (MI350 and later)
+        ]
+    )

@@ -1,5 +1,5 @@
-"""Explain the dispatch plan: for a scheme and shape (checkpoints later), on this machine or a
-preset, which kernel runs each layer and what every candidate said."""
+"""Explain the dispatch plan: for a checkpoint, or a scheme and shape, on this machine or a preset,
+which kernel runs each layer, the order the candidates were tried in and what every one said."""
 
 from __future__ import annotations
 
@@ -40,6 +40,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         choices=sorted(DTYPES),
         help="activation dtype (default bf16; for a checkpoint, its torch_dtype)",
     )
+    p.add_argument(
+        "--order",
+        action="store_true",
+        help="print every device kind's kernel lists in dispatch order (the policy), and nothing else",
+    )
     p.add_argument("--tp", type=positive_int, default=1, help="tensor-parallel size (plan one rank)")
     p.add_argument("--parallel", choices=("column", "row"), help="how the layer is split under --tp")
 
@@ -57,6 +62,8 @@ def parse_shape(text: str) -> tuple[int, int]:
 def handle(args: argparse.Namespace) -> int:
     from . import emit
 
+    if args.order:
+        return _explain_order(args)
     K, N = parse_shape(args.shape)
     ov = Overrides.from_env()
     if args.preset:
@@ -101,6 +108,32 @@ def handle(args: argparse.Namespace) -> int:
         print(sel.explain())
         if ov.fallback == "strict" and sel.fallback:
             print("QUANTRT_FALLBACK=strict: loading this layer would fail", file=sys.stderr)
+    return 0
+
+
+def _explain_order(args: argparse.Namespace) -> int:
+    """Each device kind's registered lists, top to bottom: the order dispatch tries kernels in."""
+    from ..capability import kinds
+    from ..kernels import registry
+    from . import emit
+
+    reg = registry()
+    doc = {
+        kind: [
+            *({"kernel": k.name, "backend": lst.backend} for lst in reg.order(kind) for k in lst.kernels),
+            {"kernel": reg.fallback.name, "backend": "reference"},
+        ]
+        for kind in dict.fromkeys([*kinds(), *reg.kinds()])
+    }
+    if args.json:
+        emit({"order": doc, "load_errors": reg.load_errors})
+        return 0
+    for kind, rows in doc.items():
+        print(f"{kind}: tried top to bottom, the first that supports a layer runs it")
+        for i, row in enumerate(rows, 1):
+            print(f"  {i:>2}. {row['kernel']:<28} ({row['backend']})")
+    for name, err in reg.load_errors.items():
+        print(f"backend {name} failed to load: {err}", file=sys.stderr)
     return 0
 
 

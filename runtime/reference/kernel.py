@@ -14,7 +14,7 @@ tensors of a fused layer (NVFP4 ``global_scale``, bnb ``offset``, tensor scales)
 the fused slices a chunk overlaps (the chunk gets its own ``output_sizes``), and replicated tensors
 (code books, ``g_idx``) stay whole. A scheme whose layout cannot be cut by rows (bitsandbytes with
 K not a multiple of its blocksize: blocks straddle rows) runs as one chunk, the whole weight:
-correct, not bounded, and :meth:`ReferenceKernel.strategy` says so. Activations are quantized once
+correct, not bounded, and the strategy's name says so. Activations are quantized once
 per call exactly as the reference does, and every output column is the same fp32 dot product as in
 :func:`quantrt.reference.linear`.
 """
@@ -31,6 +31,7 @@ import torch
 from ..canonical import CanonicalWeight, canonical_specs
 from ..errors import ShardError
 from ..kernels import Kernel, Verdict
+from ..prepared import ALL_M, Prepared, Strategy
 from ..schemes import Scheme
 from ..specs import LayerSpec, TensorSpec
 from . import dequantize, quantize_activations
@@ -134,29 +135,32 @@ def _cut(weight: CanonicalWeight, specs: dict[str, TensorSpec], a: int, b: int) 
 @dataclass
 class ReferenceState:
     weight: CanonicalWeight
-    out_dtype: torch.dtype | None
     plan: ChunkPlan
     chunks: list[tuple[int, int, CanonicalWeight]]
+    out_dtype: torch.dtype
+
+
+FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 
 
 class ReferenceKernel(Kernel):
+    """The fallback of every device kind (``Registry.set_fallback``), tried after every list."""
+
     name = "reference"
-    backend = "reference"
-    device_kinds = ("cpu", "cuda", "rocm", "xpu")
-    priority = 10_000
+    act_dtypes = FLOATS
+    out_dtypes = FLOATS
     description = "pure-torch dequantize-then-matmul in fp32 (the test oracle)"
 
-    def __init__(self, scratch_bytes: int | None = None) -> None:
+    def __init__(self, caps: Any = None, scratch_bytes: int | None = None) -> None:
+        super().__init__(caps)
         #: bound on one chunk's fp32 dequantized weight
         self.scratch_bytes = SCRATCH_BYTES if scratch_bytes is None else int(scratch_bytes)
 
     @classmethod
-    def supports(cls, spec: LayerSpec, caps: Any) -> Verdict:
-        if spec.op != "linear":
-            return Verdict.no("op == 'linear'", op=spec.op)
+    def can_implement(cls, spec: LayerSpec, caps: Any) -> Verdict:
         return Verdict.yes()
 
-    def prepare(self, weight: CanonicalWeight, spec: LayerSpec) -> Any:
+    def prepare(self, weight: CanonicalWeight, spec: LayerSpec) -> Prepared:
         plan = plan_chunks(weight.scheme, weight.N, weight.K, weight.output_sizes, self.scratch_bytes)
         if len(plan.bounds) == 1:
             chunks = [(0, weight.N, weight)]
@@ -168,42 +172,40 @@ class ReferenceKernel(Kernel):
                 chunks = [(0, weight.N, weight)]
             else:
                 chunks = [(a, b, _cut(weight, specs, a, b)) for a, b in plan.bounds]
-        return ReferenceState(weight, spec.out_dtype, plan, chunks)
+        state = ReferenceState(weight, plan, chunks, spec.output_dtype)
+        device = next(iter(weight.tensors.values())).device if weight.tensors else "cpu"
+        return self.prepared(state, [Strategy(ALL_M, _describe(state), _linear)], spec, device)
 
-    def workspace_bytes(self, spec: LayerSpec, max_m: int) -> int:
-        # one chunk's fp32 weight, plus the fp32 activations and outputs of a call
+    def scratch_bytes_of(self, spec: LayerSpec, max_m: int) -> int:
+        """The memory one call allocates and frees (the oracle allocates per call: it is no hot
+        path): one chunk's fp32 weight, plus the fp32 activations and outputs."""
         N, K = spec.N_part, spec.K_part
         rows = plan_chunks(spec.scheme, N, K, spec.output_sizes, self.scratch_bytes).rows
         return 4 * (rows * K + max_m * (K + N))
 
-    def strategy(self, state: Any, m: int) -> str:
-        plan: ChunkPlan = state.plan
-        n = len(plan.bounds)
-        if not plan.bounded:
-            why = f"cannot cut rows: {plan.reason}"
-            return f"dequantize the whole weight ({state.weight.N} rows, fp32; {why}) + matmul"
-        if n == 1:
-            return f"dequantize the whole weight ({state.weight.N} rows, fp32) + matmul"
-        return f"dequantize {plan.rows}-row slices (fp32, {n} chunks) + matmul"
 
-    def apply(
-        self, state: Any, x: torch.Tensor, bias: torch.Tensor | None = None, out: torch.Tensor | None = None
-    ) -> torch.Tensor:
-        weight: CanonicalWeight = state.weight
-        out_dtype = state.out_dtype or x.dtype
-        x32 = x.reshape(-1, x.shape[-1]).to(torch.float32)
-        if weight.scheme.act is not None:  # once per call, as quantrt.reference.linear does
-            x32 = quantize_activations(x32, weight)
-        y = torch.empty(x32.shape[0], weight.N, dtype=torch.float32, device=x32.device)
-        if x32.shape[0]:
-            for a, b, chunk in state.chunks:
-                w = dequantize(chunk).to(x32.device)
-                y[:, a:b] = x32 @ w.T
-                del w
-        if bias is not None:
-            y = y + bias.to(torch.float32)
-        y = y.reshape(*x.shape[:-1], weight.N).to(out_dtype)
-        if out is not None:
-            out.copy_(y)
-            return out
-        return y
+def _describe(state: ReferenceState) -> str:
+    plan, n = state.plan, len(state.plan.bounds)
+    if not plan.bounded:
+        why = f"cannot cut rows: {plan.reason}"
+        return f"dequantize the whole weight ({state.weight.N} rows, fp32; {why}) + matmul"
+    if n == 1:
+        return f"dequantize the whole weight ({state.weight.N} rows, fp32) + matmul"
+    return f"dequantize {plan.rows}-row slices (fp32, {n} chunks) + matmul"
+
+
+def _linear(
+    state: ReferenceState, x: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor | None, ws: Any
+) -> torch.Tensor:
+    weight = state.weight
+    x32 = x.to(torch.float32)
+    if weight.scheme.act is not None:  # once per call, as quantrt.reference.linear does
+        x32 = quantize_activations(x32, weight)
+    y = torch.empty(x32.shape[0], weight.N, dtype=torch.float32, device=x32.device)
+    for a, b, chunk in state.chunks:
+        w = dequantize(chunk).to(x32.device)
+        y[:, a:b] = x32 @ w.T
+        del w
+    if bias is not None:
+        y = y + bias.to(torch.float32)
+    return y.to(state.out_dtype) if out is None else out.copy_(y)

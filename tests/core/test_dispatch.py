@@ -48,7 +48,11 @@ def test_fp16_activations_reject_tinygemm_with_the_reason() -> None:
         ov(QUANTRT_FALLBACK="allow", QUANTRT_DISABLE_KERNELS="cuda.triton_w4a16,cuda.mma_w4a16"),
     )
     assert sel.kernel.name == "reference" and sel.fallback
-    assert cands(sel)["cuda.torch_tinygemm"] == (REJECTED, "bf16 activations", {"act_dtype": torch.float16})
+    assert cands(sel)["cuda.torch_tinygemm"] == (
+        REJECTED,
+        "activations (bfloat16)",
+        {"act_dtype": torch.float16},
+    )
     assert "no native kernel yet" in sel.explain()
 
 
@@ -225,17 +229,17 @@ def test_emulated_and_substitute_labels(monkeypatch: pytest.MonkeyPatch) -> None
     from quantrt.reference.kernel import ReferenceKernel
 
     class Emulated(ReferenceKernel):
-        name, backend, device_kinds, priority, emulated = "test.emulated", "test", ("cpu",), 1, True
+        name, emulated = "test.emulated", True
 
         @classmethod
-        def supports(cls, spec, caps):
+        def can_implement(cls, spec, caps):
             return check((spec.scheme.name == "gguf-q4_k", "gguf-q4_k only", {"scheme": spec.scheme.name}))
 
     class WeightOnly(ReferenceKernel):
-        name, backend, device_kinds, priority = "test.nvfp4_weight_only", "test", ("cpu",), 1
+        name = "test.nvfp4_weight_only"
 
         @classmethod
-        def supports(cls, spec, caps):
+        def can_implement(cls, spec, caps):
             return check((spec.scheme.family == "nvfp4", "nvfp4 weights", {"family": spec.scheme.family}))
 
         @classmethod
@@ -244,8 +248,8 @@ def test_emulated_and_substitute_labels(monkeypatch: pytest.MonkeyPatch) -> None
 
     assert issubclass(Emulated, Kernel)
     reg = Registry()
-    for k in (ReferenceKernel, Emulated, WeightOnly):
-        reg.register(k)
+    reg.set_fallback(ReferenceKernel, "reference")
+    reg.register_ordered([Emulated, WeightOnly], device_kind="cpu", backend="test")
     reg.backends.update(reference="quantrt.reference", test="tests")
     monkeypatch.setattr(d, "registry", lambda: reg)
     caps = load_preset("zen4")

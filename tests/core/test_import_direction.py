@@ -15,6 +15,8 @@ FOLDERS = {"runtime": "quantrt", "capability": "quantrt.capability", "backends":
 VENDORS = ("cuda", "rocm", "cpu", "xpu")
 BACKEND_API = (
     "quantrt.kernels",
+    "quantrt.prepared",
+    "quantrt.packing",
     "quantrt.schemes",
     "quantrt.capability",
     "quantrt.canonical",

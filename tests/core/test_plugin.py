@@ -16,32 +16,33 @@ PLUGIN = '''
 """A tiny out-of-tree backend: dequantize once at load, then a dense matmul."""
 import torch
 
-from quantrt.kernels import Kernel, Verdict, check
+from quantrt.kernels import Kernel, check
+from quantrt.prepared import ALL_M, Strategy
+
+
+def dense(w, x, bias, out, ws):
+    y = torch.nn.functional.linear(x, w, bias)
+    return out.copy_(y) if out is not None else y
 
 
 class DenseAfterLoad(Kernel):
     name = "oot.dense_after_load"
-    backend = "oot"
-    device_kinds = ("cpu",)
-    priority = 1  # ahead of every in-tree CPU kernel
+    act_dtypes = (torch.float32, torch.bfloat16)
 
     @classmethod
-    def supports(cls, spec, caps):
+    def can_implement(cls, spec, caps):
         return check((spec.scheme.name == "w4a16-int-g128-asym", "scheme is w4a16-int-g128-asym",
                       {"scheme": spec.scheme.name}))
 
     def prepare(self, weight, spec):
         from quantrt.reference import dequantize
 
-        return dequantize(weight).to(spec.act_dtype)
-
-    def apply(self, state, x, bias=None, out=None):
-        y = torch.nn.functional.linear(x, state, bias)
-        return out.copy_(y) if out is not None else y
+        w = dequantize(weight).to(spec.act_dtype)
+        return self.prepared(w, [Strategy(ALL_M, "F.linear", dense)], spec)
 
 
 def register(registry):
-    registry.register(DenseAfterLoad)
+    registry.register_ordered([DenseAfterLoad], device_kind="cpu", ahead=True)  # ahead of the in-tree CPU list
 '''
 
 SCRIPT = """

@@ -75,7 +75,7 @@ def _close(y: torch.Tensor, ref: torch.Tensor) -> None:
 def test_chunks_match_the_oracle(name: str, sizes: tuple[int, ...], gen: torch.Generator) -> None:
     cw = _weight(name, sizes, K, gen)
     kern, _, state = _prepared(cw, ROWS)
-    chunks = state.chunks
+    chunks = state.layout.chunks
     N = cw.N
 
     # the chunks tile [0, N) in order, each within the budget's rows (or one alignment unit)
@@ -112,10 +112,10 @@ def test_chunks_match_the_oracle(name: str, sizes: tuple[int, ...], gen: torch.G
     out = torch.full((7, N), float("nan"))
     assert kern.apply(state, x, bias, out=out) is out
     _close(out, ref)
-    # 3-D activations in bf16, out dtype from the spec
+    # bf16 activations (a layer flattens 3-D ones to [M, K]), out dtype from the spec
     kern16, _, state16 = _prepared(cw, ROWS, out_dtype=torch.bfloat16)
     x3 = torch.randn(2, 3, K, generator=gen).to(torch.bfloat16)
-    y = kern16.apply(state16, x3, bias)
+    y = kern16.apply(state16, x3.reshape(6, K), bias).reshape(2, 3, N)
     assert y.dtype == torch.bfloat16 and y.shape == (2, 3, N)
     ref16 = linear(x3, cw, bias, out_dtype=torch.bfloat16).float()
     assert bool(((y.float() - ref16).abs() <= 2**-7 * ref16.abs()).all())  # one bf16 rounding apart
@@ -125,7 +125,7 @@ def test_budget_rounds_to_whole_64_row_chunks(gen: torch.Generator) -> None:
     """A budget of 100 rows gives 64-row chunks (BLAS' blocking along N; the tail is ragged)."""
     cw = _weight("w4a16-int-g128-asym", FUSED, K, gen)
     kern, _, state = _prepared(cw, 100)  # 100 rows ask -> 64-row chunks
-    assert [b - a for a, b, _ in state.chunks] == [64, 64, 64, 8]
+    assert [b - a for a, b, _ in state.layout.chunks] == [64, 64, 64, 8]
     x = torch.randn(9, K, generator=gen)
     _close(kern.apply(state, x), linear(x, cw))
 
@@ -136,11 +136,11 @@ def test_bnb_with_k_not_a_multiple_of_the_block_is_one_chunk(name: str, gen: tor
     # (the oracle itself refuses per-slice double-quant offsets when blocks straddle rows)
     cw = _weight(name, (70,) if "-dq" in name else (40, 30), k, gen)
     kern, spec, state = _prepared(cw, 8)
-    assert len(state.chunks) == 1 and state.chunks[0][2] is cw
-    assert not state.plan.bounded
+    assert len(state.layout.chunks) == 1 and state.layout.chunks[0][2] is cw
+    assert not state.layout.plan.bounded
     s = kern.strategy(state, 4)
     assert "whole weight" in s and "not a multiple of the blocksize" in s
-    assert kern.workspace_bytes(spec, 4) == 4 * (70 * k + 4 * (k + 70))  # the whole fp32 weight
+    assert kern.scratch_bytes_of(spec, 4) == 4 * (70 * k + 4 * (k + 70))  # the whole fp32 weight
     x = torch.randn(4, k, generator=gen)
     _close(kern.apply(state, x), linear(x, cw))
 
@@ -150,7 +150,7 @@ def test_workspace_is_bounded() -> None:
     kern = ReferenceKernel()
     assert kern.scratch_bytes == SCRATCH_BYTES == 64 << 20
     m = 16
-    ws = kern.workspace_bytes(big, m)
+    ws = kern.scratch_bytes_of(big, m)
     assert ws == 4 * (2048 * 8192 + m * (8192 + 57344))
     assert ws < 4 * 57344 * 8192 // 20
     plan = plan_chunks(big.scheme, 57344, 8192, (), SCRATCH_BYTES)
@@ -161,10 +161,10 @@ def test_workspace_is_bounded() -> None:
         assert p.bounded and p.rows == rows, name
     # a layer small enough is one chunk, and says so
     small = LayerSpec(parse_scheme("w8a16-int-ch-sym"), K=1024, N=1024)
-    assert kern.workspace_bytes(small, 4) == 4 * (1024 * 1024 + 4 * 2048)
+    assert kern.scratch_bytes_of(small, 4) == 4 * (1024 * 1024 + 4 * 2048)
     # a tiny budget still cuts on whole alignment units
     tiny = ReferenceKernel(scratch_bytes=1)
-    assert tiny.workspace_bytes(LayerSpec(parse_scheme("w8a16-fp8-block128"), K=512, N=1024), 1) == 4 * (
+    assert tiny.scratch_bytes_of(LayerSpec(parse_scheme("w8a16-fp8-block128"), K=512, N=1024), 1) == 4 * (
         128 * 512 + 512 + 1024
     )
 
@@ -172,18 +172,16 @@ def test_workspace_is_bounded() -> None:
 def test_strategy_of_a_small_layer_is_the_whole_weight(gen: torch.Generator) -> None:
     cw = _weight("gguf-q4_0", (64,), 256, gen)
     kern, _, state = _prepared(cw, 1000)
-    assert len(state.chunks) == 1 and state.plan.bounded
+    assert len(state.layout.chunks) == 1 and state.layout.plan.bounded
     assert kern.strategy(state, 1) == "dequantize the whole weight (64 rows, fp32) + matmul"
 
 
 def test_dispatch_facts_unchanged() -> None:
     assert registry().get("reference") is ReferenceKernel
-    assert (ReferenceKernel.name, ReferenceKernel.backend, ReferenceKernel.priority) == (
-        "reference",
-        "reference",
-        10_000,
-    )
-    assert ReferenceKernel.device_kinds == ("cpu", "cuda", "rocm", "xpu")
+    assert (ReferenceKernel.name, ReferenceKernel.backend) == ("reference", "reference")
+    # the fallback of every device kind, tried after every registered list
+    for kind in ("cpu", "cuda", "rocm", "xpu"):
+        assert registry().candidates(kind)[-1] is ReferenceKernel
     spec = LayerSpec(parse_scheme("gguf-q4_k"), K=4096, N=4096)
     assert ReferenceKernel.supports(spec, None)
     grouped = LayerSpec(parse_scheme("gguf-q4_k"), K=4096, N=4096, op="grouped", num_experts=4)
