@@ -13,7 +13,6 @@ by round; medians in ms.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import datetime
 import json
 import platform
@@ -24,8 +23,9 @@ import time
 import torch
 
 from quantrt import reference
-from quantrt.backends.cpu import amx
+from quantrt.backends.cpu import amx, gguf_native, lut_native, wint_native
 from quantrt.capability import probe
+from quantrt.prepared import Prepared
 from quantrt.specs import LayerSpec
 
 SCHEMES = (
@@ -40,6 +40,22 @@ SCHEMES = (
     ("gguf-q8_0", amx.AmxGGUF),
     ("gguf-q4_0", amx.AmxGGUF),
 )
+
+
+#: each AMX kernel's native strategies over its layout (the AVX-512 GEMV / panel GEMM alone)
+NATIVE = {
+    amx.AmxWint: wint_native.wint_strategies,
+    amx.AmxLut: lut_native.lut_strategies,
+    amx.AmxGGUF: gguf_native.gguf_strategies,
+}
+
+
+def restrategize(state: Prepared, strategies: list) -> Prepared:
+    """The same prepared layout with its path forced: other strategies, the same call shape."""
+    return Prepared(
+        state.layout, strategies, K=state.K, N=state.N, out_dtype=state.out_dtype, act_dtypes=state.act_dtypes,
+        kernel=state.kernel,
+    )  # fmt: skip
 
 
 def interleaved_ms(fns: list, repeats: int) -> list[float]:
@@ -87,17 +103,12 @@ def main() -> None:
         state = kernel.prepare(canon, LayerSpec(canon.scheme, K, N, act_dtype=torch.bfloat16))
         # the same prepared weight four ways: the native AVX-512 GEMV / panel GEMM, the panel GEMM on
         # AMX tiles (where the library has them), dequant + oneDNN; and dense bf16 for scale
-        never = 1 << 62
-        avx_inner = dataclasses.replace(state.inner, tiles_m=never) if state.tiles else state.inner
-        avx = dataclasses.replace(state, amx_from=never, tiles=False, inner=avx_inner, gguf_tiles_from=never)
-        via_dequant = dataclasses.replace(
-            state, amx_from=1, tiles=False, inner=avx_inner, gguf_tiles_from=never
-        )
+        lay = state.layout
+        avx = restrategize(state, NATIVE[cls](lay))
+        via_dequant = restrategize(state, kernel.strategies(lay, tiles=False, from_m=1))
         tiles = None
-        if state.tiles:  # the parent's panel GEMM on tiles from one row
-            tiles = dataclasses.replace(state, inner=dataclasses.replace(state.inner, tiles_m=1))
-        elif state.gguf_tiles_from < never:  # cpu.amx_gguf's own Q4_K tile kernel from one row
-            tiles = dataclasses.replace(state, gguf_tiles_from=1)
+        if any(s.name.startswith(("panel-gemm on AMX tiles", "amx tiles")) for s in state.strategies):
+            tiles = restrategize(state, kernel.strategies(lay, tiles=True, from_m=1))  # tiles from one row
         for m in (int(v) for v in args.m.split(",")):
             x = torch.randn(m, K).bfloat16()
             fns = [

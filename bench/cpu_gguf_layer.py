@@ -119,7 +119,7 @@ def main() -> None:
     for name in names:
         layers = models[name]
         ms = statistics.median(totals[name])
-        nbytes = sum(lin._state.weight.numel() for lin in layers.values())
+        nbytes = sum(lin._state.layout.weight.numel() for lin in layers.values())
         ref = LLAMA_CPP_MS.get(name)
         vs = f"  llama.cpp {ref:5.1f} ms ({ref / ms:4.2f}x)" if ref else ""
         kernels = ", ".join(sorted({lin.kernel_name for lin in layers.values()}))

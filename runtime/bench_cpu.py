@@ -136,7 +136,7 @@ def run_cpu(
             t0 = time.perf_counter()
             layer = QuantLinear.from_canonical(canon, device="cpu", act_dtype=act_dtype)
             prep = time.perf_counter() - t0
-            prepared = state_bytes(layer._state)
+            prepared = state_bytes(layer._state.layout)
             doc["load"].append(
                 {
                     "scheme": scheme,

@@ -5,6 +5,11 @@ and its fp16 one far below that, while a dense layer at small batch is a stream 
 the unquantized lm_head and the modules a quantized checkpoint leaves dense are such layers. The
 native kernel reads the bf16/fp16 weight in place (no second copy, fp32 activations are converted
 inside the kernel), and torch's ``F.linear`` takes over from the batch size where it is faster.
+
+The layer is a plain ``nn.Module`` (dense layers are not dispatched), but its calls go through one
+:class:`~quantrt.prepared.Prepared` per activation dtype, whose strategies are the native GEMV and
+torch's ``F.linear``: torch.compile traces the prepared layer's one op (``quantrt::linear``), not the
+``ctypes`` call.
 """
 
 from __future__ import annotations
@@ -18,8 +23,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from quantrt.prepared import ALL_M, Prepared, Strategy
+
 from .native import build
-from .native_common import define_op, fake_rows
 
 WEIGHT_DTYPES = (torch.bfloat16, torch.float16)
 #: dtype codes of csrc/common.h
@@ -122,6 +128,8 @@ class DenseLinear(nn.Module):
         #: the first M at which torch runs for the declared act_dtype
         self.torch_from_m = self._threshold(act_dtype)
         self._why_not = None if native else why
+        #: activation dtype -> the prepared layer calls in that dtype take (native only)
+        self._prepared = {act: self._prepare(act) for act in DTYPE_CODE} if native else {}
         if native:
             above = (
                 "at every M (faster than torch's at every M measured)"
@@ -144,19 +152,26 @@ class DenseLinear(nn.Module):
             return "native bf16 GEMV (AVX-512 F, fp32 FMA)"
         return "native bf16 GEMV (AVX-512 BF16)"
 
-    def _uses_native(self, m: int, act: torch.dtype) -> bool:
-        return self._fn is not None and act in DTYPE_CODE and m < self._threshold(act)
+    def _prepare(self, act: torch.dtype) -> Prepared:
+        """The native GEMV below the threshold, torch's F.linear from it, outputs in ``act``."""
+        t = self._threshold(act)
+        strategies = []
+        if t > 1:
+            strategies.append(Strategy(t - 1 if t < NEVER else ALL_M, self._native_name(act), _native))
+        if t < NEVER:
+            strategies.append(Strategy(ALL_M, f"torch F.linear: M >= {t}", _torch_path))
+        return Prepared(
+            self, strategies, K=self.in_features, N=self.out_features, out_dtype=act, act_dtypes=(act,),
+            kernel="cpu dense GEMV",
+        )  # fmt: skip
 
     def strategy(self, m: int, act: torch.dtype | None = None) -> str:
         """Which path a batch of m rows takes, and why (``act`` defaults to the declared act_dtype)."""
         act = self.act_dtype if act is None else act
         if self._why_not is not None:
             return f"torch F.linear: {self._why_not}"
-        if act not in DTYPE_CODE:
-            return f"torch F.linear: activations {act}"
-        if m >= self._threshold(act):
-            return f"torch F.linear: M >= {self._threshold(act)}"
-        return self._native_name(act)
+        p = self._prepared.get(act)
+        return f"torch F.linear: activations {act}" if p is None else p.strategy(m).name
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         K, N = self.in_features, self.out_features
@@ -164,21 +179,15 @@ class DenseLinear(nn.Module):
             raise ValueError(f"expected activations [..., {K}], found {list(x.shape)}")
         lead = x.shape[:-1]
         x2 = x.reshape(-1, K)
-        M = x2.shape[0]
-        native = x.device.type == "cpu" and self.weight.device.type == "cpu" and self._uses_native(M, x.dtype)
-        if not native:
-            y = self._torch(x2)
-        elif torch.compiler.is_compiling():  # traced: the op (see native_common)
-            y = DENSE_OP(self.weight, x2, self.bias)
-        else:
-            y = _gemv(self._fn, self.weight, x2, self.bias)
+        p = self._prepared.get(x.dtype) if x.is_cpu and self.weight.is_cpu else None
+        y = self._torch(x2, self.bias) if p is None else p(x2, self.bias)
         return y.reshape(*lead, N)
 
-    def _torch(self, x: torch.Tensor) -> torch.Tensor:
+    def _torch(self, x: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
         """On the CPU: torch's bf16 F.linear for 16-bit activations of a bf16 weight (fp16 activations
         rounded to bf16); otherwise fp32 F.linear over chunks of the weight widened in turn (torch's
         CPU fp16 matmul is several times slower than fp32, and fp32 activations keep their precision)."""
-        w, b, out = self.weight, self.bias, x.dtype
+        w, out = self.weight, x.dtype
         if w.device != x.device:
             raise ValueError(f"activations on {x.device}, weight on {w.device}")
         if x.device.type != "cpu" or out not in DTYPE_CODE:
@@ -203,10 +212,13 @@ class DenseLinear(nn.Module):
         )
 
 
-def _gemv(fn: Any, w: torch.Tensor, x: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
-    """One call of ``quantrt_dense_linear`` (``fn``): ``x @ w.T + b`` in the activations' dtype."""
+def _gemv(
+    fn: Any, w: torch.Tensor, x: torch.Tensor, b: torch.Tensor | None, out: torch.Tensor | None = None
+) -> torch.Tensor:
+    """One call of ``quantrt_dense_linear`` (``fn``): ``x @ w.T + b`` in the activations' dtype
+    (into ``out`` when given: [M, N] in that dtype, unit column stride)."""
     M, N = x.shape[0], w.shape[0]
-    y = torch.empty((M, N), dtype=x.dtype)
+    y = torch.empty((M, N), dtype=x.dtype) if out is None else out
     if M == 0:
         return y
     if b is not None and b.dtype not in DTYPE_CODE:
@@ -225,23 +237,17 @@ def _gemv(fn: Any, w: torch.Tensor, x: torch.Tensor, b: torch.Tensor | None) -> 
     return y
 
 
-def _dense_impl(w: torch.Tensor, x: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
-    if x.dim() != 2 or x.shape[1] != w.shape[1] or x.dtype not in DTYPE_CODE or w.stride(1) != 1:
-        raise ValueError(
-            f"expected activations [M, {w.shape[1]}] for a unit-stride weight, found {list(x.shape)}"
-        )
-    if b is not None and (b.shape != (w.shape[0],) or not b.is_floating_point()):
-        raise ValueError(
-            f"expected a bias [{w.shape[0]}] in fp32, bf16 or fp16, found {b.dtype} {list(b.shape)}"
-        )
-    return _gemv(_library().quantrt_dense_linear, w, x, b)
+def _native(
+    lin: DenseLinear, x: torch.Tensor, b: torch.Tensor | None, out: torch.Tensor | None, ws: Any
+) -> torch.Tensor:
+    return _gemv(lin._fn, lin.weight, x, b, out)
 
 
-DENSE_OP = define_op(
-    "dense_linear(Tensor weight, Tensor x, Tensor? bias) -> Tensor",
-    _dense_impl,
-    lambda w, x, b: fake_rows(x, w.shape[0], x.dtype),
-)
+def _torch_path(
+    lin: DenseLinear, x: torch.Tensor, b: torch.Tensor | None, out: torch.Tensor | None, ws: Any
+) -> torch.Tensor:
+    y = lin._torch(x, b)
+    return y if out is None else out.copy_(y)
 
 
 def make_dense_linear(weight: torch.Tensor, bias: torch.Tensor | None, act_dtype: torch.dtype) -> nn.Module:

@@ -17,19 +17,18 @@ import torch
 
 from quantrt.canonical import CanonicalWeight
 from quantrt.kernels import Kernel, Verdict, check
+from quantrt.prepared import ALL_M, Prepared, Strategy
 from quantrt.schemes import GGUF_TYPES
 from quantrt.specs import LayerSpec
 
 from .native import build
-from .native_common import DTYPE_CODE, check_call, define_op, fake_rows, finish, output_buffer, traced_result
+from .native_common import CPU_DTYPES, DTYPE_CODE, check_call, check_rows
 
 #: the C library's type codes
 TYPE_CODES = {
     t: i
     for i, t in enumerate(("q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k"))
 }
-#: the C library's dtype codes (common.h)
-DTYPE_CODES = DTYPE_CODE  # csrc/common.h's codes, as the other native kernels pass them
 #: what the library's 16-row SIMD path is compiled for (it is built with -march=native)
 SIMD_FEATURES = frozenset({"avx512f", "avx512bw", "avx512vl", "avx512_vnni"})
 ACT_QUANT = (
@@ -201,27 +200,167 @@ def group_layout(qweight: torch.Tensor, gguf_type: str, group: int) -> torch.Ten
 
 
 @dataclass
-class GGUFState:
+class GGUFLayout:
     """A prepared weight and what each call needs, computed once."""
 
-    weight: torch.Tensor
+    weight: torch.Tensor  # the group layout (flat uint8, see group_layout)
     type_code: int
     gguf_type: str
     N: int
     K: int
-    groups: int
-    ws_row: int
+    groups: int  # 16-row groups (the rows after them stay canonical)
+    ws_row: int  # workspace bytes per activation row (its 8-bit blocks)
     out_dtype: torch.dtype
     fn: Any
+
+    @property
+    def nbytes(self) -> int:
+        return self.weight.untyped_storage().nbytes()
+
+
+def can_run(spec: LayerSpec, caps: Any) -> Verdict:
+    """cpu.native_gguf's requirements (the AMX kernel adds its own): the type, whole blocks, AVX2 and a
+    toolchain; the note names the path (16-row VNNI groups or scalar code)."""
+    s = spec.scheme
+    gtype = s.gguf_type or ""
+    block = GGUF_TYPES[gtype][0] if gtype in GGUF_TYPES else 1
+    verdict = check(
+        (s.weight == "gguf", "weight == 'gguf'", {"weight": s.weight}),
+        (gtype in TYPE_CODES, f"gguf_type in {sorted(TYPE_CODES)}", {"gguf_type": s.gguf_type}),
+        (spec.K_part % block == 0, f"K % {block} == 0 (whole {gtype} blocks)", {"K": spec.K_part}),
+        ("avx2" in caps.features, "an x86 CPU with AVX2", {"features": _isa(caps)}),
+    )
+    if not verdict:
+        return verdict
+    ok, why = build.status()
+    if not ok:
+        return Verdict.no("a native build toolchain", note=why)
+    path = (
+        "AVX-512 VNNI, 16 rows per group"
+        if SIMD_FEATURES <= caps.features
+        else "scalar code (no AVX-512 F/BW/VL/VNNI)"
+    )
+    return Verdict.yes(f"{path}; {ACT_QUANT}")
+
+
+def prepare_layout(weight: CanonicalWeight, spec: LayerSpec) -> GGUFLayout:
+    """The canonical blocks regrouped into the kernel's layout (the load-time work of every kernel
+    on this layout, cpu.amx_gguf's included)."""
+    t = (weight.scheme.gguf_type or "").lower()
+    B, T, _ = GGUF_TYPES[t]
+    q = weight["qweight"]
+    want = (weight.N, weight.K // B * T)
+    if q.dtype != torch.uint8 or tuple(q.shape) != want or weight.K % B:
+        raise ValueError(
+            f"{t} qweight for N={weight.N}, K={weight.K} must be uint8 {list(want)}, "
+            f"found {q.dtype} {list(q.shape)}"
+        )
+    lib = native_library()
+    group = lib.quantrt_gguf_group_rows()
+    code = TYPE_CODES[t]
+    return GGUFLayout(
+        weight=group_layout(q.cpu(), t, group),
+        type_code=code,
+        gguf_type=t,
+        N=weight.N,
+        K=weight.K,
+        groups=weight.N // group if group else 0,
+        ws_row=lib.quantrt_gguf_ws_row(code, weight.K),
+        out_dtype=spec.output_dtype,
+        fn=lib.quantrt_gguf_linear,
+    )
+
+
+def workspace_bytes(spec: LayerSpec, max_m: int) -> int:
+    """The 8-bit activation blocks of ``max_m`` rows (what :func:`linear` quantizes into)."""
+    return max(max_m, 0) * native_library().quantrt_gguf_ws_row(
+        TYPE_CODES[spec.scheme.gguf_type or ""], spec.K_part
+    )
+
+
+def linear(
+    layout: GGUFLayout, x: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor | None,
+    workspace: torch.Tensor | None,
+) -> torch.Tensor:  # fmt: skip
+    """One call of ``quantrt_gguf_linear``: the GEMV for one row, the GEMM from two (the C code
+    picks), the activation blocks quantized into ``workspace`` (the prepared layer's; a fresh one
+    when it is missing or too small, as for a strategy called beyond its kernel's batch sizes)."""
+    check_call(x, bias, layout.N)
+    M = x.shape[0]
+    y = torch.empty((M, layout.N), dtype=layout.out_dtype) if out is None else out
+    if bias is not None and bias.stride(0) != 1:
+        bias = bias.contiguous()
+    if workspace is None or workspace.numel() < M * layout.ws_row:
+        workspace = torch.empty(M * layout.ws_row, dtype=torch.uint8)
+    rc = layout.fn(
+        layout.type_code, layout.weight.data_ptr(), layout.N, layout.K, layout.groups,
+        x.data_ptr(), M, x.stride(0), x.stride(1), DTYPE_CODE[x.dtype],
+        None if bias is None else bias.data_ptr(), 0 if bias is None else DTYPE_CODE[bias.dtype],
+        y.data_ptr(), y.stride(0), DTYPE_CODE[y.dtype], workspace.data_ptr(), torch.get_num_threads(),
+    )  # fmt: skip
+    if rc:
+        raise RuntimeError(f"cpu.native_gguf: the native kernel refused its arguments (code {rc})")
+    return y
+
+
+def gguf_strategies(layout: GGUFLayout) -> list[Strategy]:
+    """The native GEMV (one row) and GEMM (more), one C entry point that picks between them."""
+    path = "16-row AVX-512 VNNI groups" if layout.groups else "scalar rows"
+    return [
+        Strategy(1, f"GEMV over {path}; {ACT_QUANT}", linear),
+        Strategy(
+            ALL_M,
+            f"GEMM, each weight block decoded once per 4 activation rows over {path}; {ACT_QUANT}",
+            linear,
+        ),
+    ]
+
+
+def linear_tiles(
+    layout: GGUFLayout, x: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor | None,
+    workspace: torch.Tensor | None,
+) -> torch.Tensor:  # fmt: skip
+    """One call of ``quantrt_gguf_linear_tiles`` (bf16 activations on AMX tiles, cpu.amx_gguf)."""
+    check_call(x, bias, layout.N)
+    M = x.shape[0]
+    xb = x.to(torch.bfloat16).contiguous()
+    y = torch.empty((M, layout.N), dtype=layout.out_dtype) if out is None else out
+    if bias is not None and bias.stride(0) != 1:
+        bias = bias.contiguous()
+    rc = native_library().quantrt_gguf_linear_tiles(
+        layout.type_code, layout.weight.data_ptr(), layout.N, layout.K, layout.groups, xb.data_ptr(), M,
+        xb.stride(0), None if bias is None else bias.data_ptr(), 0 if bias is None else DTYPE_CODE[bias.dtype],
+        y.data_ptr(), y.stride(0), DTYPE_CODE[y.dtype], torch.get_num_threads(),
+    )  # fmt: skip
+    if rc:
+        raise RuntimeError(f"cpu.amx_gguf: the AMX tile kernel refused its arguments (code {rc})")
+    return y
+
+
+def dequant_rows(layout: GGUFLayout, n0: int, n1: int, out: torch.Tensor) -> torch.Tensor:
+    """Rows [n0, n1) of the exactly dequantized weight (weights only: no activation quantization)
+    from the prepared layout into ``out`` [n1 - n0, K] (fp32, bf16 or fp16, unit column stride): the
+    reference's fp32 values, rounded once to ``out``'s dtype."""
+    check_rows(layout.N, layout.K, n0, n1, out)
+    rc = native_library().quantrt_gguf_dequant_rows(
+        layout.type_code, layout.weight.data_ptr(), layout.N, layout.K, layout.groups, n0, n1, out.data_ptr(),
+        DTYPE_CODE[out.dtype], out.stride(0), torch.get_num_threads(),
+    )  # fmt: skip
+    if rc:
+        raise RuntimeError(f"gguf dequant_rows: the native code refused rows [{n0}, {n1}) (code {rc})")
+    return out
+
+
+def rows(layout: GGUFLayout, n0: int, n1: int) -> torch.Tensor:
+    """The prepared layer's exact row access (a tied embedding's lookup): fp32 [n1 - n0, K]."""
+    return dequant_rows(layout, n0, n1, torch.empty(n1 - n0, layout.K, dtype=torch.float32))
 
 
 class CpuNativeGGUF(Kernel):
     """llama.cpp's block types with llama.cpp's arithmetic: 8-bit activation blocks, integer dots."""
 
     name = "cpu.native_gguf"
-    backend = "cpu"
-    device_kinds = ("cpu",)
-    priority = 40
+    act_dtypes = CPU_DTYPES
     #: not part of the Kernel contract: tells tests and tools that this kernel's numbers include an
     #: activation quantization the scheme (weight-only GGUF) does not state (so 1e-2, not 1e-5, of
     #: the fp32 reference)
@@ -232,216 +371,17 @@ class CpuNativeGGUF(Kernel):
     )
 
     @classmethod
-    def supports(cls, spec: LayerSpec, caps: Any) -> Verdict:
-        s = spec.scheme
-        gtype = s.gguf_type or ""
-        block = GGUF_TYPES[gtype][0] if gtype in GGUF_TYPES else 1
-        verdict = check(
-            (s.weight == "gguf", "weight == 'gguf'", {"weight": s.weight}),
-            (gtype in TYPE_CODES, f"gguf_type in {sorted(TYPE_CODES)}", {"gguf_type": s.gguf_type}),
-            (spec.op == "linear", "op == 'linear'", {"op": spec.op}),
-            (
-                spec.act_dtype in DTYPE_CODES,
-                "activations fp32, bf16 or fp16",
-                {"act_dtype": spec.act_dtype},
-            ),
-            (
-                spec.output_dtype in DTYPE_CODES,
-                "output fp32, bf16 or fp16",
-                {"out_dtype": spec.output_dtype},
-            ),
-            (spec.K_part % block == 0, f"K % {block} == 0 (whole {gtype} blocks)", {"K": spec.K_part}),
-            ("avx2" in caps.features, "an x86 CPU with AVX2", {"features": _isa(caps)}),
-        )
-        if not verdict:
-            return verdict
-        ok, why = build.status()
-        if not ok:
-            return Verdict.no("a native build toolchain", note=why)
-        path = (
-            "AVX-512 VNNI, 16 rows per group"
-            if SIMD_FEATURES <= caps.features
-            else "scalar code (no AVX-512 F/BW/VL/VNNI)"
-        )
-        return Verdict.yes(f"{path}; {ACT_QUANT}")
+    def can_implement(cls, spec: LayerSpec, caps: Any) -> Verdict:
+        return can_run(spec, caps)
 
-    def prepare(self, weight: CanonicalWeight, spec: LayerSpec) -> GGUFState:
-        t = (weight.scheme.gguf_type or "").lower()
-        B, T, _ = GGUF_TYPES[t]
-        q = weight["qweight"]
-        want = (weight.N, weight.K // B * T)
-        if q.dtype != torch.uint8 or tuple(q.shape) != want or weight.K % B:
-            raise ValueError(
-                f"{t} qweight for N={weight.N}, K={weight.K} must be uint8 {list(want)}, "
-                f"found {q.dtype} {list(q.shape)}"
-            )
-        lib = native_library()
-        group = lib.quantrt_gguf_group_rows()
-        code = TYPE_CODES[t]
-        return GGUFState(
-            weight=group_layout(q.cpu(), t, group),
-            type_code=code,
-            gguf_type=t,
-            N=weight.N,
-            K=weight.K,
-            groups=weight.N // group if group else 0,
-            ws_row=lib.quantrt_gguf_ws_row(code, weight.K),
-            out_dtype=spec.output_dtype,
-            fn=lib.quantrt_gguf_linear,
-        )
-
-    def dequant_rows(self, state: GGUFState, n0: int, n1: int) -> torch.Tensor:
-        """Rows [n0, n1) of the weight, exactly dequantized (fp32), from the prepared layout."""
-        if torch.compiler.is_compiling():
-            return traced_dequant_rows(state, n0, n1, torch.float32)
-        return dequant_rows(state, n0, n1, torch.empty(n1 - n0, state.K, dtype=torch.float32))
+    def prepare(self, weight: CanonicalWeight, spec: LayerSpec) -> Prepared:
+        layout = prepare_layout(weight, spec)
+        return self.prepared(layout, gguf_strategies(layout), spec, rows=rows)
 
     def workspace_bytes(self, spec: LayerSpec, max_m: int) -> int:
-        t = spec.scheme.gguf_type or ""
-        return max_m * native_library().quantrt_gguf_ws_row(TYPE_CODES[t], spec.K_part)
-
-    def strategy(self, state: GGUFState, m: int) -> str:
-        path = "16-row AVX-512 VNNI groups" if state.groups else "scalar rows"
-        shape = "GEMV" if m <= 1 else "GEMM, each weight block decoded once per 4 activation rows"
-        return f"{shape} over {path}; {ACT_QUANT}"
-
-    def apply(
-        self,
-        state: GGUFState,
-        x: torch.Tensor,
-        bias: torch.Tensor | None = None,
-        out: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        M = check_call(x, state.K, bias, state.N)
-        if torch.compiler.is_compiling():  # traced: the op, which owns its workspace
-            y = LINEAR_OP(
-                state.weight, x, bias, state.type_code, state.N, state.K, state.groups, state.ws_row,
-                state.out_dtype,
-            )  # fmt: skip
-            return traced_result(y, out)
-        y = output_buffer(out, M, state.N, state.out_dtype)
-        if M:
-            if bias is not None and bias.stride(0) != 1:
-                bias = bias.contiguous()
-            ws = torch.empty(M * state.ws_row, dtype=torch.uint8)
-            rc = state.fn(
-                state.type_code, state.weight.data_ptr(), state.N, state.K, state.groups,
-                x.data_ptr(), M, x.stride(0), x.stride(1), DTYPE_CODES[x.dtype],
-                None if bias is None else bias.data_ptr(), 0 if bias is None else DTYPE_CODES[bias.dtype],
-                y.data_ptr(), y.stride(0), DTYPE_CODES[y.dtype], ws.data_ptr(), torch.get_num_threads(),
-            )  # fmt: skip
-            if rc:
-                raise RuntimeError(f"{self.name}: the native kernel refused its arguments (code {rc})")
-        return finish(y, out)
-
-
-def linear_tiles(
-    weight: torch.Tensor, type_code: int, N: int, K: int, groups: int, out_dtype: torch.dtype,
-    x: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor | None,
-) -> torch.Tensor:  # fmt: skip
-    """One call of ``quantrt_gguf_linear_tiles`` (bf16 activations on AMX tiles, cpu.amx_gguf)."""
-    xb = x.to(torch.bfloat16).contiguous()
-    y = output_buffer(out, x.shape[0], N, out_dtype)
-    if bias is not None and bias.stride(0) != 1:
-        bias = bias.contiguous()
-    rc = native_library().quantrt_gguf_linear_tiles(
-        type_code, weight.data_ptr(), N, K, groups, xb.data_ptr(), x.shape[0], xb.stride(0),
-        None if bias is None else bias.data_ptr(), 0 if bias is None else DTYPE_CODES[bias.dtype],
-        y.data_ptr(), y.stride(0), DTYPE_CODES[y.dtype], torch.get_num_threads(),
-    )  # fmt: skip
-    if rc:
-        raise RuntimeError(f"cpu.amx_gguf: the AMX tile kernel refused its arguments (code {rc})")
-    return finish(y, out)
+        return workspace_bytes(spec, max_m)
 
 
 def _isa(caps: Any) -> str:
     feats = sorted(f for f in caps.features if f.startswith(("avx", "sse", "neon", "sve")))
     return ",".join(feats) or "none"
-
-
-def dequant_rows(state: GGUFState, n0: int, n1: int, out: torch.Tensor) -> torch.Tensor:
-    """Rows [n0, n1) of the exactly dequantized weight (weights only: no activation quantization)
-    from the prepared layout into ``out`` [n1 - n0, K] (fp32, bf16 or fp16, unit column stride): the
-    reference's fp32 values, rounded once to ``out``'s dtype."""
-    if not 0 <= n0 <= n1 <= state.N:
-        raise ValueError(f"rows [{n0}, {n1}) are not within [0, {state.N})")
-    if (
-        out.dim() != 2
-        or tuple(out.shape) != (n1 - n0, state.K)
-        or out.dtype not in DTYPE_CODES
-        or out.device.type != "cpu"
-        or (out.numel() and out.stride(1) != 1)
-    ):
-        raise ValueError(
-            f"out must be a CPU fp32/bf16/fp16 [{n1 - n0}, {state.K}] with unit column stride, "
-            f"found {out.dtype} {list(out.shape)} strides {out.stride()} on {out.device}"
-        )
-    rc = native_library().quantrt_gguf_dequant_rows(
-        state.type_code, state.weight.data_ptr(), state.N, state.K, state.groups, n0, n1, out.data_ptr(),
-        DTYPE_CODES[out.dtype], out.stride(0), torch.get_num_threads(),
-    )  # fmt: skip
-    if rc:
-        raise RuntimeError(f"gguf dequant_rows: the native code refused rows [{n0}, {n1}) (code {rc})")
-    return out
-
-
-def traced_dequant_rows(state: GGUFState, n0: int, n1: int, dtype: torch.dtype) -> torch.Tensor:
-    """:func:`dequant_rows` into a fresh tensor through the op, for torch.compile."""
-    return DEQUANT_OP(state.weight, state.type_code, state.N, state.K, state.groups, n0, n1, dtype)
-
-
-# -- the torch ops (torch.compile; see native_common) ---------------------------------------------------
-
-
-def _state(
-    weight: torch.Tensor, type_code: int, N: int, K: int, groups: int, ws_row: int = 0,
-    out_dtype: torch.dtype = torch.float32,
-) -> GGUFState:  # fmt: skip
-    fn = native_library().quantrt_gguf_linear
-    return GGUFState(weight, type_code, "", N, K, groups, ws_row, out_dtype, fn)
-
-
-def _linear_impl(
-    weight: torch.Tensor, x: torch.Tensor, bias: torch.Tensor | None, type_code: int, N: int, K: int,
-    groups: int, ws_row: int, out_dtype: torch.dtype,
-) -> torch.Tensor:  # fmt: skip
-    """The eager apply on the given tensors (it allocates the output and the workspace)."""
-    return _KERNEL.apply(_state(weight, type_code, N, K, groups, ws_row, out_dtype), x, bias)
-
-
-def _tiles_impl(
-    weight: torch.Tensor, x: torch.Tensor, bias: torch.Tensor | None, type_code: int, N: int, K: int,
-    groups: int, out_dtype: torch.dtype,
-) -> torch.Tensor:  # fmt: skip
-    check_call(x, K, bias, N)
-    return linear_tiles(weight, type_code, N, K, groups, out_dtype, x, bias, None)
-
-
-def _dequant_impl(
-    weight: torch.Tensor, type_code: int, N: int, K: int, groups: int, n0: int, n1: int, dtype: torch.dtype
-) -> torch.Tensor:
-    out = torch.empty(n1 - n0, K, dtype=dtype)
-    return dequant_rows(_state(weight, type_code, N, K, groups), n0, n1, out)
-
-
-_KERNEL = CpuNativeGGUF()
-LINEAR_OP = define_op(
-    "gguf_linear(Tensor weight, Tensor x, Tensor? bias, int type_code, int N, int K, int groups, int ws_row, "
-    "ScalarType out_dtype) -> Tensor",
-    _linear_impl,
-    lambda weight, x, bias, type_code, N, K, groups, ws_row, out_dtype: fake_rows(x, N, out_dtype),
-)
-TILES_OP = define_op(
-    "gguf_linear_tiles(Tensor weight, Tensor x, Tensor? bias, int type_code, int N, int K, int groups, "
-    "ScalarType out_dtype) -> Tensor",
-    _tiles_impl,
-    lambda weight, x, bias, type_code, N, K, groups, out_dtype: fake_rows(x, N, out_dtype),
-)
-DEQUANT_OP = define_op(
-    "gguf_dequant_rows(Tensor weight, int type_code, int N, int K, int groups, int n0, int n1, "
-    "ScalarType dtype) -> Tensor",
-    _dequant_impl,
-    lambda weight, type_code, N, K, groups, n0, n1, dtype: weight.new_empty((n1 - n0, K), dtype=dtype),
-)
-
-KERNELS = (CpuNativeGGUF,)

@@ -31,12 +31,21 @@ from quantrt.canonical import (
     unpack_fp4,
 )
 from quantrt.kernels import Kernel, Verdict, check
+from quantrt.prepared import ALL_M, Prepared, Strategy
 from quantrt.specs import LayerSpec
 from quantrt.torchops import SCHEME_FP8_MAX, dynamic_scale, quantize_fp8
 
 from .native import build
-from .native_common import CPU_DTYPES, DTYPE_CODE, define_op, fake_rows, round_up, run_linear, traced_result
-from .native_common import check_call as _check_call
+from .native_common import (
+    CPU_DTYPES,
+    DTYPE_CODE,
+    GEMV,
+    PANEL_GEMM,
+    PANEL_GEMM_TILES,
+    check_rows,
+    round_up,
+    run_linear,
+)
 from .native_common import native_verdict as _native_verdict
 
 TILE = 16  # output rows per tile of the prepared layout
@@ -261,254 +270,184 @@ class Fp8Acts:
 
 
 @dataclass
-class LutState:
+class LutLayout:
     tensors: dict[str, torch.Tensor]  # the prepared layout (kept alive: the descriptor points into it)
     desc: ctypes.Array
     N: int
     K: int
-    large_m: int
+    large_m: int  # batch sizes from which the panel GEMM beats the GEMV
     out_dtype: torch.dtype
     fn: Any
     acts: Fp8Acts | None = None  # W8A8 fp8: how activations are quantized
-    tiles_m: int = 1 << 62  # from here the panel GEMM runs on AMX tiles (set by cpu.amx_lut)
-    ints: tuple[int, ...] = ()  # the descriptor's integer fields (FIELDS[4:]), for the torch op
 
     @property
     def nbytes(self) -> int:
         return sum(t.untyped_storage().nbytes() for t in self.tensors.values())
 
 
+def can_run(spec: LayerSpec, caps: Any) -> Verdict:
+    """cpu.native_lut's requirements (cpu.amx_lut adds its own): the format, its block shapes and
+    the instructions."""
+    s = spec.scheme
+    fam = s.family
+    G = s.group_size or 0
+    bn, bk = s.block or (16, 16)
+    return check(
+        (
+            fam in PREPARE,
+            "weights nf4, fp4_bnb, fp8_e4m3, fp8_e5m2, nvfp4 or mxfp4",
+            {"weight": s.weight},
+        ),
+        (
+            s.act in (None, "fp8_e4m3"),
+            "weight-only or fp8 activations (no fp4 activation quantization here)",
+            {"act": s.act},
+        ),
+        (
+            fam != "fp8" or s.granularity != "block" or (bn % 16 == 0 and bk % 16 == 0),
+            "fp8 blocks whose rows and columns are multiples of 16",
+            {"block": s.block},
+        ),
+        (fam != "nvfp4" or spec.K_part % 16 == 0, "K % 16 == 0 (nvfp4 blocks)", {"K": spec.K_part}),
+        (fam != "mxfp4" or spec.K_part % 32 == 0, "K % 32 == 0 (mxfp4 blocks)", {"K": spec.K_part}),
+        (
+            fam != "bnb4" or (spec.k_full and spec.K % G == 0),
+            "bnb4 K % blocksize == 0 with the full K (blocks re-tiled into rows)",
+            {"K": spec.K_part, "blocksize": G},
+        ),
+        (
+            not (fam == "bnb4" and s.double_quant) or G >= DQ_MIN_BLOCK,
+            f"double-quant blocksize >= {DQ_MIN_BLOCK} (fp32 absmax within 1.10x of the stored bytes)",
+            {"blocksize": G},
+        ),
+    ) and _native_verdict(caps, FEATURES)
+
+
+def prepare_lut(weight: CanonicalWeight, spec: LayerSpec) -> LutLayout:
+    """The codes and scales re-tiled into lut.cpp's layout, with its decode table (the load-time work
+    of every kernel on this layout, cpu.amx_lut's included). A bnb code book is also kept in fp32
+    (``code32``, 16 values): exact row dequantization needs it."""
+    N, K = weight.N, weight.K
+    Np = round_up(N, TILE)
+    p = PREPARE[weight.scheme.family](weight, Np)
+    bits = p["bits"]
+    Kp = round_up(K, 8 if bits == 4 else 2)
+    tensors = {"q": tile_codes(p["codes"], bits, Np, Kp), "tab": p["tab"]}
+    if p["scales"] is not None:
+        tensors["scales"] = tile_columns(p["scales"], Np)
+    if p["rowscale"] is not None:
+        tensors["rowscale"] = p["rowscale"]
+    if weight.scheme.family == "bnb4":
+        tensors["code32"] = weight["code"].float().cpu().contiguous()
+    fold = p["fold"]
+    values = {
+        **tensors,
+        "scales": tensors.get("scales"),
+        "rowscale": tensors.get("rowscale"),
+        "N": N,
+        "K": K,
+        "Kp": Kp,
+        "T": Np // TILE,
+        "ng": -(-Kp // fold),
+        "bits": bits,
+        "fold": fold,
+        "skind": p["skind"],
+        "kc": fold * max(1, PANEL_CODES // fold),
+        "haslo": int(p["haslo"]),
+        "pre": int(p.get("pre", False)),
+    }
+    row = [v.data_ptr() if isinstance(v, torch.Tensor) else int(v or 0) for v in (values[f] for f in FIELDS)]
+    desc = (ctypes.c_int64 * len(row))(*row)
+    acts = None
+    sch = weight.scheme
+    if sch.act is not None:
+        static = None if sch.act_dynamic else weight["input_scale"].float().amax()
+        acts = Fp8Acts(sch.act_granularity, sch.act_group, static)
+    return LutLayout(
+        tensors, desc, N, K, LARGE_M[bits], spec.output_dtype, _library().quantrt_lut_linear, acts
+    )
+
+
+def gemv(
+    layout: LutLayout, x: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor | None, ws: Any
+) -> torch.Tensor:
+    """The fused decode-and-dot GEMV (after the scheme's fp8 activation quantization, if any)."""
+    if layout.acts is not None:
+        x = layout.acts.apply(x)  # fp32 [M, K]: the codes times their scales
+    return run_linear(NativeLut.name, layout, x, bias, out, GEMV)
+
+
+def panel_gemm(
+    layout: LutLayout, x: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor | None, ws: Any
+) -> torch.Tensor:
+    """Panels decoded into L2 once per 64 rows and K chunk, then multiplied by every activation row."""
+    if layout.acts is not None:
+        x = layout.acts.apply(x)
+    return run_linear(NativeLut.name, layout, x, bias, out, PANEL_GEMM)
+
+
+def panel_gemm_tiles(
+    layout: LutLayout, x: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor | None, ws: Any
+) -> torch.Tensor:
+    """The panel GEMM with its products on AMX tiles (cpu.amx_lut: weight-only layouts only)."""
+    return run_linear("cpu.amx_lut", layout, x, bias, out, PANEL_GEMM_TILES)
+
+
+def lut_strategies(layout: LutLayout) -> list[Strategy]:
+    """The GEMV below the measured crossover (``LARGE_M``), the panel GEMM from it; W8A8 fp8 layers
+    name their activation quantization."""
+    pre = ""
+    if layout.acts is not None:
+        pre = f"fp8 activations ({layout.acts.granularity}) quantized as the scheme says, fp32 math + "
+    return [Strategy(layout.large_m - 1, pre + "gemv", gemv), Strategy(ALL_M, pre + "panel-gemm", panel_gemm)]
+
+
+def tiles_ready(layout: LutLayout) -> bool:
+    """Whether the library runs this weight's panel GEMM on AMX tiles (built with them, Linux granted
+    them, whole 32-k tiles)."""
+    return bool(_library().quantrt_lut_amx_ready(layout.desc))
+
+
 class NativeLut(Kernel):
     """NF4/bnb FP4, fp8 e4m3/e5m2, NVFP4 and MXFP4 weight-only layers on AVX-512 BF16: table-decoded
-    exact bf16 weights times bf16 parts of x, fp32 sums and block scales."""
+    exact bf16 weights times bf16 parts of x, fp32 sums and block scales. The library keeps its
+    scratch per thread (lut.cpp's ``Scratch``), so the prepared layer declares no workspace."""
 
     name = "cpu.native_lut"
-    backend = "cpu"
-    device_kinds = ("cpu",)
-    priority = 40
+    act_dtypes = CPU_DTYPES
     description = "native AVX-512 BF16 NF4/FP4/fp8/NVFP4/MXFP4 weight-only GEMV (small M) and panel GEMM"
 
     @classmethod
-    def supports(cls, spec: LayerSpec, caps: Any) -> Verdict:
-        s = spec.scheme
-        fam = s.family
-        G = s.group_size or 0
-        bn, bk = s.block or (16, 16)
-        return check(
-            (
-                fam in PREPARE,
-                "weights nf4, fp4_bnb, fp8_e4m3, fp8_e5m2, nvfp4 or mxfp4",
-                {"weight": s.weight},
-            ),
-            (spec.op == "linear", "op == 'linear'", {"op": spec.op}),
-            (
-                s.act in (None, "fp8_e4m3"),
-                "weight-only or fp8 activations (no fp4 activation quantization here)",
-                {"act": s.act},
-            ),
-            (
-                fam != "fp8" or s.granularity != "block" or (bn % 16 == 0 and bk % 16 == 0),
-                "fp8 blocks whose rows and columns are multiples of 16",
-                {"block": s.block},
-            ),
-            (fam != "nvfp4" or spec.K_part % 16 == 0, "K % 16 == 0 (nvfp4 blocks)", {"K": spec.K_part}),
-            (fam != "mxfp4" or spec.K_part % 32 == 0, "K % 32 == 0 (mxfp4 blocks)", {"K": spec.K_part}),
-            (
-                fam != "bnb4" or (spec.k_full and spec.K % G == 0),
-                "bnb4 K % blocksize == 0 with the full K (blocks re-tiled into rows)",
-                {"K": spec.K_part, "blocksize": G},
-            ),
-            (
-                not (fam == "bnb4" and s.double_quant) or G >= DQ_MIN_BLOCK,
-                f"double-quant blocksize >= {DQ_MIN_BLOCK} (fp32 absmax within 1.10x of the stored bytes)",
-                {"blocksize": G},
-            ),
-            (spec.act_dtype in CPU_DTYPES, "activations fp32, bf16 or fp16", {"act_dtype": spec.act_dtype}),
-            (spec.output_dtype in CPU_DTYPES, "output fp32, bf16 or fp16", {"out_dtype": spec.output_dtype}),
-        ) and _native_verdict(caps, FEATURES)
+    def can_implement(cls, spec: LayerSpec, caps: Any) -> Verdict:
+        return can_run(spec, caps)
 
-    def prepare(self, weight: CanonicalWeight, spec: LayerSpec) -> LutState:
-        N, K = weight.N, weight.K
-        Np = round_up(N, TILE)
-        p = PREPARE[weight.scheme.family](weight, Np)
-        bits = p["bits"]
-        Kp = round_up(K, 8 if bits == 4 else 2)
-        tensors = {"q": tile_codes(p["codes"], bits, Np, Kp), "tab": p["tab"]}
-        if p["scales"] is not None:
-            tensors["scales"] = tile_columns(p["scales"], Np)
-        if p["rowscale"] is not None:
-            tensors["rowscale"] = p["rowscale"]
-        fold = p["fold"]
-        values = {
-            **tensors,
-            "scales": tensors.get("scales"),
-            "rowscale": tensors.get("rowscale"),
-            "N": N,
-            "K": K,
-            "Kp": Kp,
-            "T": Np // TILE,
-            "ng": -(-Kp // fold),
-            "bits": bits,
-            "fold": fold,
-            "skind": p["skind"],
-            "kc": fold * max(1, PANEL_CODES // fold),
-            "haslo": int(p["haslo"]),
-            "pre": int(p.get("pre", False)),
-        }
-        row = [
-            v.data_ptr() if isinstance(v, torch.Tensor) else int(v or 0) for v in (values[f] for f in FIELDS)
-        ]
-        desc = (ctypes.c_int64 * len(row))(*row)
-        fn = _library().quantrt_lut_linear
-        acts = None
-        sch = weight.scheme
-        if sch.act is not None:
-            static = None if sch.act_dynamic else weight["input_scale"].float().amax()
-            acts = Fp8Acts(sch.act_granularity, sch.act_group, static)
-        ints = tuple(int(values[f]) for f in FIELDS[4:])
-        return LutState(tensors, desc, N, K, LARGE_M[bits], spec.output_dtype, fn, acts, ints=ints)
-
-    def strategy(self, state: LutState, m: int) -> str:
-        path = (
-            "panel-gemm on AMX tiles"
-            if m >= state.tiles_m
-            else "panel-gemm"
-            if m >= state.large_m
-            else "gemv"
-        )
-        if state.acts is not None:
-            return (
-                f"fp8 activations ({state.acts.granularity}) quantized as the scheme says, fp32 math + {path}"
-            )
-        return path
-
-    def workspace_bytes(self, spec: LayerSpec, max_m: int) -> int:
-        K, threads = spec.K_part, torch.get_num_threads()
-        return 3 * 2 * max_m * round_up(K, 16) + threads * (2 * 2 * 64 * PANEL_CODES + 4 * 64 * max_m)
-
-    def apply(
-        self,
-        state: LutState,
-        x: torch.Tensor,
-        bias: torch.Tensor | None = None,
-        out: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        _check_call(x, state.K, bias, state.N)
-        if state.acts is not None:
-            x = state.acts.apply(x)  # fp32 [M, K]: the codes times their scales
-        if torch.compiler.is_compiling():  # traced: the op
-            t = state.tensors
-            y = LUT_OP(
-                t["q"], t.get("scales"), t.get("rowscale"), t["tab"], x, bias, state.ints, state.large_m,
-                state.tiles_m, state.out_dtype,
-            )  # fmt: skip
-            return traced_result(y, out)
-        return run_linear(
-            self.name, state.fn, state.desc, x, bias, out, state.N, state.out_dtype, state.large_m,
-            tiles_m=state.tiles_m,
-        )  # fmt: skip
+    def prepare(self, weight: CanonicalWeight, spec: LayerSpec) -> Prepared:
+        layout = prepare_lut(weight, spec)
+        return self.prepared(layout, lut_strategies(layout), spec)
 
 
 def dequant_rows(
-    state: LutState, n0: int, n1: int, out: torch.Tensor, code: torch.Tensor | None = None
+    layout: LutLayout, n0: int, n1: int, out: torch.Tensor, code: torch.Tensor | None = None
 ) -> torch.Tensor:
     """Rows [n0, n1) of the dequantized weight (value * block scale * row multiplier in fp32, rounded
     once to ``out``'s dtype) from the prepared layout into ``out`` [n1 - n0, K] (fp32, bf16 or fp16,
     unit column stride).
 
     A bnb code book is exact only in fp32 (the layout keeps it as bf16 value + residual): give it as
-    ``code`` (16 fp32 values) or in ``state.tensors["code32"]`` (as the AMX kernel's prepare does)."""
-    if not 0 <= n0 <= n1 <= state.N:
-        raise ValueError(f"rows [{n0}, {n1}) are not within [0, {state.N})")
-    if (
-        out.dim() != 2
-        or tuple(out.shape) != (n1 - n0, state.K)
-        or out.dtype not in DTYPE_CODE
-        or out.device.type != "cpu"
-        or (out.numel() and out.stride(1) != 1)
-    ):
-        raise ValueError(
-            f"out must be a CPU fp32/bf16/fp16 [{n1 - n0}, {state.K}] with unit column stride, "
-            f"found {out.dtype} {list(out.shape)} strides {out.stride()} on {out.device}"
-        )
+    ``code`` (16 fp32 values) or in ``layout.tensors["code32"]`` (as :func:`prepare_lut` keeps it)."""
+    check_rows(layout.N, layout.K, n0, n1, out)
     if code is None:
-        code = state.tensors.get("code32")
+        code = layout.tensors.get("code32")
     if code is not None:
         code = code.to(torch.float32).contiguous()
         if code.numel() != 16:
             raise ValueError(f"code must hold the 16 code-book values, found {code.numel()}")
-    elif state.desc[FIELDS.index("haslo")]:
+    elif layout.desc[FIELDS.index("haslo")]:
         raise ValueError("this code book is exact only in fp32: pass code= (the 16 fp32 values)")
     rc = _library().quantrt_lut_dequant_rows(
-        state.desc, 0 if code is None else code.data_ptr(), n0, n1, out.data_ptr(), DTYPE_CODE[out.dtype],
+        layout.desc, 0 if code is None else code.data_ptr(), n0, n1, out.data_ptr(), DTYPE_CODE[out.dtype],
         out.stride(0), torch.get_num_threads(),
     )  # fmt: skip
     if rc:
         raise RuntimeError(f"lut dequant_rows: the native code refused rows [{n0}, {n1}) (code {rc})")
     return out
-
-
-def traced_dequant_rows(state: LutState, n0: int, n1: int, dtype: torch.dtype) -> torch.Tensor:
-    """:func:`dequant_rows` into a fresh tensor through the op, for torch.compile."""
-    t = state.tensors
-    return LUT_DEQUANT_OP(
-        t["q"], t.get("scales"), t.get("rowscale"), t["tab"], t.get("code32"), state.ints, n0, n1, dtype
-    )
-
-
-# -- the torch ops (torch.compile; see native_common): the descriptor rebuilt from the tensors given ---
-
-
-def _lut_state(
-    q: torch.Tensor, scales: torch.Tensor | None, rowscale: torch.Tensor | None, tab: torch.Tensor,
-    ints: list[int], large_m: int, tiles_m: int, out_dtype: torch.dtype,
-) -> LutState:  # fmt: skip
-    values = {
-        "q": q,
-        "scales": scales,
-        "rowscale": rowscale,
-        "tab": tab,
-        **dict(zip(FIELDS[4:], ints, strict=True)),
-    }
-    row = [v.data_ptr() if isinstance(v, torch.Tensor) else int(v or 0) for v in (values[f] for f in FIELDS)]
-    desc = (ctypes.c_int64 * len(row))(*row)
-    fn = _library().quantrt_lut_linear
-    return LutState({}, desc, ints[0], ints[1], large_m, out_dtype, fn, None, tiles_m, tuple(ints))
-
-
-def _lut_impl(
-    q: torch.Tensor, scales: torch.Tensor | None, rowscale: torch.Tensor | None, tab: torch.Tensor,
-    x: torch.Tensor, bias: torch.Tensor | None, ints: list[int], large_m: int, tiles_m: int,
-    out_dtype: torch.dtype,
-) -> torch.Tensor:  # fmt: skip
-    st = _lut_state(q, scales, rowscale, tab, ints, large_m, tiles_m, out_dtype)
-    _check_call(x, st.K, bias, st.N)
-    return run_linear(
-        NativeLut.name, st.fn, st.desc, x, bias, None, st.N, out_dtype, large_m, tiles_m=tiles_m
-    )
-
-
-def _lut_dequant_impl(
-    q: torch.Tensor, scales: torch.Tensor | None, rowscale: torch.Tensor | None, tab: torch.Tensor,
-    code: torch.Tensor | None, ints: list[int], n0: int, n1: int, dtype: torch.dtype,
-) -> torch.Tensor:  # fmt: skip
-    st = _lut_state(q, scales, rowscale, tab, ints, 0, 0, dtype)
-    return dequant_rows(st, n0, n1, torch.empty(n1 - n0, st.K, dtype=dtype), code)
-
-
-LUT_OP = define_op(
-    "lut_linear(Tensor q, Tensor? scales, Tensor? rowscale, Tensor tab, Tensor x, Tensor? bias, int[] ints, "
-    "int large_m, int tiles_m, ScalarType out_dtype) -> Tensor",
-    _lut_impl,
-    lambda q, scales, rowscale, tab, x, bias, ints, large_m, tiles_m, out_dtype: fake_rows(
-        x, ints[0], out_dtype
-    ),
-)
-LUT_DEQUANT_OP = define_op(
-    "lut_dequant_rows(Tensor q, Tensor? scales, Tensor? rowscale, Tensor tab, Tensor? code, int[] ints, "
-    "int n0, int n1, ScalarType dtype) -> Tensor",
-    _lut_dequant_impl,
-    lambda q, scales, rowscale, tab, code, ints, n0, n1, dtype: q.new_empty((n1 - n0, ints[1]), dtype=dtype),
-)
-
-KERNELS: tuple[type[Kernel], ...] = (NativeLut,)

@@ -16,6 +16,7 @@ import torch
 
 from quantrt.canonical import CanonicalWeight, act_order_perm, int_codes
 from quantrt.kernels import Kernel, Verdict, check
+from quantrt.prepared import ALL_M, Prepared, Strategy
 from quantrt.specs import LayerSpec
 from quantrt.torchops import per_channel_scales
 
@@ -23,15 +24,15 @@ from .native import build
 from .native_common import (
     CPU_DTYPES,
     DTYPE_CODE,
-    define_op,
-    fake_rows,
+    GEMV,
+    PANEL_GEMM,
+    PANEL_GEMM_TILES,
+    check_rc,
+    check_rows,
     native_verdict,
     round_up,
     run_linear,
-    traced_result,
 )
-from .native_common import check_call as _check_call
-from .native_common import check_rc as _check_rc
 
 TILE = 16  # output rows per tile of the prepared layouts
 #: codes per row and step of the wint layout, by bits (a step holds 16 rows)
@@ -121,141 +122,149 @@ def tile_columns(t: torch.Tensor, Np: int) -> torch.Tensor:
 
 
 @dataclass
-class WintState:
+class WintLayout:
     tensors: dict[str, torch.Tensor]  # the prepared layout (kept alive: the descriptor points into it)
     desc: ctypes.Array
     N: int
     K: int
-    large_m: int
+    large_m: int  # batch sizes from which the panel GEMM beats the GEMV
     out_dtype: torch.dtype
     fn: Any
-    tiles_m: int = 1 << 62  # from here the panel GEMM runs on AMX tiles (set by cpu.amx_wint)
-    ints: tuple[int, ...] = ()  # the descriptor's integer fields (WINT_FIELDS[4:]), for the torch op
 
     @property
     def nbytes(self) -> int:
         return sum(t.untyped_storage().nbytes() for t in self.tensors.values())
 
 
+def can_run(spec: LayerSpec, caps: Any) -> Verdict:
+    """cpu.native_wint's requirements (cpu.amx_wint adds its own): the scheme and the instructions."""
+    s = spec.scheme
+    G = s.group_size if s.granularity == "group" else None
+    return check(
+        (
+            s.weight == "int" and s.bits in STEP_CODES,
+            "integer weights of 2, 3, 4 or 8 bits",
+            {"weight": s.weight, "bits": s.bits},
+        ),
+        (s.weight_only, "weight-only scheme", {"act": s.act}),
+        (
+            s.granularity in ("group", "channel", "tensor"),
+            "group, channel or tensor scales",
+            {"granularity": s.granularity},
+        ),
+        (G is None or G % 16 == 0, "group size % 16 == 0", {"G": G}),
+        (
+            not s.act_order or spec.k_full,
+            "act-order with the full K on this rank",
+            {"K_part": spec.K_part, "K": spec.K},
+        ),
+    ) and native_verdict(caps, WINT_FEATURES)
+
+
+def prepare_wint(weight: CanonicalWeight, spec: LayerSpec) -> WintLayout:
+    """The canonical codes, scales and zeros re-tiled into wint.cpp's layout (the load-time work of
+    every kernel on this layout, cpu.amx_wint's included)."""
+    s = weight.scheme
+    bits, N, K = s.bits, weight.N, weight.K
+    Np, Kp = round_up(N, TILE), round_up(K, STEP_CODES[bits])
+    codes = int_codes(weight).to(torch.uint8)
+    perm = None
+    if s.granularity == "group":
+        G = s.group_size
+        assert G is not None
+        scales, fold, sstride = weight["scales"].float(), G, 1
+        perm = act_order_perm(weight, G)
+        if perm is not None:
+            codes = codes[:, perm]
+            perm = perm.to(torch.int32).contiguous()
+    else:
+        scales, fold, sstride = per_channel_scales(weight).reshape(N, 1), CHANNEL_FOLD, 0
+    tensors = {"q": tile_codes(codes, bits, Np, Kp), "scales": tile_columns(scales, Np)}
+    if not s.symmetric:
+        z = weight["zeros"].to(torch.int16)
+        if s.granularity == "tensor":
+            z = z[weight.slice_index().to(z.device)]
+        z = z.reshape(N, -1) if s.granularity != "group" else z
+        tensors["zeros"] = tile_columns(z - (1 << (bits - 1)), Np)
+    if perm is not None:
+        tensors["perm"] = perm
+    values = {
+        **tensors,
+        "zeros": tensors.get("zeros"),
+        "perm": tensors.get("perm"),
+        "N": N,
+        "K": K,
+        "Kp": Kp,
+        "T": Np // TILE,
+        "ng": scales.shape[1],
+        "bits": bits,
+        "fold": fold,
+        "sstride": sstride,
+        "kc": fold * max(1, PANEL_CODES // fold),
+    }
+    fn = _library().quantrt_wint_linear
+    return WintLayout(
+        tensors, _descriptor(WINT_FIELDS, values), N, K, WINT_LARGE_M[bits], spec.output_dtype, fn
+    )
+
+
+def gemv(
+    layout: WintLayout, x: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor | None, ws: Any
+) -> torch.Tensor:
+    """The fused decode-and-dot GEMV."""
+    return run_linear(NativeWint.name, layout, x, bias, out, GEMV)
+
+
+def panel_gemm(
+    layout: WintLayout, x: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor | None, ws: Any
+) -> torch.Tensor:
+    """Panels decoded into L2 once per 64 rows and K chunk, then multiplied by every activation row."""
+    return run_linear(NativeWint.name, layout, x, bias, out, PANEL_GEMM)
+
+
+def panel_gemm_tiles(
+    layout: WintLayout, x: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor | None, ws: Any
+) -> torch.Tensor:
+    """The panel GEMM with its products on AMX tiles (cpu.amx_wint, where :func:`tiles_ready`)."""
+    return run_linear("cpu.amx_wint", layout, x, bias, out, PANEL_GEMM_TILES)
+
+
+def wint_strategies(layout: WintLayout) -> list[Strategy]:
+    """The GEMV below the measured crossover (``WINT_LARGE_M``), the panel GEMM from it."""
+    return [Strategy(layout.large_m - 1, "gemv", gemv), Strategy(ALL_M, "panel-gemm", panel_gemm)]
+
+
+def tiles_ready(layout: WintLayout) -> bool:
+    """Whether the library runs this weight's panel GEMM on AMX tiles (built with them, Linux granted
+    them, whole 32-k tiles)."""
+    return bool(_library().quantrt_wint_amx_ready(layout.desc))
+
+
 class NativeWint(Kernel):
     """Integer weight-only layers (int2/3/4/8, symmetric or zero-point, group/channel/tensor scales,
-    act-order) on AVX-512 BF16: exact integer codes times bf16 parts of x, fp32 sums and scales."""
+    act-order) on AVX-512 BF16: exact integer codes times bf16 parts of x, fp32 sums and scales.
+
+    The library keeps its scratch (bf16 activation parts, decoded panels) per thread, grown to the
+    largest request (wint.cpp's ``Scratch``), so the prepared layer declares no workspace."""
 
     name = "cpu.native_wint"
-    backend = "cpu"
-    device_kinds = ("cpu",)
-    priority = 40
+    act_dtypes = CPU_DTYPES
     description = "native AVX-512 BF16 int2/3/4/8 weight-only GEMV (small M) and panel GEMM (large M)"
 
     @classmethod
-    def supports(cls, spec: LayerSpec, caps: Any) -> Verdict:
-        s = spec.scheme
-        G = s.group_size if s.granularity == "group" else None
-        return check(
-            (
-                s.weight == "int" and s.bits in STEP_CODES,
-                "integer weights of 2, 3, 4 or 8 bits",
-                {"weight": s.weight, "bits": s.bits},
-            ),
-            (s.weight_only, "weight-only scheme", {"act": s.act}),
-            (
-                s.granularity in ("group", "channel", "tensor"),
-                "group, channel or tensor scales",
-                {"granularity": s.granularity},
-            ),
-            (G is None or G % 16 == 0, "group size % 16 == 0", {"G": G}),
-            (spec.op == "linear", "op == 'linear'", {"op": spec.op}),
-            (
-                not s.act_order or spec.k_full,
-                "act-order with the full K on this rank",
-                {"K_part": spec.K_part, "K": spec.K},
-            ),
-            (spec.act_dtype in CPU_DTYPES, "activations fp32, bf16 or fp16", {"act_dtype": spec.act_dtype}),
-            (spec.output_dtype in CPU_DTYPES, "output fp32, bf16 or fp16", {"out_dtype": spec.output_dtype}),
-        ) and native_verdict(caps, WINT_FEATURES)
+    def can_implement(cls, spec: LayerSpec, caps: Any) -> Verdict:
+        return can_run(spec, caps)
 
-    def prepare(self, weight: CanonicalWeight, spec: LayerSpec) -> WintState:
-        s = weight.scheme
-        bits, N, K = s.bits, weight.N, weight.K
-        Np, Kp = round_up(N, TILE), round_up(K, STEP_CODES[bits])
-        codes = int_codes(weight).to(torch.uint8)
-        perm = None
-        if s.granularity == "group":
-            G = s.group_size
-            assert G is not None
-            scales, fold, sstride = weight["scales"].float(), G, 1
-            perm = act_order_perm(weight, G)
-            if perm is not None:
-                codes = codes[:, perm]
-                perm = perm.to(torch.int32).contiguous()
-        else:
-            scales, fold, sstride = per_channel_scales(weight).reshape(N, 1), CHANNEL_FOLD, 0
-        tensors = {"q": tile_codes(codes, bits, Np, Kp), "scales": tile_columns(scales, Np)}
-        if not s.symmetric:
-            z = weight["zeros"].to(torch.int16)
-            if s.granularity == "tensor":
-                z = z[weight.slice_index().to(z.device)]
-            z = z.reshape(N, -1) if s.granularity != "group" else z
-            tensors["zeros"] = tile_columns(z - (1 << (bits - 1)), Np)
-        if perm is not None:
-            tensors["perm"] = perm
-        values = {
-            **tensors,
-            "zeros": tensors.get("zeros"),
-            "perm": tensors.get("perm"),
-            "N": N,
-            "K": K,
-            "Kp": Kp,
-            "T": Np // TILE,
-            "ng": scales.shape[1],
-            "bits": bits,
-            "fold": fold,
-            "sstride": sstride,
-            "kc": fold * max(1, PANEL_CODES // fold),
-        }
-        fn = _library().quantrt_wint_linear
-        ints = tuple(int(values[f]) for f in WINT_FIELDS[4:])
-        return WintState(
-            tensors, _descriptor(WINT_FIELDS, values), N, K, WINT_LARGE_M[bits], spec.output_dtype, fn,
-            ints=ints,
-        )  # fmt: skip
-
-    def strategy(self, state: WintState, m: int) -> str:
-        if m >= state.tiles_m:
-            return "panel-gemm on AMX tiles"
-        return "panel-gemm" if m >= state.large_m else "gemv"
-
-    def workspace_bytes(self, spec: LayerSpec, max_m: int) -> int:
-        K, threads = spec.K_part, torch.get_num_threads()
-        xb = 3 * 2 * max_m * round_up(K, 16) + 4 * max_m * (K // 16 + 1)
-        return xb + threads * (2 * 64 * PANEL_CODES + 4 * 64 * max_m)
-
-    def apply(
-        self,
-        state: WintState,
-        x: torch.Tensor,
-        bias: torch.Tensor | None = None,
-        out: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        _check_call(x, state.K, bias, state.N)
-        if torch.compiler.is_compiling():  # traced: the op
-            t = state.tensors
-            y = WINT_OP(
-                t["q"], t["scales"], t.get("zeros"), t.get("perm"), x, bias, state.ints, state.large_m,
-                state.tiles_m, state.out_dtype,
-            )  # fmt: skip
-            return traced_result(y, out)
-        return run_linear(
-            self.name, state.fn, state.desc, x, bias, out, state.N, state.out_dtype, state.large_m,
-            tiles_m=state.tiles_m,
-        )  # fmt: skip
+    def prepare(self, weight: CanonicalWeight, spec: LayerSpec) -> Prepared:
+        layout = prepare_wint(weight, spec)
+        return self.prepared(layout, wint_strategies(layout), spec)
 
 
 # -- W8A8 --------------------------------------------------------------------------------------
 
 
 @dataclass
-class W8A8State:
+class W8A8Layout:
     tensors: dict[str, torch.Tensor]
     desc: ctypes.Array
     N: int
@@ -264,25 +273,37 @@ class W8A8State:
     large_m: int
     out_dtype: torch.dtype
     fn: Any
-    ints: tuple[int, ...] = ()  # the descriptor's integer fields (W8A8_FIELDS[2:]), for the torch op
 
     @property
     def nbytes(self) -> int:
         return sum(t.untyped_storage().nbytes() for t in self.tensors.values())
 
 
+def w8a8_gemv(
+    layout: W8A8Layout, x: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor | None, ws: Any
+) -> torch.Tensor:
+    """Activation codes made per call, then the int8 GEMV."""
+    return run_linear(NativeW8A8Int8.name, layout, x, bias, out, GEMV, (layout.in_scale,))
+
+
+def w8a8_gemm(
+    layout: W8A8Layout, x: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor | None, ws: Any
+) -> torch.Tensor:
+    """Activation codes made per call, then the int8 GEMM over blocks of 4 tiles."""
+    return run_linear(NativeW8A8Int8.name, layout, x, bias, out, PANEL_GEMM, (layout.in_scale,))
+
+
 class NativeW8A8Int8(Kernel):
     """W8A8 int8 (per-channel/tensor weights, per-token dynamic or static per-tensor activations)
-    with AVX-512 VNNI: activation codes as torchops makes them, exact int32 sums, fp32 scales."""
+    with AVX-512 VNNI: activation codes as torchops makes them, exact int32 sums, fp32 scales.
+    Its scratch is the library's own per thread, as cpu.native_wint's."""
 
     name = "cpu.native_w8a8_int8"
-    backend = "cpu"
-    device_kinds = ("cpu",)
-    priority = 40
+    act_dtypes = CPU_DTYPES
     description = "native AVX-512 VNNI int8 x int8 GEMV/GEMM, per-token or static activation scales"
 
     @classmethod
-    def supports(cls, spec: LayerSpec, caps: Any) -> Verdict:
+    def can_implement(cls, spec: LayerSpec, caps: Any) -> Verdict:
         s = spec.scheme
         per_token = s.act_granularity == "token" and s.act_dynamic
         static = s.act_granularity == "tensor" and not s.act_dynamic
@@ -303,14 +324,11 @@ class NativeW8A8Int8(Kernel):
                 "dynamic per-token or static per-tensor activations",
                 {"act_granularity": s.act_granularity, "act_dynamic": s.act_dynamic},
             ),
-            (spec.op == "linear", "op == 'linear'", {"op": spec.op}),
             # |sum of K products| <= K * 255 * 128 must fit int32
             (spec.K_part <= 65536, "K <= 65536", {"K": spec.K_part}),
-            (spec.act_dtype in CPU_DTYPES, "activations fp32, bf16 or fp16", {"act_dtype": spec.act_dtype}),
-            (spec.output_dtype in CPU_DTYPES, "output fp32, bf16 or fp16", {"out_dtype": spec.output_dtype}),
         ) and native_verdict(caps, W8A8_FEATURES)
 
-    def prepare(self, weight: CanonicalWeight, spec: LayerSpec) -> W8A8State:
+    def prepare(self, weight: CanonicalWeight, spec: LayerSpec) -> Prepared:
         N, K = weight.N, weight.K
         Np, Kp = round_up(N, TILE), round_up(K, 4)
         c = torch.full((Np, Kp), 128, dtype=torch.uint8)
@@ -321,8 +339,7 @@ class NativeW8A8Int8(Kernel):
         in_scale = weight.get("input_scale")
         tensors = {"q": q, "scales": scales}
         values = {**tensors, "N": N, "K": K, "Kp": Kp, "T": Np // TILE}
-        fn = _library().quantrt_w8a8_linear
-        return W8A8State(
+        layout = W8A8Layout(
             tensors,
             _descriptor(W8A8_FIELDS, values),
             N,
@@ -330,42 +347,10 @@ class NativeW8A8Int8(Kernel):
             0.0 if in_scale is None else float(in_scale.float().max()),
             W8A8_LARGE_M,
             spec.output_dtype,
-            fn,
-            ints=tuple(int(values[f]) for f in W8A8_FIELDS[2:]),
+            _library().quantrt_w8a8_linear,
         )
-
-    def strategy(self, state: W8A8State, m: int) -> str:
-        return "gemm" if m >= state.large_m else "gemv"
-
-    def workspace_bytes(self, spec: LayerSpec, max_m: int) -> int:
-        return max_m * (round_up(spec.K_part, 64) + 8) + 64 + torch.get_num_threads() * 4 * 64 * max_m
-
-    def apply(
-        self,
-        state: W8A8State,
-        x: torch.Tensor,
-        bias: torch.Tensor | None = None,
-        out: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        _check_call(x, state.K, bias, state.N)
-        if torch.compiler.is_compiling():  # traced: the op
-            t = state.tensors
-            y = W8A8_OP(
-                t["q"], t["scales"], x, bias, state.ints, state.in_scale, state.large_m, state.out_dtype
-            )
-            return traced_result(y, out)
-        return run_linear(
-            self.name,
-            state.fn,
-            state.desc,
-            x,
-            bias,
-            out,
-            state.N,
-            state.out_dtype,
-            state.large_m,
-            (state.in_scale,),
-        )
+        strategies = [Strategy(W8A8_LARGE_M - 1, "gemv", w8a8_gemv), Strategy(ALL_M, "gemm", w8a8_gemm)]
+        return self.prepared(layout, strategies, spec)
 
 
 def quantize_activations(x: torch.Tensor, in_scale: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -377,110 +362,17 @@ def quantize_activations(x: torch.Tensor, in_scale: float = 0.0) -> tuple[torch.
         x.data_ptr(), DTYPE_CODE[x.dtype], M, x.stride(0), x.stride(1), K, in_scale, q.data_ptr(), a.data_ptr(),
         torch.get_num_threads(),
     )  # fmt: skip
-    _check_rc(rc, "w8a8 activation quantization")
+    check_rc(rc, "w8a8 activation quantization")
     return q, a
 
 
-def dequant_rows(state: WintState, n0: int, n1: int, out: torch.Tensor) -> torch.Tensor:
+def dequant_rows(layout: WintLayout, n0: int, n1: int, out: torch.Tensor) -> torch.Tensor:
     """Rows [n0, n1) of the dequantized weight ``(q - z) * s`` (fp32, rounded once to ``out``'s dtype)
     from the prepared layout into ``out`` [n1 - n0, K] (fp32, bf16 or fp16, unit column stride)."""
-    _check_rows(state.N, state.K, n0, n1, out)
+    check_rows(layout.N, layout.K, n0, n1, out)
     rc = _library().quantrt_wint_dequant_rows(
-        state.desc, n0, n1, out.data_ptr(), DTYPE_CODE[out.dtype], out.stride(0), torch.get_num_threads()
+        layout.desc, n0, n1, out.data_ptr(), DTYPE_CODE[out.dtype], out.stride(0), torch.get_num_threads()
     )
     if rc:
         raise RuntimeError(f"wint dequant_rows: the native code refused rows [{n0}, {n1}) (code {rc})")
     return out
-
-
-def _check_rows(N: int, K: int, n0: int, n1: int, out: torch.Tensor) -> None:
-    if not 0 <= n0 <= n1 <= N:
-        raise ValueError(f"rows [{n0}, {n1}) are not within [0, {N})")
-    if (
-        out.dim() != 2
-        or tuple(out.shape) != (n1 - n0, K)
-        or out.dtype not in DTYPE_CODE
-        or out.device.type != "cpu"
-        or (out.numel() and out.stride(1) != 1)
-    ):
-        raise ValueError(
-            f"out must be a CPU fp32/bf16/fp16 [{n1 - n0}, {K}] with unit column stride, "
-            f"found {out.dtype} {list(out.shape)} strides {out.stride()} on {out.device}"
-        )
-
-
-def traced_dequant_rows(state: WintState, n0: int, n1: int, dtype: torch.dtype) -> torch.Tensor:
-    """:func:`dequant_rows` into a fresh tensor through the op, for torch.compile."""
-    t = state.tensors
-    return WINT_DEQUANT_OP(t["q"], t["scales"], t.get("zeros"), t.get("perm"), state.ints, n0, n1, dtype)
-
-
-# -- the torch ops (torch.compile; see native_common): the descriptor rebuilt from the tensors given ---
-
-
-def _wint_state(
-    q: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor | None, perm: torch.Tensor | None,
-    ints: list[int], large_m: int, tiles_m: int, out_dtype: torch.dtype,
-) -> WintState:  # fmt: skip
-    tensors = {"q": q, "scales": scales, "zeros": zeros, "perm": perm}
-    desc = _descriptor(WINT_FIELDS, {**tensors, **dict(zip(WINT_FIELDS[4:], ints, strict=True))})
-    N, K = ints[0], ints[1]
-    fn = _library().quantrt_wint_linear
-    return WintState({}, desc, N, K, large_m, out_dtype, fn, tiles_m, tuple(ints))
-
-
-def _wint_impl(
-    q: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor | None, perm: torch.Tensor | None,
-    x: torch.Tensor, bias: torch.Tensor | None, ints: list[int], large_m: int, tiles_m: int,
-    out_dtype: torch.dtype,
-) -> torch.Tensor:  # fmt: skip
-    st = _wint_state(q, scales, zeros, perm, ints, large_m, tiles_m, out_dtype)
-    _check_call(x, st.K, bias, st.N)
-    return run_linear(
-        NativeWint.name, st.fn, st.desc, x, bias, None, st.N, out_dtype, large_m, tiles_m=tiles_m
-    )
-
-
-def _wint_dequant_impl(
-    q: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor | None, perm: torch.Tensor | None,
-    ints: list[int], n0: int, n1: int, dtype: torch.dtype,
-) -> torch.Tensor:  # fmt: skip
-    st = _wint_state(q, scales, zeros, perm, ints, 0, 0, dtype)
-    return dequant_rows(st, n0, n1, torch.empty(n1 - n0, st.K, dtype=dtype))
-
-
-def _w8a8_impl(
-    q: torch.Tensor, scales: torch.Tensor, x: torch.Tensor, bias: torch.Tensor | None, ints: list[int],
-    in_scale: float, large_m: int, out_dtype: torch.dtype,
-) -> torch.Tensor:  # fmt: skip
-    desc = _descriptor(
-        W8A8_FIELDS, {"q": q, "scales": scales, **dict(zip(W8A8_FIELDS[2:], ints, strict=True))}
-    )
-    N, K = ints[0], ints[1]
-    _check_call(x, K, bias, N)
-    fn = _library().quantrt_w8a8_linear
-    return run_linear(NativeW8A8Int8.name, fn, desc, x, bias, None, N, out_dtype, large_m, (in_scale,))
-
-
-WINT_OP = define_op(
-    "wint_linear(Tensor q, Tensor scales, Tensor? zeros, Tensor? perm, Tensor x, Tensor? bias, int[] ints, "
-    "int large_m, int tiles_m, ScalarType out_dtype) -> Tensor",
-    _wint_impl,
-    lambda q, scales, zeros, perm, x, bias, ints, large_m, tiles_m, out_dtype: fake_rows(
-        x, ints[0], out_dtype
-    ),
-)
-WINT_DEQUANT_OP = define_op(
-    "wint_dequant_rows(Tensor q, Tensor scales, Tensor? zeros, Tensor? perm, int[] ints, int n0, int n1, "
-    "ScalarType dtype) -> Tensor",
-    _wint_dequant_impl,
-    lambda q, scales, zeros, perm, ints, n0, n1, dtype: q.new_empty((n1 - n0, ints[1]), dtype=dtype),
-)
-W8A8_OP = define_op(
-    "w8a8_linear(Tensor q, Tensor scales, Tensor x, Tensor? bias, int[] ints, float in_scale, int large_m, "
-    "ScalarType out_dtype) -> Tensor",
-    _w8a8_impl,
-    lambda q, scales, x, bias, ints, in_scale, large_m, out_dtype: fake_rows(x, ints[0], out_dtype),
-)
-
-KERNELS: tuple[type[Kernel], ...] = (NativeWint, NativeW8A8Int8)

@@ -1,16 +1,18 @@
-"""The AMX large-M path (backends/cpu/amx.py) and the native dequant_rows it runs on.
+"""The AMX kernels (backends/cpu/amx.py), their composed strategies and the native dequant_rows
+their dequant path runs on.
 
 - dequant_rows of every native layout equals the reference's fp32 dequantization rounded to bf16,
   bit for bit, for row ranges that start and end inside a row tile;
-- the AMX kernels' apply, below and at/above their ``amx_from_m``, against the fp32 reference (DESIGN.md's
+- the AMX kernels' calls, below and at/above their ``amx_from_m``, against the fp32 reference (DESIGN.md's
   relative Frobenius error < 1e-2; bf16 activations). This CPU need not have AMX: the kernel classes
-  are instantiated directly, and oneDNN's bf16 matmul runs the same arithmetic on AVX-512 BF16;
+  are instantiated directly, the dequant path forced through ``strategies(...)``, and oneDNN's bf16
+  matmul runs the same arithmetic on AVX-512 BF16;
 - dispatch picks them with the spr-amx capabilities and not with zen4's, and says why.
 """
 
 from __future__ import annotations
 
-import dataclasses
+from collections.abc import Sequence
 
 import pytest
 import torch
@@ -20,6 +22,7 @@ from quantrt.backends.cpu import amx, gguf_native, lut_native, wint_native
 from quantrt.capability import load_preset, probe
 from quantrt.dispatch import select
 from quantrt.kernels import registry
+from quantrt.prepared import Prepared, Strategy
 from quantrt.schemes import parse_scheme
 from quantrt.specs import LayerSpec
 
@@ -46,6 +49,15 @@ def kernel_for(scheme: str) -> type:
     return amx.AmxWint if s.weight == "int" else amx.AmxLut
 
 
+#: each AMX kernel's native kernel (same layout, same verdict below the AMX features), the native
+#: module's dequant and its strategies
+NATIVE = {
+    amx.AmxGGUF: (gguf_native.CpuNativeGGUF, gguf_native.dequant_rows, gguf_native.gguf_strategies),
+    amx.AmxWint: (wint_native.NativeWint, wint_native.dequant_rows, wint_native.wint_strategies),
+    amx.AmxLut: (lut_native.NativeLut, lut_native.dequant_rows, lut_native.lut_strategies),
+}
+
+
 def fresh_weight(scheme: str, n: int = N, k: int = K):
     dense = torch.randn(n, k, generator=torch.Generator().manual_seed(torch.seed() % 2**31))
     return reference.quantize(dense, scheme)
@@ -55,10 +67,27 @@ def prepared(scheme: str, act: torch.dtype = torch.bfloat16, out: torch.dtype | 
     w = fresh_weight(scheme, n)
     spec = LayerSpec(w.scheme, w.K, w.N, act_dtype=act, out_dtype=out, output_sizes=w.output_sizes)
     cls = kernel_for(scheme)
-    parent = cls._parent.supports(spec, CPU)
-    assert parent, parent.reason
+    native = NATIVE[cls][0].supports(spec, CPU)
+    assert native, native.reason
     k = cls()
     return w, k, k.prepare(w, spec)
+
+
+def with_strategies(st: Prepared, strategies: Sequence[Strategy]) -> Prepared:
+    """The same prepared layout run by other strategies (a path forced), its shape and dtypes kept."""
+    return Prepared(
+        st.layout,
+        strategies,
+        K=st.K,
+        N=st.N,
+        out_dtype=st.out_dtype,
+        act_dtypes=st.act_dtypes,
+        kernel=st.kernel,
+    )
+
+
+def dequant_of(k: object):
+    return NATIVE[type(k)][1]
 
 
 DEQUANT_SCHEMES = (
@@ -86,31 +115,32 @@ DEQUANT_SCHEMES = (
 
 @pytest.mark.parametrize("scheme", DEQUANT_SCHEMES)
 def test_dequant_rows_is_the_reference_rounded_once(scheme: str) -> None:
-    w, _, st = prepared(scheme)
+    w, k, st = prepared(scheme)
+    dequant = dequant_of(k)
     ref = reference.dequantize(w)
     assert bool(torch.isfinite(ref).all())
     for n0, n1 in ((0, N), (5, 37), (17, 70), (33, 34), (9, 9)):
         for dt in (torch.bfloat16, torch.float32):
             out = torch.full((n1 - n0, K), float("nan"), dtype=dt)
-            st.dequant(st.inner, n0, n1, out)
+            dequant(st.layout, n0, n1, out)
             want = ref[n0:n1].to(dt)
             bad = (out != want).sum().item()
             assert torch.equal(out, want), f"{scheme} rows [{n0}, {n1}) {dt}: {bad} values differ"
     # a strided destination (row stride > K), as a slice of a wider buffer
     wide = torch.zeros(N, K + 48, dtype=torch.bfloat16)
-    st.dequant(st.inner, 0, N, wide[:, :K])
+    dequant(st.layout, 0, N, wide[:, :K])
     assert torch.equal(wide[:, :K], ref.bfloat16()) and not wide[:, K:].any()
 
 
 def test_dequant_rows_refuses_bad_ranges() -> None:
     _, _, st = prepared("w4a16-int-g128-sym")
     with pytest.raises(ValueError, match="not within"):
-        wint_native.dequant_rows(st.inner, 10, N + 1, torch.empty(N - 9, K, dtype=torch.bfloat16))
+        wint_native.dequant_rows(st.layout, 10, N + 1, torch.empty(N - 9, K, dtype=torch.bfloat16))
     with pytest.raises(ValueError, match="out must be"):
-        wint_native.dequant_rows(st.inner, 0, 16, torch.empty(16, K, dtype=torch.float64))
+        wint_native.dequant_rows(st.layout, 0, 16, torch.empty(16, K, dtype=torch.float64))
     _, _, gst = prepared("gguf-q4_k")
     with pytest.raises(ValueError, match="out must be"):
-        gguf_native.dequant_rows(gst.inner, 0, 16, torch.empty(15, K, dtype=torch.bfloat16))
+        gguf_native.dequant_rows(gst.layout, 0, 16, torch.empty(15, K, dtype=torch.bfloat16))
 
 
 APPLY_SCHEMES = (
@@ -132,10 +162,16 @@ APPLY_SCHEMES = (
 @pytest.mark.parametrize("scheme", APPLY_SCHEMES)
 def test_apply_below_and_above_the_threshold(scheme: str) -> None:
     w, k, st = prepared(scheme)
-    st.tiles = False  # the dequant + oneDNN path (what a K with no whole 32-k tiles takes on AMX CPUs)
-    assert st.rows % amx.ROW_TILE == 0 and st.amx_from == k.amx_from_m
-    st.rows = amx.slice_rows(N, K, budget=2 * K * 32)  # 32-row slices: several slices, a partial last one
-    assert st.rows == 32
+    # the dequant + oneDNN path (what a K with no whole 32-k tiles takes on AMX CPUs), by default
+    # from amx_from_m rows in slices of a whole number of row tiles
+    default = with_strategies(st, k.strategies(st.layout, tiles=False))
+    first = default.strategy(k.amx_from_m).name
+    assert first.startswith(f"amx: dequant bf16 slices of {amx.slice_rows(N, K)} rows"), first
+    assert amx.slice_rows(N, K) % amx.ROW_TILE == 0
+    assert not default.strategy(k.amx_from_m - 1).name.startswith("amx")
+    rows = amx.slice_rows(N, K, budget=2 * K * 32)  # 32-row slices: several slices, a partial last one
+    assert rows == 32
+    st = with_strategies(st, k.strategies(st.layout, tiles=False, rows=rows))
     for m in (1, 3, k.amx_from_m - 1, k.amx_from_m, k.amx_from_m + 5):
         x = torch.randn(m, K).bfloat16()
         y = k.apply(st, x)
@@ -152,8 +188,9 @@ def test_apply_below_and_above_the_threshold(scheme: str) -> None:
 @pytest.mark.parametrize("scheme", ("w4a16-int-g128-asym", "w4a16-nf4-g64-dq", "gguf-q4_k"))
 def test_apply_strided_x_bias_out_and_empty(scheme: str) -> None:
     w, k, st = prepared(scheme, act=torch.float32, out=torch.float32)
-    st.tiles = False  # the dequant + oneDNN path, from 16 rows, so the 40-row batches below take it
-    st.amx_from = 16
+    # the dequant + oneDNN path, from 16 rows, so the 40-row batches below take it
+    st = with_strategies(st, k.strategies(st.layout, tiles=False, from_m=16))
+    assert st.strategy(40).name.startswith("amx: dequant") and not st.strategy(2).name.startswith("amx")
     big = torch.randn(40, 2 * K)
     x = big[:, ::2]  # non-contiguous, fp32 (rounded to bf16 on the AMX path)
     assert not x.is_contiguous()
@@ -174,13 +211,23 @@ def test_apply_strided_x_bias_out_and_empty(scheme: str) -> None:
     assert k.apply(st, torch.empty(0, K)).shape == (0, N)
 
 
-def test_workspace_counts_the_scratch() -> None:
-    spec = LayerSpec(parse_scheme("w4a16-int-g128-sym"), 4096, 4096)
-    k = amx.AmxWint()
+def test_scratch_is_bounded_and_shared_and_the_workspace_bounded() -> None:
+    """The dequant path's bf16 scratch is one bounded buffer per thread, shared by every layer (not a
+    per-layer workspace); cpu.amx_gguf's workspace holds the native path's activation blocks only for
+    the batches below its AMX path, whatever the largest batch."""
     rows = amx.slice_rows(4096, 4096)
     assert rows % 16 == 0 and 2 * rows * 4096 <= amx.SCRATCH_BYTES
-    assert k.workspace_bytes(spec, amx.AMX_FROM_M) >= 2 * rows * 4096
-    assert k.workspace_bytes(spec, 4) == wint_native.NativeWint().workspace_bytes(spec, 4)
+    assert amx.reused_scratch(rows, 4096).data_ptr() == amx.reused_scratch(16, 512).data_ptr()
+    for scheme in ("w4a16-int-g128-sym", "w4a16-nf4-g64"):
+        _, _, st = prepared(scheme)
+        assert st.workspace(10_000) is None, scheme
+    spec = LayerSpec(parse_scheme("gguf-q4_k"), 4096, 4096)
+    k = amx.AmxGGUF()
+    first = k.tiles_from("q4_k", 4096) or k.amx_from_m
+    bounded = gguf_native.workspace_bytes(spec, first - 1)
+    assert k.workspace_bytes(spec, 10_000) == bounded == k.workspace_bytes(spec, first - 1)
+    assert k.workspace_bytes(spec, 3) == gguf_native.CpuNativeGGUF().workspace_bytes(spec, 3) >= 3 * 4096
+    assert bounded < gguf_native.CpuNativeGGUF().workspace_bytes(spec, 10_000)
 
 
 @pytest.mark.parametrize(
@@ -193,9 +240,7 @@ def test_workspace_counts_the_scratch() -> None:
     ),
 )
 def test_dispatch_by_amx_features(scheme: str, native: str, amx_name: str) -> None:
-    reg = registry()
-    for kernel in amx.KERNELS:  # a no-op once backends/cpu registers amx.KERNELS itself
-        reg.register(kernel)
+    registry()
     spec = LayerSpec(parse_scheme(scheme), 512, 256, act_dtype=torch.bfloat16)
     spr = select(spec, "cpu", caps=load_preset("spr-amx"))
     assert spr.kernel.name == amx_name, spr.explain()
@@ -206,7 +251,7 @@ def test_dispatch_by_amx_features(scheme: str, native: str, amx_name: str) -> No
     assert "amx_bf16" in rejected.verdict.reason
 
 
-def test_w8a8_fp8_stays_on_the_parent() -> None:
+def test_w8a8_fp8_stays_on_the_native_kernel() -> None:
     spec = LayerSpec(parse_scheme("w8a8-fp8-tensor"), 512, 256)
     caps = load_preset("spr-amx").cpu
     assert lut_native.NativeLut.supports(spec, caps)
@@ -247,8 +292,8 @@ def test_panel_gemm_on_amx_tiles_matches_the_reference_and_the_avx512_path(
     fp32 output: against the fp32 reference (DESIGN.md's metric) and against the same panels on
     AVX-512 BF16 (the same exact bf16 products, fp32 sums in another order)."""
     w, k, st = prepared(scheme, act=dtype, out=torch.float32, n=N)
-    assert st.tiles and st.inner.tiles_m == k.TILES_FROM_M
-    avx = dataclasses.replace(st.inner, tiles_m=1 << 62)
+    assert st.strategy(k.TILES_FROM_M).name == "panel-gemm on AMX tiles"
+    avx = with_strategies(st, NATIVE[type(k)][2](st.layout))  # the same layout on AVX-512 BF16
     bias = torch.randn(N)
     for m in (1, k.TILES_FROM_M - 1, k.TILES_FROM_M, 15, 16, 17, 33, 70):
         x = torch.randn(m, 2 * K)[:, ::2].to(dtype)
@@ -257,8 +302,8 @@ def test_panel_gemm_on_amx_tiles_matches_the_reference_and_the_avx512_path(
         assert (path == "panel-gemm on AMX tiles") == (m >= k.TILES_FROM_M), (m, path)
         assert rel(y, reference.linear(x, w, bias, out_dtype=torch.float32)) < LOOSE, (scheme, m)
         if m >= k.TILES_FROM_M:
-            y_avx = k._parent.apply(k, avx, x, bias)
-            assert k._parent.strategy(k, avx, m) in ("panel-gemm", "gemv")
+            y_avx = avx(x, bias)
+            assert avx.strategy(m).name in ("panel-gemm", "gemv")
             assert rel(y, y_avx) < 1e-5, (scheme, m, rel(y, y_avx))
 
 
@@ -267,7 +312,8 @@ def test_without_whole_32_k_tiles_the_dequant_path_serves_large_batches() -> Non
     w = reference.quantize(torch.randn(N, 100), "w8a16-int-ch-sym")  # K = 100: no whole 32-k tiles
     k = amx.AmxWint()
     st = k.prepare(w, LayerSpec(w.scheme, 100, N, act_dtype=torch.bfloat16))
-    assert not st.tiles and k.strategy(st, k.amx_from_m).startswith("amx: dequant bf16 slices")
+    assert not wint_native.tiles_ready(st.layout)
+    assert k.strategy(st, k.amx_from_m).startswith("amx: dequant bf16 slices")
     x = torch.randn(k.amx_from_m + 3, 100).bfloat16()
     assert rel(k.apply(st, x), reference.linear(x, w, out_dtype=torch.float32)) < LOOSE
 
@@ -286,14 +332,16 @@ def test_gguf_on_amx_tiles_matches_the_reference_and_the_dequant_path(t: str, dt
     w = reference.quantize(torch.randn(n, kk) * 0.05, f"gguf-{t}")
     k = amx.AmxGGUF()
     st = k.prepare(w, LayerSpec(w.scheme, kk, n, act_dtype=dtype, out_dtype=torch.float32))
-    assert st.gguf_tiles_from == k.TILES_FROM[t]
+    tiles_from = k.tiles_from(t, n)
+    assert tiles_from == k.TILES_FROM[t]
     bias = torch.randn(n)
-    via_dequant = dataclasses.replace(st, gguf_tiles_from=1 << 62, amx_from=1)
-    for m in (st.gguf_tiles_from - 1, st.gguf_tiles_from, 33, 70):
+    via_dequant = with_strategies(st, k.strategies(st.layout, tiles=False, from_m=1))
+    assert via_dequant.strategy(1).name.startswith("amx: dequant")
+    for m in (tiles_from - 1, tiles_from, 33, 70):
         x = torch.randn(m, 2 * kk)[:, ::2].to(dtype)
         y = k.apply(st, x, bias)
         tiles = k.strategy(st, m).startswith("amx tiles")
-        assert tiles == (m >= st.gguf_tiles_from)
+        assert tiles == (m >= tiles_from)
         assert rel(y, reference.linear(x, w, bias, out_dtype=torch.float32)) < LOOSE, m
         if tiles:
             assert rel(y, k.apply(via_dequant, x, bias)) < 5e-3, m
@@ -307,7 +355,9 @@ def test_gguf_on_amx_tiles_matches_the_reference_and_the_dequant_path(t: str, dt
 @pytest.mark.skipif(not GGUF_TILES, reason="no AMX tiles on this CPU (or Linux refused them)")
 def test_gguf_tiles_only_for_their_types_with_whole_groups() -> None:
     _, k, st = prepared("gguf-q4_k", n=70)  # 70 rows: 6 ungrouped rows stay canonical
-    assert st.gguf_tiles_from > 1 << 40 and not k.strategy(st, 100).startswith("amx tiles")
+    assert k.tiles_from("q4_k", 70) is None and not k.strategy(st, 100).startswith("amx tiles")
+    assert k.strategy(st, k.amx_from_m).startswith("amx: dequant")
     for t in ("gguf-q2_k", "gguf-q3_k", "gguf-q5_0", "gguf-q5_1"):
         _, k, st = prepared(t, n=80)
-        assert st.gguf_tiles_from > 1 << 40, t
+        assert k.tiles_from(t[5:], 80) is None, t
+        assert not any(s.name.startswith("amx tiles") for s in st.strategies), t

@@ -34,6 +34,7 @@ from quantrt.backends.cpu.native import build
 from quantrt.canonical import CanonicalWeight
 from quantrt.capability import probe
 from quantrt.layers import QuantLinear
+from quantrt.prepared import Prepared
 from quantrt.reference.gguf import F16_FIELDS
 from quantrt.schemes import GGUF_TYPES, parse_scheme
 from quantrt.specs import LayerSpec
@@ -129,9 +130,23 @@ def prepare(cw: CanonicalWeight, act=torch.float32, out=torch.float32):
     return KERNEL.prepare(cw, spec)
 
 
-def scalar_state(state, qweight: torch.Tensor):
+def restate(state: Prepared, layout: gguf_native.GGUFLayout) -> Prepared:
+    """A prepared layer over another layout, with the native strategies and the same call shape."""
+    return Prepared(
+        layout,
+        gguf_native.gguf_strategies(layout),
+        K=state.K,
+        N=state.N,
+        out_dtype=state.out_dtype,
+        act_dtypes=state.act_dtypes,
+        kernel=state.kernel,
+    )
+
+
+def scalar_state(state: Prepared, qweight: torch.Tensor) -> Prepared:
     """The same weight run through the scalar code only (every row canonical)."""
-    return dataclasses.replace(state, weight=group_layout(qweight, state.gguf_type, 0), groups=0)
+    lay = state.layout
+    return restate(state, dataclasses.replace(lay, weight=group_layout(qweight, lay.gguf_type, 0), groups=0))
 
 
 def gaussian(M: int, K: int, seed: int, dtype=torch.float32) -> torch.Tensor:
@@ -198,7 +213,7 @@ def test_dispatch_picks_it_and_says_why_not():
     bad_k = LayerSpec(parse_scheme("gguf-q4_0"), 100, 32)
     assert "K % 32 == 0" in CpuNativeGGUF.supports(bad_k, caps).reason
     fp64 = LayerSpec(cw.scheme, 256, 32, act_dtype=torch.float64)
-    assert CpuNativeGGUF.supports(fp64, caps).predicate == "activations fp32, bf16 or fp16"
+    assert CpuNativeGGUF.supports(fp64, caps).predicate == "activations (float32, bfloat16, float16)"
     int_scheme = LayerSpec(parse_scheme("w4a16-int-g128-asym"), 256, 32)
     assert CpuNativeGGUF.supports(int_scheme, caps).predicate == "weight == 'gguf'"
     assert "int8 blocks" in KERNEL.strategy(prepare(cw), 1) and "4 activation rows" in KERNEL.strategy(
@@ -223,10 +238,10 @@ def test_one_layout_within_110_percent(gtype: str):
     B = GGUF_TYPES[gtype][0]
     for N in (16, 33, 64):
         q = random_blocks(gtype, N, 2 * B, seed=N)
-        state = prepare(weight(q, gtype, 2 * B))
-        assert state.weight.dtype == torch.uint8 and state.weight.dim() == 1
-        assert q.numel() <= state.weight.numel() <= 1.10 * q.numel()
-        assert state.groups == (N // GROUP if GROUP else 0)
+        lay = prepare(weight(q, gtype, 2 * B)).layout
+        assert lay.weight.dtype == torch.uint8 and lay.weight.dim() == 1
+        assert q.numel() <= lay.weight.numel() <= 1.10 * q.numel()
+        assert lay.groups == (N // GROUP if GROUP else 0)
     assert KERNEL.workspace_bytes(LayerSpec(parse_scheme(f"gguf-{gtype}"), 4 * B, 16), 3) >= 3 * 4 * B
 
 
@@ -370,7 +385,7 @@ def test_strides_bias_out_and_empty(gtype: str):
     assert empty.shape == (0, 33)
     for bad in (contiguous.double(), contiguous[:, :-1]):
         with pytest.raises(
-            ValueError, match=r"expected CPU activations \[M, \d+\] in fp32, bf16 or fp16, found"
+            ValueError, match=r"expected activations \[M, \d+\] in float32, bfloat16, float16, found"
         ):
             KERNEL.apply(state, bad)
     with pytest.raises(ValueError, match=r"expected a CPU bias \[33\]"):
@@ -426,7 +441,7 @@ def test_a_wrong_code_is_caught():
     x = gaussian(1, 512, seed=18)
     state = prepare(cw)
     check_exact(cw, x, state=state)
-    broken = state.weight.clone()
+    broken = state.layout.weight.clone()
     broken[4] ^= 0x01  # a code byte: row 1 qs[0] in 16-row groups, row 0 qs[2] in canonical rows
-    y = KERNEL.apply(dataclasses.replace(state, weight=broken), x)
+    y = KERNEL.apply(restate(state, dataclasses.replace(state.layout, weight=broken)), x)
     assert rel(y, integer_reference(x, cw["qweight"], "q4_0")) > 10 * EXACT

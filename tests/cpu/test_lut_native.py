@@ -234,7 +234,7 @@ def test_mxfp4_scales_go_into_the_panel_only_where_exact_in_bf16() -> None:
         dense = values * torch.pow(2.0, E.double() - 127).repeat_interleave(32, dim=1)
         for act in (torch.float32, torch.bfloat16):
             k, st = layer(w, act, torch.float32)
-            assert st.desc[FIELDS.index("pre")] == pre, edge
+            assert st.layout.desc[FIELDS.index("pre")] == pre, edge
             for M in (1, 40):
                 x = (torch.randn(M, K, generator=gen) * 0.01).to(act)
                 assert row_error(k.apply(st, x), x, dense) < TIGHT, (edge, act, M)
@@ -340,12 +340,14 @@ def test_both_strategies_at_every_batch_size(scheme: str) -> None:
     gen = torch.Generator().manual_seed(11)
     w = reference.quantize(torch.randn(40, 256, generator=gen), scheme)
     k, st = layer(w, torch.float32, torch.float32)
+    gemv, panel = st.strategies[0], st.strategies[-1]
+    assert (gemv.name, panel.name) == ("gemv", "panel-gemm")
     for M in (1, 2, 5, 9, 13):
         x = torch.randn(M, 256, generator=gen)
-        for large_m in (1, 10**9):
-            forced = dataclasses.replace(st, large_m=large_m)
-            assert (k.strategy(forced, M) == "gemv") == (large_m > M)
-            assert rel(k.apply(forced, x), ref_linear(x, w)) < tol(scheme, x.dtype, torch.float32)
+        assert (k.strategy(st, M) == "gemv") == (M <= gemv.max_m)
+        for s in (gemv, panel):
+            y = s.fn(st.layout, x, None, None, None)
+            assert rel(y, ref_linear(x, w)) < tol(scheme, x.dtype, torch.float32), (M, s.name)
 
 
 @pytest.mark.parametrize(
@@ -357,7 +359,7 @@ def test_one_prepared_layout_within_checkpoint_size(scheme: str) -> None:
     N, K = 512, 4096
     w = reference.quantize(torch.randn(N, K, generator=torch.Generator().manual_seed(12)), scheme)
     _, st = layer(w, torch.bfloat16)
-    assert st.nbytes <= 1.10 * w.nbytes, (st.nbytes, w.nbytes)
+    assert st.layout.nbytes <= 1.10 * w.nbytes, (st.layout.nbytes, w.nbytes)
     k = NativeLut()
     assert {k.strategy(st, 1), k.strategy(st, 64)} == {"gemv", "panel-gemm"}
 
@@ -410,7 +412,7 @@ def test_supports_names_the_failing_predicate(monkeypatch: pytest.MonkeyPatch) -
     assert "double-quant blocksize >= 64" in reason("w4a16-nf4-g32-dq")
     odd_block = parse_scheme("w8a16-fp8-block128").with_(block=(128, 40))
     assert "fp8 blocks whose rows and columns are multiples of 16" in reason(odd_block)
-    assert "activations fp32, bf16 or fp16" in reason("w4a16-nvfp4", act_dtype=torch.float64)
+    assert "activations (float32, bfloat16, float16)" in reason("w4a16-nvfp4", act_dtype=torch.float64)
     no_bf16 = dataclasses.replace(CPU, features=CPU.features - {"avx512_bf16"})
     assert "avx512_bf16" in reason("w4a16-nvfp4", no_bf16)
     monkeypatch.setattr(build, "status", lambda: (False, "no C++ compiler (c++ not on PATH)"))

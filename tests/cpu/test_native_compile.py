@@ -2,11 +2,12 @@
 
 The kernels call C code through ``ctypes`` with raw data pointers; torch.compile cannot trace that
 (with fullgraph it refuses, without it the graph break freed the GGUF workspace before the C code
-wrote it: heap corruption). Under compile every native entry point runs as its ``quantrt_cpu::`` op
-(backends/cpu/native_common.py), which owns its output and workspace. Checked here: a module of
-QuantLinear layers of several families compiles into one graph, gives the eager output, and stays
-within DESIGN.md's bound of the fp32 reference; the AMX path's dequantize-then-matmul; each op's
-schema and fake against its real implementation (``torch.library.opcheck``); and eager calls
+wrote it: heap corruption). Under compile every prepared layer runs as the one ``quantrt::linear`` op
+(runtime/prepared.py), whose implementation runs the eager strategy, and exact rows as
+``quantrt::rows``. Checked here: a module of QuantLinear layers of several families compiles into one
+graph, gives the eager output, and stays within DESIGN.md's bound of the fp32 reference; the AMX
+kernels' dequantize-then-matmul strategy and GGUF's exact rows traced; the op's schema and fake
+against its real implementation on every native layout (``torch.library.opcheck``); and eager calls
 never enter the op layer (their host cost stays the direct ``ctypes`` call's).
 """
 
@@ -20,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from quantrt import prepared as prepared_module
 from quantrt import reference
 from quantrt.backends.cpu import amx, dense_native, gguf_native, lut_native, wint_native
 from quantrt.backends.cpu.native import build
@@ -111,8 +113,8 @@ def test_fullgraph_compile_matches_eager_and_the_reference(backend: str) -> None
 
 
 def test_amx_paths_and_row_dequant_compile() -> None:
-    """cpu.amx_*'s dequantize-then-matmul path (run here from M=2) and GGUF's ``dequant_rows`` traced:
-    each slice from the family's dequant op, then torch.mm, as eagerly from the reused scratch."""
+    """cpu.amx_*'s dequantize-then-matmul strategy (forced here from M=2, in slices of 16 rows) and
+    GGUF's exact rows traced: the compiled call gives the eager one's numbers."""
     torch._dynamo.reset()
     g = gen("amx")
     K = 256
@@ -125,102 +127,90 @@ def test_amx_paths_and_row_dequant_compile() -> None:
         cw = reference.quantize(torch.randn(N, K, generator=g) * 0.1, scheme)
         spec = LayerSpec(cw.scheme, K, N, act_dtype=torch.float32, out_dtype=torch.float32)
         kernel = cls()
-        state = kernel.prepare(cw, spec)
-        state.amx_from, state.rows = 2, 16  # the dequant path from 2 rows, in slices of 16 rows
+        layout = kernel.prepare(cw, spec).layout
+        state = kernel.prepared(layout, kernel.strategies(layout, tiles=False, from_m=2, rows=16), spec)
+        assert state.strategy(5).name.startswith("amx: dequant bf16 slices of 16 rows")
         bias = torch.randn(N, generator=g)
         x = torch.randn(5, K, generator=g)
-        fn = torch.compile(lambda v, b, k=kernel, s=state: k.apply(s, v, b), backend="eager", fullgraph=True)
-        got, want = fn(x, bias), kernel.apply(state, x, bias)
+        fn = torch.compile(lambda v, b, s=state: s(v, b), backend="eager", fullgraph=True)
+        got, want = fn(x, bias), state(x, bias)
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
         ref = reference.linear(x, cw, bias, out_dtype=torch.float32)
         assert rel(got, ref) < DESIGN, f"{cls.name}: {rel(got, ref):.3g} from the reference"
     cw = reference.quantize(torch.randn(35, K, generator=g), "gguf-q6_k")
-    gk = gguf_native.CpuNativeGGUF()
-    st = gk.prepare(cw, LayerSpec(cw.scheme, K, 35))
-    rows = torch.compile(lambda s=st: gk.dequant_rows(s, 3, 29), backend="eager", fullgraph=True)()
-    assert torch.equal(rows, reference.dequantize(cw)[3:29])
+    for cls in (gguf_native.CpuNativeGGUF, amx.AmxGGUF):
+        st = cls().prepare(cw, LayerSpec(cw.scheme, K, 35))
+        rows = torch.compile(lambda s=st: s.dequant_rows(3, 29), backend="eager", fullgraph=True)()
+        assert torch.equal(rows, reference.dequantize(cw)[3:29]), cls.name
 
 
 @functools.cache
 def _op_cases() -> dict[str, tuple[object, tuple]]:
-    """name: (op, args) for every quantrt_cpu op that runs here, on prepared states of awkward shapes."""
+    """name: (op, args) for the traced ops on the prepared layers of every native family (awkward
+    shapes; the layers are kept alive here, as the op names them by number)."""
     g = gen("opcheck")
     K, N = 512, 37
     x = torch.randn(3, K, generator=g)
     bias = torch.randn(N, generator=g)
-    cases = []
-    cw = reference.quantize(torch.randn(N, K, generator=g), "gguf-q4_k")
-    st = gguf_native.CpuNativeGGUF().prepare(cw, LayerSpec(cw.scheme, K, N))
-    gargs = (st.weight, st.type_code, st.N, st.K, st.groups)
-    cases.append(
-        ("gguf_linear", gguf_native.LINEAR_OP, (st.weight, x, bias, *gargs[1:], st.ws_row, torch.float32))
-    )
-    cases.append(("gguf_dequant_rows", gguf_native.DEQUANT_OP, (*gargs, 5, 30, torch.bfloat16)))
-    cw = reference.quantize(torch.randn(N, K, generator=g), "w4a16-int-g64-asym")
-    ws = wint_native.NativeWint().prepare(cw, LayerSpec(cw.scheme, K, N))
-    t = ws.tensors
-    wt = (t["q"], t["scales"], t.get("zeros"), t.get("perm"))
-    cases.append(
-        ("wint_linear", wint_native.WINT_OP, (*wt, x, bias, ws.ints, ws.large_m, ws.tiles_m, torch.bfloat16))
-    )
-    cases.append(("wint_dequant_rows", wint_native.WINT_DEQUANT_OP, (*wt, ws.ints, 0, N, torch.float32)))
-    cw = reference.quantize(torch.randn(N, K, generator=g), "w8a8-int-ch-sym")
-    a8 = wint_native.NativeW8A8Int8().prepare(cw, LayerSpec(cw.scheme, K, N))
-    a8args = (a8.tensors["q"], a8.tensors["scales"], x, None, a8.ints, a8.in_scale, a8.large_m, torch.float32)
-    cases.append(("w8a8_linear", wint_native.W8A8_OP, a8args))
-    cw = reference.quantize(torch.randn(N, K, generator=g), "w4a16-nf4-g64")
-    ls = lut_native.NativeLut().prepare(cw, LayerSpec(cw.scheme, K, N))
-    t = ls.tensors
-    lt = (t["q"], t.get("scales"), t.get("rowscale"), t["tab"])
-    cases.append(
-        ("lut_linear", lut_native.LUT_OP, (*lt, x, bias, ls.ints, ls.large_m, ls.tiles_m, torch.float32))
-    )
-    code = cw["code"].float().contiguous()
-    cases.append(("lut_dequant_rows", lut_native.LUT_DEQUANT_OP, (*lt, code, ls.ints, 2, 19, torch.float32)))
+    cases = {}
+    for name, kernel, scheme, act in (
+        ("gguf", gguf_native.CpuNativeGGUF, "gguf-q4_k", torch.float32),
+        ("amx_gguf", amx.AmxGGUF, "gguf-q6_k", torch.float32),
+        ("wint", wint_native.NativeWint, "w4a16-int-g64-asym", torch.bfloat16),
+        ("amx_wint", amx.AmxWint, "w4a16-int-g64-asym", torch.float32),
+        ("w8a8", wint_native.NativeW8A8Int8, "w8a8-int-ch-sym", torch.float32),
+        ("lut", lut_native.NativeLut, "w4a16-nf4-g64", torch.float32),
+        ("amx_lut", amx.AmxLut, "w4a16-nvfp4", torch.bfloat16),
+    ):
+        cw = reference.quantize(torch.randn(N, K, generator=g), scheme)
+        st = kernel().prepare(cw, LayerSpec(cw.scheme, K, N, act_dtype=act))
+        cases[f"{name}_linear"] = (st, torch.ops.quantrt.linear, (x.to(act), bias, st.id))
+        if st.rows is not None:
+            cases[f"{name}_rows"] = (st, torch.ops.quantrt.rows, (st._anchor, st.id, 5, 30))
     w = (torch.randn(N, K, generator=g) * 0.1).to(torch.bfloat16)
-    cases.append(("dense_linear", dense_native.DENSE_OP, (w, x.to(torch.bfloat16), bias.to(torch.bfloat16))))
-    return {name: (op, args) for name, op, args in cases}
+    dense = dense_native.DenseLinear(w, bias.to(torch.bfloat16), torch.bfloat16)
+    p = dense._prepared[torch.bfloat16]
+    cases["dense_linear"] = (dense, torch.ops.quantrt.linear, (x.to(torch.bfloat16), dense.bias, p.id))
+    return {name: (op, args, keep) for name, (keep, op, args) in cases.items()}
 
 
 OPS = (
     "gguf_linear",
-    "gguf_dequant_rows",
+    "gguf_rows",
+    "amx_gguf_linear",
+    "amx_gguf_rows",
     "wint_linear",
-    "wint_dequant_rows",
+    "amx_wint_linear",
     "w8a8_linear",
     "lut_linear",
-    "lut_dequant_rows",
+    "amx_lut_linear",
     "dense_linear",
 )
 
 
 @pytest.mark.parametrize("name", OPS)
 def test_op_schema_and_fake_match_the_real_op(name: str) -> None:
-    op, args = _op_cases()[name]
+    op, args, _ = _op_cases()[name]
     torch.library.opcheck(
         op, args, test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_dynamic")
     )
 
 
 def test_eager_calls_do_not_enter_the_op_layer(monkeypatch) -> None:
-    """The eager hot path is the direct ctypes call: replacing every op by a failure changes nothing."""
+    """The eager hot path is the direct ctypes call: making the traced op's way to a prepared layer
+    fail changes nothing."""
     g = gen("eager")
     layers = [quantized(s, n, 256, g)[0] for s, n in (("gguf-q4_k", 20), *SIDE)]
     dense = dense_native.DenseLinear(
         torch.randn(20, 256, generator=g).to(torch.bfloat16), None, torch.float32
     )
 
-    def refuse(*args: object) -> torch.Tensor:
+    def refuse(*args: object) -> object:
         raise AssertionError("an eager call went through the torch op")
 
-    for module, attr in (
-        (gguf_native, "LINEAR_OP"),
-        (wint_native, "WINT_OP"),
-        (wint_native, "W8A8_OP"),
-        (lut_native, "LUT_OP"),
-        (dense_native, "DENSE_OP"),
-    ):
-        monkeypatch.setattr(module, attr, refuse)
+    monkeypatch.setattr(prepared_module, "live", refuse)
+    with pytest.raises(AssertionError, match="through the torch op"):  # the op would notice
+        torch.ops.quantrt.linear(torch.randn(2, 256), None, layers[0]._state.id)
     x = torch.randn(2, 256, generator=g)
     for lin in (*layers, dense):
         assert torch.isfinite(lin(x)).all()

@@ -267,8 +267,8 @@ def test_one_prepared_layout_within_checkpoint_size(scheme: str, N: int, K: int)
         w[n].untyped_storage().nbytes() for n in ("qweight", "scales", "zeros") if w.get(n) is not None
     )
     _, st = layer(NativeWint, w, torch.bfloat16)
-    assert st.nbytes <= 1.10 * stored, (st.nbytes, stored)
-    # every batch size runs from these tensors: both strategies read the same state
+    assert st.layout.nbytes <= 1.10 * stored, (st.layout.nbytes, stored)
+    # every batch size runs from these tensors: both strategies read the same layout
     k = NativeWint()
     assert {k.strategy(st, 1), k.strategy(st, 64)} == {"gemv", "panel-gemm"}
 
@@ -287,13 +287,14 @@ def test_both_strategies_at_every_batch_size(kernel: type, scheme: str) -> None:
     else:
         w = reference.quantize(torch.randn(N, K, generator=gen), scheme)
     k, st = layer(kernel, w, torch.bfloat16, torch.float32)
+    gemv, large = st.strategies[0], st.strategies[-1]
+    assert gemv.name == "gemv" and large.name in ("panel-gemm", "gemm")
     for M in (1, 2, 5, 9, 13):
         x = torch.randn(M, K, generator=gen).bfloat16()
         ref = reference.linear(x, w, out_dtype=torch.float32)
-        for large_m in (1, 10**9):
-            forced = dataclasses.replace(st, large_m=large_m)
-            assert (k.strategy(forced, M) == "gemv") == (large_m > M)
-            assert rel(k.apply(forced, x), ref) < TIGHT, (M, large_m)
+        assert (k.strategy(st, M) == "gemv") == (M <= gemv.max_m)
+        for s in (gemv, large):
+            assert rel(s.fn(st.layout, x, None, None, None), ref) < TIGHT, (M, s.name)
 
 
 # -- W8A8 --------------------------------------------------------------------------------------
@@ -395,7 +396,7 @@ def test_supports_names_the_failing_predicate(monkeypatch: pytest.MonkeyPatch) -
     assert "group size % 16 == 0" in reason("w4a16-int-g40-sym")
     assert "weight-only" in reason("w4a8-int-g128-sym-afp8")
     assert "act-order with the full K" in reason("w4a16-int-g128-sym-actorder", K_part=128)
-    assert "activations fp32, bf16 or fp16" in reason("w4a16-int-g128-sym", act_dtype=torch.float64)
+    assert "activations (float32, bfloat16, float16)" in reason("w4a16-int-g128-sym", act_dtype=torch.float64)
     assert "dynamic per-token or static per-tensor" in reason("w8a8-int-ch-sym-dyn")
     no_bf16 = dataclasses.replace(CPU, features=CPU.features - {"avx512_bf16"})
     assert "avx512_bf16" in reason("w4a16-int-g128-sym", no_bf16)

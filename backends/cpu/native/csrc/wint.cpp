@@ -57,8 +57,8 @@ constexpr int TILE = 16;
 constexpr int NT = 4;  // tiles per block of the large-M path (64 output rows)
 constexpr int MR = 6;  // activation rows per micro-kernel call of the large-M path
 
-// A 64-byte aligned scratch buffer per thread (declared as workspace in Python): it grows to the
-// largest request and is given back when a request needs under a quarter of a big one.
+// A 64-byte aligned scratch buffer per thread (the library's own: Python declares no workspace): it
+// grows to the largest request and is given back when a request needs under a quarter of a big one.
 struct Scratch {
   void* p = nullptr;
   size_t n = 0;
