@@ -18,7 +18,9 @@ import json
 import torch
 import torch.nn.functional as F
 
+from quantrt.backends.cuda import triton_gguf, triton_lut4
 from quantrt.bench import git_sha, median_us, versions
+from quantrt.env import Overrides
 from quantrt.layers import QuantLinear
 from quantrt.reference import quantize
 
@@ -44,17 +46,26 @@ def main() -> None:
         for shape in args.shapes.split(","):
             K, N = (int(v) for v in shape.split("x"))
             w = torch.randn(N, K, device="cuda") * 0.02
-            layer = QuantLinear.from_canonical(quantize(w, scheme), device="cuda", act_dtype=torch.bfloat16)
+            # by name: the kernels whose large batches take dequant + cuBLAS slices
+            kernel = "cuda.triton_gguf" if scheme.startswith("gguf") else "cuda.triton_bnb4"
+            layer = QuantLinear.from_canonical(
+                quantize(w, scheme),
+                device="cuda",
+                act_dtype=torch.bfloat16,
+                overrides=Overrides(kernel=kernel),
+            )
             dense = w.to(torch.bfloat16)
             del w
             base = layer._state
+            module = triton_gguf if layer.kernel_name == "cuda.triton_gguf" else triton_lut4
             for m in (int(v) for v in args.ms.split(",")):
                 x = torch.randn(m, K, device="cuda", dtype=torch.bfloat16)
                 cublas = median_us(lambda x=x, d=dense: F.linear(x, d))
                 for rows in (int(v) for v in args.rows.split(",")):
-                    layer._state = base if rows == 0 else dataclasses.replace(base, slice_rows=rows)
+                    layout = base.layout if rows == 0 else dataclasses.replace(base.layout, slice_rows=rows)
+                    layer._state = module.build(layer._kernel, layout, layer.layer_spec())
                     t = median_us(lambda x=x, lay=layer: lay(x))
-                    row = {"scheme": scheme, "K": K, "N": N, "M": m, "slice_rows": layer._state.slice_rows,
+                    row = {"scheme": scheme, "K": K, "N": N, "M": m, "slice_rows": layer._state.layout.slice_rows,
                            "quantrt_us": round(t, 1), "cublas_bf16_us": round(cublas, 1),
                            "vs_cublas": round(cublas / t, 3)}  # fmt: skip
                     doc["rows"].append(row)

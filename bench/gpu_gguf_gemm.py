@@ -22,7 +22,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from quantrt.backends.cuda import tile_table
+from quantrt.backends.cuda import tile_table, triton_gguf
 from quantrt.backends.triton.gguf import gguf_dequant, gguf_planes
 from quantrt.backends.triton.gguf_gemm import gemm_candidates, gguf_gemm
 from quantrt.bench import git_sha, median_us, random_weight, versions
@@ -102,7 +102,8 @@ def main() -> int:
             )
             # the path the GEMM replaces: every batch past the GEMV on dequant + cuBLAS, whatever
             # the committed table gives the fused GEMM
-            dense._state = dataclasses.replace(dense._state, gemm_configs=(), gemm_max_m=0, gemv_max_m=0)
+            lay = dataclasses.replace(dense._state.layout, gemm_configs=(), gemm_max_m=0, gemv_max_m=0)
+            dense._state = triton_gguf.build(dense._kernel, lay, dense.layer_spec())
             w = gguf_dequant(planes, t, N, K, dt, 0, N)
             dense_w = torch.randn(N, K, device="cuda", dtype=dt) * 0.02
             for m in ms:

@@ -68,7 +68,7 @@ def main() -> int:
                 canon, device="cuda", act_dtype=dt, overrides=Overrides(kernel="cuda.triton_gguf")
             )
             assert cuda.kernel_name == "cuda.gemv_gguf", cuda.selection.explain()
-            w = tri._kernel.dequant_rows(tri._state, 0, N)  # the Triton dequantizer's bf16 weight
+            w = tri.dequant_rows(0, N)  # the Triton dequantizer's fp32 weight
             dense_w = torch.randn(N, K, device="cuda", dtype=dt) * 0.02
             for m in ms:
                 x = torch.randn(m, K, device="cuda", dtype=dt)
@@ -100,7 +100,8 @@ def main() -> int:
                     if c.warps > steps:
                         continue
                     fn = Launch(function(gguf_gemv.SOURCE, c.expr(dt, t), dev), gguf_gemv.ARGS)
-                    cuda._state = dataclasses.replace(saved, shapes=(c,), launches=(fn,))
+                    lay = dataclasses.replace(saved.layout, shapes=(c,), launches=(fn,))
+                    cuda._state = gguf_gemv.build(cuda._kernel, lay, cuda.layer_spec())
                     us = median_us(lambda f=cuda, x=x: f(x))
                     s = {"type": t, "K": K, "N": N, "rows": c.rows, "warps": c.warps, "us": round(us, 2),
                          "pct_copy": round(100 * nbytes / us / 1e6 / copy, 1)}  # fmt: skip

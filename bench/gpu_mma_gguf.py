@@ -63,7 +63,7 @@ def main() -> int:
             except Exception as e:  # a kernel that does not take this type is left out, and said so
                 print(f"{name}: {e}", flush=True)
         tri = layers["cuda.triton_gguf"]
-        w = tri._kernel.dequant_rows(tri._state, 0, N).float()
+        w = tri.dequant_rows(0, N)  # the Triton dequantizer's fp32 weight
         dense = torch.randn(N, K, device="cuda", dtype=dt) * 0.02
         for m in ms:
             x = torch.randn(m, K, device="cuda", dtype=dt)

@@ -4,10 +4,11 @@ the GPU machine) and write tunings/gguf_gemv_<arch>.json.
     python3 ci/tune_gguf_gemv.py --out $OUT/gguf_gemv_sm_90.json [--shapes 8192x57344,...] [--ms 1,2,4]
 
 For q4_k and q6_k and each batch size, every candidate (weight rows and x rows per block, warps
-splitting K) runs through the layer's own call path (``QuantLinear.__call__`` with the state's
-shapes replaced); medians with the L2 flushed, geometric mean over the shapes. The CUDA bound is
-the largest swept M (in order) where the best shape beats the Triton GEMV the layer falls back to.
-Each type's instances compile in one NVRTC run.
+splitting K) runs through the layer's own call path (``QuantLinear.__call__``, the layer rebuilt
+on its layout with the shapes replaced); medians with the L2 flushed, geometric mean over the
+shapes. The CUDA bound is the largest swept M (in order) where the best shape beats the Triton GEMV
+the layer falls back to. Each type's instances compile in one NVRTC run. The layers are
+``cuda.gemv_gguf``'s by name (dispatch gives q4_k to the tensor-core kernel).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from quantrt import reference
 from quantrt.backends.cuda import gguf_gemv, tile_table
 from quantrt.backends.cuda.cupy_kernels import Launch, compile_all, function
 from quantrt.bench import median_us
+from quantrt.env import Overrides
 from quantrt.layers import QuantLinear
 
 SHAPES = "8192x57344,28672x8192,4096x28672"
@@ -39,12 +41,14 @@ def geomean(v: list[float]) -> float:
     return math.exp(sum(math.log(t) for t in v) / len(v))
 
 
-def timed(built: list[tuple[QuantLinear, int]], m: int, patch: Callable[[Any, int], Any]) -> float:
-    """Geometric-mean microseconds of the layers at batch m, each with its state patched for the run."""
+def timed(built: list[tuple[QuantLinear, int]], m: int, patch: Callable[[int], dict[str, Any]]) -> float:
+    """Geometric-mean microseconds of the layers at batch m, each rebuilt for the run on its layout
+    with the fields ``patch(K)`` replaced."""
     times = []
     for layer, K in built:
         saved = layer._state
-        layer._state = patch(saved, K)
+        lay = dataclasses.replace(saved.layout, **patch(K))
+        layer._state = gguf_gemv.build(layer._kernel, lay, layer.layer_spec())
         x = torch.randn(m, K, device="cuda", dtype=torch.bfloat16)
         try:
             times.append(median_us(lambda layer=layer, x=x: layer(x)))
@@ -85,7 +89,9 @@ def main() -> int:
         built = []
         for K, N in shapes:
             canon = reference.quantize(torch.randn(N, K, device="cuda") * 0.02, f"gguf-{t}")
-            layer = QuantLinear.from_canonical(canon, device="cuda", act_dtype=torch.bfloat16)
+            layer = QuantLinear.from_canonical(
+                canon, device="cuda", act_dtype=torch.bfloat16, overrides=Overrides(kernel="cuda.gemv_gguf")
+            )
             assert layer.kernel_name == "cuda.gemv_gguf", layer.selection.explain()
             built.append((layer, K))
             del canon
@@ -101,19 +107,17 @@ def main() -> int:
                 fn = Launch(function(gguf_gemv.SOURCE, c.expr(torch.bfloat16, t), dev), gguf_gemv.ARGS)
 
                 def patch(
-                    st: Any, K: int, c: gguf_gemv.GemvShape = c, fn: Launch = fn, step: int = step
-                ) -> Any:
+                    K: int, c: gguf_gemv.GemvShape = c, fn: Launch = fn, step: int = step
+                ) -> dict[str, Any]:
                     shape = dataclasses.replace(c, warps=min(c.warps, -(-K // step)))
-                    return dataclasses.replace(st, shapes=(shape,), launches=(fn,))
+                    return {"shapes": (shape,), "launches": (fn,)}
 
                 us = timed(built, m, patch)
                 log(f"{t} M={m} rows={c.rows} xm={c.xm} warps={c.warps}: {us:.1f} us")
                 if us < best_t:
                     best, best_t = c, us
             # the layer with no CUDA bound: its Triton GEMV
-            triton_us = timed(
-                built, m, lambda st, K: dataclasses.replace(st, shapes=(gguf_gemv.GemvShape(0, 1, 1, 1),))
-            )
+            triton_us = timed(built, m, lambda K: {"shapes": (), "launches": ()})
             log(f"{t} M={m}: best {best} {best_t:.1f} us, Triton GEMV {triton_us:.1f} us")
             sweep[f"{t}_{m}"] = {"cuda_us": round(best_t, 2), "triton_us": round(triton_us, 2)}
             if best is None or best_t >= triton_us:

@@ -29,6 +29,7 @@ import torch
 from quantrt import reference
 from quantrt.backends.cuda import tile_table
 from quantrt.bench import median_us
+from quantrt.env import Overrides
 from quantrt.layers import QuantLinear
 
 SHAPES = ((8192, 57344), (28672, 8192), (4096, 28672))
@@ -40,23 +41,33 @@ def geomean(v: list[float]) -> float:
     return math.exp(sum(math.log(t) for t in v) / len(v))
 
 
-def layers(scheme: str, shapes: list[tuple[int, int]]) -> list[tuple[QuantLinear, int]]:
+def layers(
+    scheme: str, shapes: list[tuple[int, int]], kernel: str | None = None
+) -> list[tuple[QuantLinear, int]]:
+    """A layer per shape, dispatched (or of ``kernel`` by name)."""
+    ov = Overrides(kernel=kernel) if kernel else None
     out = []
     for K, N in shapes:
         w = torch.randn(N, K, device="cuda") * 0.02
         canon = reference.quantize(w, scheme)
         del w
-        out.append((QuantLinear.from_canonical(canon, device="cuda", act_dtype=torch.bfloat16), K))
+        out.append(
+            (QuantLinear.from_canonical(canon, device="cuda", act_dtype=torch.bfloat16, overrides=ov), K)
+        )
         del canon
     return out
 
 
 def timed(built: list[tuple[QuantLinear, int]], m: int, patch: dict[str, Any]) -> float:
-    """Geometric-mean microseconds of the layers at batch m with their states patched."""
+    """Geometric-mean microseconds of the lut4 layers at batch m, each rebuilt over its layout with
+    ``patch`` applied (launch shapes, bounds)."""
+    from quantrt.backends.cuda import triton_lut4
+
     times = []
     for layer, K in built:
         saved = layer._state
-        layer._state = dataclasses.replace(saved, **patch)
+        layout = dataclasses.replace(saved.layout, **patch)
+        layer._state = triton_lut4.build(layer._kernel, layout, layer.layer_spec())
         try:
             x = torch.randn(m, K, device="cuda", dtype=torch.bfloat16)
             times.append(median_us(lambda layer=layer, x=x: layer(x)))
@@ -92,7 +103,11 @@ def tune_lut4(shapes: list[tuple[int, int]], budget: float, log: Any) -> dict[st
     doc = tile_table.load("lut4", "default")
     table = {k: dict(v) for k, v in doc["lut4"].items()}
     sweep: dict[str, Any] = {}
-    built = {s: layers(s, shapes) for s in ("w4a16-nvfp4", "w4a16-nf4-g64")}
+    # by name: dispatch gives these schemes to the tensor-core kernels where CuPy is importable
+    built = {
+        s: layers(s, shapes, k)
+        for s, k in (("w4a16-nvfp4", "cuda.triton_fp4"), ("w4a16-nf4-g64", "cuda.triton_bnb4"))
+    }
     for i, (key, m) in enumerate((("1", 1), ("16", 16), ("64", 64))):
         best, best_t = table[key], math.inf
         cands = lut4_candidates(m)
@@ -140,6 +155,24 @@ def gguf_candidates(m: int) -> list[dict[str, int]]:
     return out
 
 
+def gguf_timed(built: list[tuple[QuantLinear, int]], m: int, patch: dict[str, Any]) -> float:
+    """Geometric-mean microseconds of the ``cuda.triton_gguf`` layers at batch m, each rebuilt on its
+    layout with the fields ``patch`` replaced."""
+    from quantrt.backends.cuda import triton_gguf
+
+    times = []
+    for layer, K in built:
+        saved = layer._state
+        layout = dataclasses.replace(saved.layout, **patch)
+        layer._state = triton_gguf.build(layer._kernel, layout, layer.layer_spec())
+        try:
+            x = torch.randn(m, K, device="cuda", dtype=torch.bfloat16)
+            times.append(median_us(lambda layer=layer, x=x: layer(x)))
+        finally:
+            layer._state = saved
+    return geomean(times)
+
+
 def tune_gguf(shapes: list[tuple[int, int]], budget: float, log: Any) -> dict[str, Any]:
     from quantrt.backends.triton.gguf import GGUFConfig
 
@@ -147,7 +180,8 @@ def tune_gguf(shapes: list[tuple[int, int]], budget: float, log: Any) -> dict[st
     types: dict[str, Any] = dict(doc.get("types", {}))
     times: dict[str, Any] = {}
     for ti, t in enumerate(("q4_k", "q6_k", "q8_0")):
-        built = layers(f"gguf-{t}", shapes)
+        # by name: dispatch gives q4_k and q8_0 to the tensor-core kernels
+        built = layers(f"gguf-{t}", shapes, kernel="cuda.triton_gguf")
         rows: dict[str, Any] = {}
         for j, bound in enumerate(("1", "4")):
             m = int(bound)
@@ -159,7 +193,9 @@ def tune_gguf(shapes: list[tuple[int, int]], budget: float, log: Any) -> dict[st
                     log(f"gguf {t} {bound}: budget spent")
                     break
                 try:
-                    t_us = timed(built, m, {"configs": ((1 << 30, GGUFConfig(**c)),), "gemv_max_m": 1 << 30})
+                    t_us = gguf_timed(
+                        built, m, {"configs": ((1 << 30, GGUFConfig(**c)),), "gemv_max_m": 1 << 30}
+                    )
                 except Exception as e:  # a shape that does not compile is skipped, not fatal
                     log(f"gguf {t} {c}: {type(e).__name__}: {e}")
                     continue

@@ -12,7 +12,6 @@ while they wait.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import itertools
 import json
 import math
@@ -110,25 +109,22 @@ def main() -> None:
     for K, N in shapes:
         canon = random_weight(args.scheme, N, K)
         layer = QuantLinear.from_canonical(canon, device="cuda", act_dtype=torch.bfloat16)
-        state = layer._state
+        lay = layer._state.layout
         dense = torch.randn(N, K, device="cuda", dtype=torch.bfloat16)
-        limit = mk.smem_limit(dev) - mk.BOOK_SMEM.get(state.code, 0)  # as prepare(): the code book's copies
-        szb = mk.sz_bytes(torch.bfloat16, state.code)
+        limit = mk.smem_limit(dev) - mk.BOOK_SMEM.get(lay.code, 0)  # as prepare(): the code book's copies
+        szb = mk.sz_bytes(torch.bfloat16, lay.code)
+        dequant_cublas = mk.dense_strategy(lay).fn
         sms = torch.cuda.get_device_properties(dev).multi_processor_count
         for bucket in buckets:
             x = torch.randn(bucket, K, device="cuda", dtype=torch.bfloat16)
             cublas[(K, N, bucket)] = bench(lambda x=x, dense=dense: torch.nn.functional.linear(x, dense))
             cands = []
-            ints = state.code == state.bits  # wgmma and folding: integer codes only
-            for row in candidates(bucket, hopper and ints, state.gpc == 1 and ints):
-                shape = mk.Shape.of(
-                    row, state.bits, torch.bfloat16, state.gpc, foldable=state.code == state.bits
-                )
-                wk = mk.pick_warps(
-                    shape, row, state.n_pad, state.chunks, sms, limit, state.gpc, szb, state.bits
-                )
-                if shape.smem(wk, state.gpc, szb, state.bits) <= limit and mk.params_fit(shape.nt, szb):
-                    cands.append((row, shape, wk, mk.tile_expr(torch.bfloat16, state.code, state.gpc, shape)))
+            ints = lay.code == lay.bits  # wgmma and folding: integer codes only
+            for row in candidates(bucket, hopper and ints, lay.gpc == 1 and ints):
+                shape = mk.Shape.of(row, lay.bits, torch.bfloat16, lay.gpc, foldable=lay.code == lay.bits)
+                wk = mk.pick_warps(shape, row, lay.n_pad, lay.chunks, sms, limit, lay.gpc, szb, lay.bits)
+                if shape.smem(wk, lay.gpc, szb, lay.bits) <= limit and mk.params_fit(shape.nt, szb):
+                    cands.append((row, shape, wk, mk.tile_expr(torch.bfloat16, lay.code, lay.gpc, shape)))
             for src, wgmma in ((mk.SOURCE, False), (mk.WG_SOURCE, True)):  # one NVRTC run per source
                 exprs = [e for _, sh, _, e in cands if sh.wgmma == wgmma]
                 if exprs:
@@ -136,8 +132,7 @@ def main() -> None:
             dense_row = {"max_m": bucket, "dense": True}  # dequant + cuBLAS: what M past the table runs
             key = label(dense_row)
             rows_of[key] = dense_row
-            no_tiles = dataclasses.replace(state, tiles=())
-            t = bench(lambda st=no_tiles, x=x: mk.run(st, x, None, None))
+            t = bench(lambda f=dequant_cublas, lay=lay, x=x: f(lay, x, None, None, None))
             times.setdefault(key, []).append(t)
             print(f"{K}x{N} M={bucket} {key}: {t * 1e3:.1f} us ({cublas[(K, N, bucket)] / t:.2f}x cuBLAS)")
             for row, shape, wk, expr in cands:
@@ -145,9 +140,9 @@ def main() -> None:
                     continue  # spills: never a winner
                 key = label(row)
                 rows_of[key] = row
-                tile = mk.make_tile(shape, torch.bfloat16, state.code, state.gpc, dev, wk)
-                st = dataclasses.replace(state, tiles=(dataclasses.replace(tile, max_m=1 << 30),))
-                t = bench(lambda st=st, x=x: mk.run(st, x, None, None))
+                tile = mk.make_tile(shape, torch.bfloat16, lay.code, lay.gpc, dev, wk)
+                run = mk.tile_strategy(tile).fn  # this launch shape for every batch size
+                t = bench(lambda run=run, lay=lay, x=x: run(lay, x, None, None, None))
                 times.setdefault(key, []).append(t)
                 print(
                     f"{K}x{N} M={bucket} {key} wk{tile.wk}: {t * 1e3:.1f} us "

@@ -16,23 +16,28 @@ the table's CUDA bound take the Triton path; q8_0 (one byte per code, little to 
 slower here than in the Triton GEMV at every shape measured, so it was left out. q4_k and q8_0 now
 rank first on the tensor-core kernel (``mma_gguf.py``: fewer instructions per weight, every M
 faster on the H200), so this kernel serves q6_k, and q4_k when asked for by name.
-Launch shapes and bounds come from ``tunings/gguf_gemv_<arch>.json``.
+Launch shapes and bounds come from ``tunings/gguf_gemv_<arch>.json``. The layer's strategies are
+this GEMV's, one per launch shape, in front of the Triton GGUF strategies of the same layout
+(``triton_gguf.gguf_strategies``) for the batches above its bound.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from quantrt.canonical import CanonicalWeight
-from quantrt.kernels import Verdict, check
+from quantrt.kernels import Kernel, Verdict, check
+from quantrt.prepared import ALL_M, Prepared, Strategy
 from quantrt.specs import LayerSpec
 
-from . import tile_table
+from . import dense_slices, tile_table
 from .cupy_kernels import Launch, compile_all, function, stream
-from .triton_gguf import CudaTritonGGUF, GGUFState
+from .triton_gguf import GGUFLayout, gguf_conditions, gguf_layout, gguf_rows, gguf_strategies
 
 SOURCE = "gguf_gemv.cu"
 TABLE = "gguf_gemv"
@@ -57,10 +62,12 @@ class GemvShape:
         return f"gguf_gemv<{CT[act]}, {TYPE_ID[gguf_type]}, {self.rows}, {self.xm}>"
 
 
-@dataclass
-class GemvGGUFState(GGUFState):
-    shapes: tuple[GemvShape, ...] = ()  # ascending max_m; batches above the last take the Triton GEMV
-    launches: tuple[Launch, ...] = ()
+@dataclass(frozen=True)
+class GemvLayout(GGUFLayout):
+    """The Triton GGUF layout (the same planes) plus this kernel's launch shapes."""
+
+    shapes: tuple[GemvShape, ...] = ()  # ascending max_m; batches above the last take the Triton strategies
+    launches: tuple[Launch, ...] = ()  # the compiled kernel of each shape
     device: int = 0
 
 
@@ -78,63 +85,82 @@ def shapes_for(doc: dict[str, Any], gguf_type: str, K: int) -> tuple[GemvShape, 
     return tuple(out)
 
 
-def launch(state: GemvGGUFState, x: torch.Tensor, bias: torch.Tensor | None, y: torch.Tensor) -> None:
-    """``y = x @ W.T (+ bias)`` on the shape for ``x``'s rows (x rows 16-byte aligned, y rows contiguous)."""
+def launch(
+    lay: GemvLayout, shape: GemvShape, fn: Launch, x: torch.Tensor, bias: torch.Tensor | None, y: torch.Tensor
+) -> None:
+    """``y = x @ W.T (+ bias)`` on one launch shape (x rows 16-byte aligned, y rows contiguous)."""
     M = x.shape[0]
-    i = 0
-    while i + 1 < len(state.shapes) and M > state.shapes[i].max_m:
-        i += 1
-    shape = state.shapes[i]
-    p = state.plane_list + [state.plane_list[0]] * (4 - len(state.plane_list))
+    p = lay.plane_list + [lay.plane_list[0]] * (4 - len(lay.plane_list))
     args = (x.data_ptr(), p[0].data_ptr(), p[1].data_ptr(), p[2].data_ptr(), p[3].data_ptr())
     args += (
         0 if bias is None else bias.data_ptr(),
         y.data_ptr(),
         M,
-        state.K,
-        state.N,
+        lay.K,
+        lay.N,
         x.stride(0),
         y.stride(0),
     )
-    state.launches[i]((-(-state.N // shape.rows), -(-M // shape.xm), 1), (32, shape.warps, 1), args, 0,
-                      stream(state.device))  # fmt: skip
+    fn((-(-lay.N // shape.rows), -(-M // shape.xm), 1), (32, shape.warps, 1), args, 0, stream(lay.device))
 
 
-def run(
-    state: GemvGGUFState, x: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor | None
+def _gemv(
+    shape: GemvShape,
+    fn: Launch,
+    lay: GemvLayout,
+    x: torch.Tensor,
+    bias: torch.Tensor | None,
+    out: torch.Tensor | None,
+    ws: Any,
 ) -> torch.Tensor:
     """The small-batch call: x in the activation dtype, rows moved to 16-byte boundaries if needed."""
     if x.stride(1) != 1 or x.stride(0) % 8 or x.data_ptr() % 16:
-        buf = torch.empty(x.shape[0], -(-state.K // 8) * 8, dtype=x.dtype, device=x.device)
-        buf[:, : state.K] = x
+        buf = torch.empty(x.shape[0], -(-lay.K // 8) * 8, dtype=x.dtype, device=x.device)
+        buf[:, : lay.K] = x
         x = buf
-    if out is not None and out.stride(1) != 1:
-        out.copy_(run(state, x, bias, None))
-        return out
-    y = torch.empty(x.shape[0], state.N, dtype=state.act, device=x.device) if out is None else out
-    if x.shape[0]:
-        launch(state, x, bias, y)
+    y = torch.empty(x.shape[0], lay.N, dtype=lay.act, device=x.device) if out is None else out
+    launch(lay, shape, fn, x, bias, y)
     return y
 
 
-class CudaGemvGGUF(CudaTritonGGUF):
+def strategies(layout: GemvLayout) -> list[Strategy]:
+    """The CUDA GEMV per launch shape, then the Triton GGUF strategies for the batches above its
+    bound, named "triton ..." (dequant + cuBLAS keeps its name). Their ``fn`` takes x, bias and
+    ``out`` in the activation dtype."""
+    cuda = [
+        Strategy(s.max_m, f"cuda gemv R{s.rows} XM{s.xm} W{s.warps}", functools.partial(_gemv, s, fn))
+        for s, fn in zip(layout.shapes, layout.launches)
+    ]
+    bound = layout.shapes[-1].max_m if layout.shapes else 0
+    triton = [
+        s if s.max_m == ALL_M else Strategy(s.max_m, "triton " + s.name, s.fn)
+        for s in gguf_strategies(layout)
+        if s.max_m > bound
+    ]
+    return [*cuda, *triton]
+
+
+def build(kernel: Kernel, layout: GemvLayout, spec: LayerSpec) -> Prepared:
+    """The prepared layer over ``layout`` with :func:`strategies` and exact row access (tools
+    rebuild one from a replaced layout)."""
+    s = dense_slices.in_act_dtype(strategies(layout), layout.act, spec.output_dtype)
+    return kernel.prepared(layout, s, spec, layout.plane_list[0].device, rows=gguf_rows)
+
+
+class CudaGemvGGUF(Kernel):
     """GGUF q4_k/q6_k: CUDA GEMV on the native planes for one row, Triton GEMV for a few, dequant + cuBLAS above."""
 
     name = "cuda.gemv_gguf"
-    priority = 39  # before the Triton GEMV of the same planes (40)
-    table = TABLE
     description = (
         "GGUF q4_k/q6_k: CUDA GEMV on llama.cpp's blocks split into aligned planes (byte-permute decode to fp32, "
         "scales on run sums) at M=1; the Triton GEMV for a few rows; Triton dequant + cuBLAS (bounded slices) above"
     )
 
     @classmethod
-    def supports(cls, spec: LayerSpec, caps: Any) -> Verdict:
-        base = super().supports(spec, caps)
-        if not base:
-            return base
+    def can_implement(cls, spec: LayerSpec, caps: Any) -> Verdict:
         t = spec.scheme.gguf_type
         return check(
+            *gguf_conditions(spec, caps),
             (
                 "cupy" in caps.libraries,
                 "cupy importable (NVRTC compiles the kernel)",
@@ -143,74 +169,13 @@ class CudaGemvGGUF(CudaTritonGGUF):
             (t in TYPE_ID, f"GGUF type one of {', '.join(TYPE_ID)}", {"gguf_type": t}),
         )
 
-    def prepare(self, weight: CanonicalWeight, spec: LayerSpec) -> GemvGGUFState:
-        base = super().prepare(weight, spec)
+    def prepare(self, weight: CanonicalWeight, spec: LayerSpec) -> Prepared:
+        base = gguf_layout(weight, spec)
         dev = base.plane_list[0].device.index or 0
         doc = tile_table.load(TABLE, tile_table.arch_of(base.plane_list[0]))
         shapes = shapes_for(doc, base.gguf_type, base.K)
         exprs = [s.expr(base.act, base.gguf_type) for s in shapes]
         compile_all(SOURCE, exprs, dev)
         launches = tuple(Launch(function(SOURCE, e, dev), ARGS) for e in exprs)
-        fields = {f: getattr(base, f) for f in base.__dataclass_fields__}
-        fields["gemv_max_m"] = max(base.gemv_max_m, shapes[-1].max_m)
-        return GemvGGUFState(**fields, shapes=shapes, launches=launches, device=dev)
-
-    def strategy(self, state: GemvGGUFState, m: int) -> str:
-        if m <= state.shapes[-1].max_m:
-            s = next(s for s in state.shapes if m <= s.max_m)
-            return f"cuda gemv R{s.rows} XM{s.xm} W{s.warps}"
-        s = super().strategy(state, m)
-        return s if self.use_dense(state, m) else "triton " + s
-
-    def small(
-        self, state: GemvGGUFState, x: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor | None
-    ) -> torch.Tensor:
-        if x.shape[0] > state.shapes[-1].max_m:
-            return super().small(state, x, bias, out)
-        if torch.compiler.is_compiling():  # traced: the registered op with its fake
-            y = torch.ops.quantrt.gguf_gemv(x, state.plane_list, bias, meta(state))
-            return y if out is None else out.copy_(y)
-        return run(state, x, bias, out)
-
-
-def meta(state: GemvGGUFState) -> list[int]:
-    """The state's integers for the traced op: type, N, K, device, then (max_m, rows, xm, warps) per shape."""
-    flat = [TYPE_ID[state.gguf_type], state.N, state.K, state.device]
-    for s in state.shapes:
-        flat += [s.max_m, s.rows, s.xm, s.warps]
-    return flat
-
-
-@torch.library.custom_op("quantrt::gguf_gemv", mutates_args=())
-def gguf_gemv_op(
-    x: torch.Tensor, planes: list[torch.Tensor], bias: torch.Tensor | None, meta: list[int]
-) -> torch.Tensor:
-    """The GEMV as a torch op, so torch.compile traces through it (eager calls skip the op layer)."""
-    tid, N, K, dev = meta[:4]
-    t = next(k for k, v in TYPE_ID.items() if v == tid)
-    shapes = tuple(GemvShape(*meta[i : i + 4]) for i in range(4, len(meta), 4))
-    launches = tuple(Launch(function(SOURCE, s.expr(x.dtype, t), dev), ARGS) for s in shapes)
-    state = GemvGGUFState(
-        planes={},
-        plane_list=list(planes),
-        gguf_type=t,
-        N=N,
-        K=K,
-        configs=(),
-        gemv_max_m=shapes[-1].max_m,
-        gemm_configs=(),
-        gemm_max_m=0,
-        slice_rows=N,
-        act=x.dtype,
-        out_dtype=x.dtype,
-        matmul=None,
-        dequant=None,
-        gemm=None,
-        shapes=shapes,
-        launches=launches,
-        device=dev,
-    )
-    return run(state, x, bias, None)
-
-
-gguf_gemv_op.register_fake(lambda x, planes, bias, meta: x.new_empty(x.shape[0], meta[1]))
+        fields = {f.name: getattr(base, f.name) for f in dataclasses.fields(base)}
+        return build(self, GemvLayout(**fields, shapes=shapes, launches=launches, device=dev), spec)

@@ -34,10 +34,11 @@ from typing import Any
 import torch
 
 from quantrt.canonical import CanonicalWeight
-from quantrt.kernels import Verdict, check
+from quantrt.kernels import Kernel, Verdict, check
+from quantrt.prepared import Prepared
 from quantrt.specs import LayerSpec
 
-from .mma_wna16 import E2M1, LUT4, CudaMmaWNA16, fit_tiles, groups_per_chunk, sz_bytes
+from .mma_wna16 import E2M1, LUT4, Operands, fit_tiles, groups_per_chunk, prepare_mma, sz_bytes
 from .triton_lut4 import prepare_bnb4, prepare_fp4
 from .wna16_layout import KC, N_ALIGN
 from .wna16_rules import device_conditions
@@ -146,22 +147,25 @@ def bnb4_operands(
     return codes, scale_layout(rel, weight.K, G, act), col, book_pairs(book, act)
 
 
-class CudaMmaFp4(CudaMmaWNA16):
+def fp4_rows(table: dict[str, Any]) -> list[dict[str, Any]]:
+    """Code books may have their own sweep (``small_m_codebook``), else int4's shapes (unfolded);
+    byte scales need 2 n8 tiles per warp at least (16-byte pieces of parameters per group)."""
+    return fit_tiles(table.get("small_m_codebook", table["small_m"]), sz_bytes(torch.float16, E2M1))
+
+
+class CudaMmaFp4(Kernel):
     name = "cuda.mma_fp4"
     description = (
         "CUDA NVFP4/MXFP4 weight-only on tensor cores (mma.sync, int4's lane-order repack, e2m1 decoded by "
         "bit placement, one multiply per pair); cuBLAS on dequantized slices for large M"
     )
-    priority = 37  # after the native W4A4 path on sm_100 (35), before the Triton kernels (40)
-    bits = 4
-    code = E2M1
 
     @classmethod
     def is_substitute(cls, spec: LayerSpec) -> bool:
         return spec.scheme.act is not None
 
     @classmethod
-    def supports(cls, spec: LayerSpec, caps: Any) -> Verdict:
+    def can_implement(cls, spec: LayerSpec, caps: Any) -> Verdict:
         s = spec.scheme
         return check(
             *device_conditions(spec, caps, "cupy", "NVRTC compiles the kernel"),
@@ -173,32 +177,30 @@ class CudaMmaFp4(CudaMmaWNA16):
             ),
         )
 
-    def operands(
-        self, weight: CanonicalWeight, group: int | None, act: torch.dtype
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    @classmethod
+    def operands(cls, weight: CanonicalWeight, group: int | None, act: torch.dtype) -> Operands:
         codes, sz, col = fp4_operands(weight)
         return codes, sz, col, None
 
-    def tile_rows(self, table: dict[str, Any]) -> list[dict[str, Any]]:
-        """Code books may have their own sweep (``small_m_codebook``), else int4's shapes (unfolded);
-        byte scales need 2 n8 tiles per warp at least (16-byte pieces of parameters per group)."""
-        return fit_tiles(table.get("small_m_codebook", table["small_m"]), sz_bytes(torch.float16, E2M1))
+    @classmethod
+    def tile_rows(cls, table: dict[str, Any]) -> list[dict[str, Any]]:
+        return fp4_rows(table)
+
+    def prepare(self, weight: CanonicalWeight, spec: LayerSpec) -> Prepared:
+        return prepare_mma(
+            self, weight, spec, bits=4, code=E2M1, operands=self.operands, tile_rows=self.tile_rows
+        )
 
 
-class CudaMmaBnb4(CudaMmaFp4):
+class CudaMmaBnb4(Kernel):
     name = "cuda.mma_bnb4"
     description = (
         "CUDA bitsandbytes NF4/FP4 weight-only on tensor cores (mma.sync, int4's lane-order repack, the code "
         "book as a shared-memory pair table); cuBLAS on dequantized slices for large M"
     )
-    code = LUT4
 
     @classmethod
-    def is_substitute(cls, spec: LayerSpec) -> bool:
-        return False
-
-    @classmethod
-    def supports(cls, spec: LayerSpec, caps: Any) -> Verdict:
+    def can_implement(cls, spec: LayerSpec, caps: Any) -> Verdict:
         s = spec.scheme
         G = s.group_size
         return check(
@@ -216,11 +218,16 @@ class CudaMmaBnb4(CudaMmaFp4):
             ),
         )
 
-    def operands(
-        self, weight: CanonicalWeight, group: int | None, act: torch.dtype
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    @classmethod
+    def operands(cls, weight: CanonicalWeight, group: int | None, act: torch.dtype) -> Operands:
         return bnb4_operands(weight, act)
 
-    def tile_rows(self, table: dict[str, Any]) -> list[dict[str, Any]]:
+    @classmethod
+    def tile_rows(cls, table: dict[str, Any]) -> list[dict[str, Any]]:
         """The code book's own sweep (``small_m_bnb4``: its 32 KiB table changes what fits), else fp4's."""
-        return table.get("small_m_bnb4", super().tile_rows(table))
+        return table.get("small_m_bnb4", fp4_rows(table))
+
+    def prepare(self, weight: CanonicalWeight, spec: LayerSpec) -> Prepared:
+        return prepare_mma(
+            self, weight, spec, bits=4, code=LUT4, operands=self.operands, tile_rows=self.tile_rows
+        )

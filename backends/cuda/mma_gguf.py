@@ -26,16 +26,16 @@ slices for cuBLAS, as the integer kernels do.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from quantrt.canonical import CanonicalWeight
-from quantrt.kernels import Verdict, check
+from quantrt.kernels import Kernel, Verdict, check
+from quantrt.prepared import Prepared
 from quantrt.specs import LayerSpec
 
-from .mma_wna16 import Q4K, Q80, CudaMmaWNA16, fit_tiles, sz_bytes
+from .mma_wna16 import Q4K, Q80, Operands, fit_tiles, prepare_mma, sz_bytes
 from .wna16_layout import KC, N_ALIGN, ROW_SLICE
 from .wna16_rules import device_conditions
 
@@ -94,64 +94,75 @@ def q4k_operands(weight: CanonicalWeight) -> tuple[torch.Tensor, torch.Tensor]:
     return codes, _param_layout(blocks[:, :, :HEAD_BYTES], -(-K // KC[4]) * KC[4] // SUPER)
 
 
-class _GGUFOnMma(CudaMmaWNA16):
-    """One GGUF type on the tensor-core kernel: its code, its operands, its launch rows."""
-
-    priority = 38  # before the CUDA GEMV on the native planes (39) and the Triton GGUF kernels (40)
-    gguf_type = ""
-    k_multiple = 1  # K must be whole blocks (or super-blocks)
-    rows_key = ""  # the type's own launch rows in the table, from its sweep
-    base_rows = "small_m"  # else these: the integer rows of the same code width
-    #: qweight -> (codes in the canonical packing, group parameters in the kernel's layout)
-    gguf_operands: Callable[[CanonicalWeight], tuple[torch.Tensor, torch.Tensor]]
-
-    @classmethod
-    def supports(cls, spec: LayerSpec, caps: Any) -> Verdict:
-        s = spec.scheme
-        t = cls.gguf_type
-        return check(
-            *device_conditions(spec, caps, "cupy", "NVRTC compiles the kernel"),
-            (s.family == "gguf" and s.gguf_type == t, f"GGUF {t} weights", {"gguf_type": s.gguf_type}),
-            (spec.K_part % cls.k_multiple == 0, f"K a multiple of {cls.k_multiple}", {"K": spec.K_part}),
-        )
-
-    def operands(
-        self, weight: CanonicalWeight, group: int | None, act: torch.dtype
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-        codes, params = self.gguf_operands(weight)
-        return codes, params, None, None
-
-    def tile_rows(self, table: dict[str, Any]) -> list[dict[str, Any]]:
-        """The type's own sweep, else the integer rows of its code width, unfolded, with as many n8
-        tiles as whole 16-byte copies of its group parameters allow (q4_k's heads: 2 or 4)."""
-        rows = table.get(self.rows_key, table.get(self.base_rows, table["small_m"]))
-        return fit_tiles(rows, sz_bytes(torch.float16, self.code))
+def gguf_conditions(spec: LayerSpec, caps: Any, gguf_type: str, k_multiple: int) -> Verdict:
+    """The device, the one GGUF type, and K in whole blocks (or super-blocks) of it."""
+    s = spec.scheme
+    return check(
+        *device_conditions(spec, caps, "cupy", "NVRTC compiles the kernel"),
+        (
+            s.family == "gguf" and s.gguf_type == gguf_type,
+            f"GGUF {gguf_type} weights",
+            {"gguf_type": s.gguf_type},
+        ),
+        (spec.K_part % k_multiple == 0, f"K a multiple of {k_multiple}", {"K": spec.K_part}),
+    )
 
 
-class CudaMmaGGUF(_GGUFOnMma):
+def gguf_rows(table: dict[str, Any], own: str, base: str, code: int) -> list[dict[str, Any]]:
+    """The type's own sweep (``own``), else the integer rows of its code width (``base``, else
+    ``small_m``), unfolded, with as many n8 tiles as whole 16-byte copies of its group parameters
+    allow (q4_k's heads: 2 or 4)."""
+    rows = table.get(own, table.get(base, table["small_m"]))
+    return fit_tiles(rows, sz_bytes(torch.float16, code))
+
+
+class CudaMmaGGUF(Kernel):
     name = "cuda.mma_gguf"
     description = (
         "CUDA GGUF q4_k on tensor cores (mma.sync, int4's lane-order repack, llama.cpp's super-block heads as "
         "the group parameters: one fused multiply-add per code pair); cuBLAS on dequantized slices for large M"
     )
-    bits = 4
-    code = Q4K
-    gguf_type = "q4_k"
-    k_multiple = SUPER
-    rows_key = "small_m_q4k"
-    gguf_operands = staticmethod(q4k_operands)
+
+    @classmethod
+    def can_implement(cls, spec: LayerSpec, caps: Any) -> Verdict:
+        return gguf_conditions(spec, caps, "q4_k", SUPER)
+
+    @classmethod
+    def operands(cls, weight: CanonicalWeight, group: int | None, act: torch.dtype) -> Operands:
+        codes, heads = q4k_operands(weight)
+        return codes, heads, None, None
+
+    @classmethod
+    def tile_rows(cls, table: dict[str, Any]) -> list[dict[str, Any]]:
+        return gguf_rows(table, "small_m_q4k", "small_m", Q4K)
+
+    def prepare(self, weight: CanonicalWeight, spec: LayerSpec) -> Prepared:
+        return prepare_mma(
+            self, weight, spec, bits=4, code=Q4K, operands=self.operands, tile_rows=self.tile_rows
+        )
 
 
-class CudaMmaGGUFQ8(_GGUFOnMma):
+class CudaMmaGGUFQ8(Kernel):
     name = "cuda.mma_gguf_q8"
     description = (
         "CUDA GGUF q8_0 on tensor cores (mma.sync, int8's lane-order repack, llama.cpp's block scales as the "
         "group parameters); cuBLAS on dequantized slices for large M"
     )
-    bits = 8
-    code = Q80
-    gguf_type = "q8_0"
-    k_multiple = Q8_BLOCK
-    rows_key = "small_m_q80"
-    base_rows = "small_m_w8"
-    gguf_operands = staticmethod(q8_operands)
+
+    @classmethod
+    def can_implement(cls, spec: LayerSpec, caps: Any) -> Verdict:
+        return gguf_conditions(spec, caps, "q8_0", Q8_BLOCK)
+
+    @classmethod
+    def operands(cls, weight: CanonicalWeight, group: int | None, act: torch.dtype) -> Operands:
+        codes, d = q8_operands(weight)
+        return codes, d, None, None
+
+    @classmethod
+    def tile_rows(cls, table: dict[str, Any]) -> list[dict[str, Any]]:
+        return gguf_rows(table, "small_m_q80", "small_m_w8", Q80)
+
+    def prepare(self, weight: CanonicalWeight, spec: LayerSpec) -> Prepared:
+        return prepare_mma(
+            self, weight, spec, bits=8, code=Q80, operands=self.operands, tile_rows=self.tile_rows
+        )

@@ -4,16 +4,24 @@ Small M (decode) is bound by streaming the weights and by the instructions spent
 byte, so the weights are repacked once (``wna16_layout.py``) so that each lane's 16-byte load
 holds its mma fragments' codes for a run of consecutive inputs, x arrives as 16-byte vectors
 through the same asynchronous-copy ring, and for M <= 8 the operands swap so one mma serves 16
-columns (M up to 64 as n8 parts). A block's warp groups split K and reduce through shared memory: one launch per call, no
-workspace, no atomics; warps side by side over N share each chunk's x slice, so x is read from
-L2 once per block rather than once per warp (at M = 16..64 it otherwise outweighs the weights). Large M is bound by arithmetic, where cuBLAS is hard to beat: a CUDA pass
+columns (M up to 64 as n8 parts). A block's warp groups split K and reduce through shared memory:
+one launch per call, no workspace, no atomics; warps side by side over N share each chunk's x
+slice, so x is read from L2 once per block rather than once per warp (at M = 16..64 it otherwise
+outweighs the weights). Large M is bound by arithmetic, where cuBLAS is hard to beat: a CUDA pass
 writes the dequantized weight slice by slice into a bounded scratch buffer and cuBLAS multiplies
 it (the way exllama serves prefill). Launch shapes per M bucket and the M where the dense path
 takes over come from ``tunings/wna16_mma_<arch>.json``; ``prepare`` compiles what it needs.
+
+The kernel serves several weight formats, each built with its own ``CODE`` (integer codes here,
+fp4 and code books in ``mma_codebook.py``, GGUF q4_k and q8_0 in ``mma_gguf.py``): each kernel
+class hands its operands and launch rows to :func:`prepare_mma`, which builds one
+:class:`MmaLayout` and its strategies (one per launch shape, then dequant + cuBLAS).
 """
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,10 +29,12 @@ import torch
 
 from quantrt.canonical import CanonicalWeight, act_order_perm
 from quantrt.kernels import Kernel, Verdict, check
+from quantrt.prepared import ALL_M, Prepared, Strategy
 from quantrt.specs import LayerSpec
 
 from . import tile_table
 from .cupy_kernels import Launch, compile_all, function, stream
+from .dense_slices import in_act_dtype
 from .wna16_layout import KC, TG, group_params, repack_codes, wgmma_x_order
 from .wna16_rules import wna16_conditions
 
@@ -46,6 +56,14 @@ Q4K = 43  # GGUF Q4_K: nibbles with llama.cpp's super-block heads as group param
 Q80 = 44  # GGUF Q8_0: signed bytes plus 128, llama.cpp's fp16 block scale as the group parameter
 #: static shared memory the code book takes per code (LUT4: 256 pairs, one copy per bank)
 BOOK_SMEM = {LUT4: 32 * 1024}
+
+#: (codes in the canonical packing, group parameters as the kernel reads them, per-column factor
+#: or None, LUT4 code book or None)
+Operands = tuple[torch.Tensor, torch.Tensor, "torch.Tensor | None", "torch.Tensor | None"]
+#: ``operands(weight, group, act)``: a format's :data:`Operands` (group None: per channel)
+OperandsFn = Callable[[CanonicalWeight, "int | None", torch.dtype], Operands]
+#: ``tile_rows(table)``: a format's launch rows from the tuning table
+RowsFn = Callable[[dict[str, Any]], list[dict[str, Any]]]
 
 
 def code_bits(code: int) -> int:
@@ -93,21 +111,22 @@ class Tile:
     smem: int  # dynamic shared memory per block
 
 
-@dataclass
-class MmaState:
+@dataclass(frozen=True)
+class MmaLayout:
+    """A weight as the tensor-core kernel reads it, with the launch shapes chosen for it at load."""
+
     w: torch.Tensor  # uint8 [Npad/8/TG, chunks, TG, 32, 16]
-    sz: torch.Tensor
-    perm: torch.Tensor | None
+    sz: torch.Tensor  # group parameters [groups, Npad, ...]
+    perm: torch.Tensor | None  # act-order: the input order that makes groups contiguous
     N: int
     K: int
     n_pad: int
     chunks: int
     shift: int  # log2(chunks per group), when a group spans whole chunks
-    tiles: tuple[Tile, ...]
-    dense_fn: Any
+    tiles: tuple[Tile, ...]  # ascending max_m; larger batches take the dense path
+    dense_fn: Any  # the dequantizer of the dense path
     slice_chunks: int  # chunks dequantized per cuBLAS call on the dense path
     act: torch.dtype
-    out_dtype: torch.dtype
     device: int
     bits: int
     gpc: int
@@ -116,116 +135,140 @@ class MmaState:
     book: torch.Tensor | None = None  # LUT4: int32 [256], mma_codebook.book_pairs
 
 
-class CudaMmaWNA16(Kernel):
-    """Integer weight-only matmul on tensor cores; weights repacked so each lane loads its fragments whole."""
+# -- the integer kernels' own parts ---------------------------------------------------------------
 
-    backend = "cuda"
-    device_kinds = ("cuda",)
-    priority = 30
-    bits = 4
-    code = 4
 
-    @classmethod
-    def supports(cls, spec: LayerSpec, caps: Any) -> Verdict:
-        s = spec.scheme
-        group = s.group_size if s.granularity == "group" else None
-        return check(
-            *wna16_conditions(spec, caps, cls.bits, "cupy", "NVRTC compiles the kernel"),
-            (
-                groups_per_chunk(cls.bits, group) > 0,
-                f"group size {KC[cls.bits]} times a power of two, or 16..{KC[cls.bits]} dividing it",
-                {"group_size": group},
-            ),
-        )
+def int_conditions(spec: LayerSpec, caps: Any, bits: int) -> Verdict:
+    """Integer weights of ``bits`` bits whose groups the kernel's chunks can hold."""
+    s = spec.scheme
+    group = s.group_size if s.granularity == "group" else None
+    return check(
+        *wna16_conditions(spec, caps, bits, "cupy", "NVRTC compiles the kernel"),
+        (
+            groups_per_chunk(bits, group) > 0,
+            f"group size {KC[bits]} times a power of two, or 16..{KC[bits]} dividing it",
+            {"group_size": group},
+        ),
+    )
 
-    def operands(
-        self, weight: CanonicalWeight, group: int | None, act: torch.dtype
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-        """(codes in the canonical packing, group parameters as the kernel reads them, per-column
-        factor or None, LUT4 code book or None)."""
-        sz = group_params(weight["scales"], weight.get("zeros"), self.bits, weight.K, group, act).sz
-        return weight["qweight"], sz, None, None
 
-    def prepare(self, weight: CanonicalWeight, spec: LayerSpec) -> MmaState:
-        s = weight.scheme
-        bits, code = self.bits, self.code
-        group = s.group_size if s.granularity == "group" else None
-        perm = act_order_perm(weight, group or weight.K)
-        q = weight["qweight"]
-        dev = q.device.index if q.device.index is not None else torch.cuda.current_device()
-        N, K = weight.N, weight.K
-        act = spec.act_dtype
-        codes, sz, col_scale, book = self.operands(weight, group, act)
-        packed = repack_codes(codes, bits, N, K, perm, natural=code == LUT4)
-        chunks = packed.shape[1]
-        n_pad = packed.shape[0] * TG * 8
-        gpc = groups_per_chunk(bits, group)
-        cap = torch.cuda.get_device_capability(dev)
-        table = tile_table.load("wna16_mma", f"sm_{cap[0]}{cap[1]}")
-        sms = torch.cuda.get_device_properties(dev).multi_processor_count
-        limit = smem_limit(dev) - BOOK_SMEM.get(code, 0)
-        szb = sz_bytes(act, code)
-        rows = self.tile_rows(table)
-        shapes = [(Shape.of(row, bits, act, gpc, foldable=code == bits), row) for row in rows]
-        shapes = [
-            (sh, row) for sh, row in shapes if not sh.wgmma or (cap == (9, 0) and code == bits)
-        ]  # sm_90a code: Hopper only, integer codes only
-        mma = [tile_expr(act, code, gpc, sh) for sh, _ in shapes if not sh.wgmma]
-        compile_all(SOURCE, [*mma, dense_expr(act, code, gpc)], dev)
-        wg = [tile_expr(act, code, gpc, sh) for sh, _ in shapes if sh.wgmma]
-        if wg:
-            compile_all(WG_SOURCE, wg, dev)
-        tiles = []
-        for shape, row in shapes:
-            wk = pick_warps(shape, row, n_pad, chunks, sms, limit, gpc, szb, bits)
-            tiles.append(make_tile(shape, act, code, gpc, dev, wk))
-        dense_fn = Launch(function(SOURCE, dense_expr(act, code, gpc), dev), DENSE_ARGS)
-        budget = int(table.get("dense_workspace_mb", 256)) << 20
-        slice_chunks = max(1, min(chunks, budget // (2 * N * KC[bits])))
-        return MmaState(
-            packed, sz, None if perm is None else perm.to(q.device), N, K, n_pad, chunks,
-            chunk_shift(bits, group), tuple(tiles), dense_fn, slice_chunks, act, spec.output_dtype, dev, bits, gpc,
-            code, col_scale, book,
-        )  # fmt: skip
+def int_operands(weight: CanonicalWeight, group: int | None, act: torch.dtype, bits: int) -> Operands:
+    """Integer codes as stored; scales and zeros as the kernel's biased group parameters."""
+    sz = group_params(weight["scales"], weight.get("zeros"), bits, weight.K, group, act).sz
+    return weight["qweight"], sz, None, None
 
-    def tile_rows(self, table: dict[str, Any]) -> list[dict[str, Any]]:
-        """The launch shapes per M bucket (int8 codes may have their own sweep)."""
-        return table.get(f"small_m_w{self.bits}", table["small_m"])
 
-    def workspace_bytes(self, spec: LayerSpec, max_m: int) -> int:
-        return 0  # the dense path's scratch comes from torch's allocator, at most dense_workspace_mb
+def int_rows(table: dict[str, Any], bits: int) -> list[dict[str, Any]]:
+    """The launch shapes per M bucket (int8 codes may have their own sweep)."""
+    return table.get(f"small_m_w{bits}", table["small_m"])
 
-    def strategy(self, state: MmaState, m: int) -> str:
-        tile = self._tile(state, m)
-        if tile is None:
-            k = state.slice_chunks * KC[state.bits]
-            return f"dequant+cuBLAS (K slices of {min(k, state.K)})"
-        if tile.wgmma:
-            return f"wgmma XR{tile.xr} WN{tile.wn} WK{tile.wk}"
-        kind = f"swapped XR{tile.xr}" if tile.swap else f"MT{tile.mt}"
-        return f"mma {kind} NT{tile.nt} WN{tile.wn} WK{tile.wk}{' folded' if tile.fold else ''}"
 
-    @staticmethod
-    def _tile(state: MmaState, m: int) -> Tile | None:
-        for tile in state.tiles:
-            if m <= tile.max_m:
-                return tile
-        return None
+# -- load: the layout and its strategies ----------------------------------------------------------
 
-    def apply(
-        self,
-        state: MmaState,
-        x: torch.Tensor,
-        bias: torch.Tensor | None = None,
-        out: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        if torch.compiler.is_compiling():
-            y = torch.ops.quantrt.wna16_mma(
-                x.to(state.act), state.w, state.sz, state.perm, bias, state.col_scale, state.book, meta(state)
-            )
-        else:
-            y = run(state, x, bias, out)
-        return y if y.dtype == state.out_dtype else y.to(state.out_dtype)
+
+def prepare_mma(
+    kernel: Kernel,
+    weight: CanonicalWeight,
+    spec: LayerSpec,
+    *,
+    bits: int,
+    code: int,
+    operands: OperandsFn,
+    tile_rows: RowsFn,
+) -> Prepared:
+    """``prepare`` of every kernel on the tensor-core kernel: its format's operands and launch
+    rows, repacked and compiled into one :class:`MmaLayout` (:func:`mma_layout`), then
+    :func:`build`."""
+    layout = mma_layout(weight, spec, bits=bits, code=code, operands=operands, tile_rows=tile_rows)
+    return build(kernel, layout, spec)
+
+
+def mma_layout(
+    weight: CanonicalWeight,
+    spec: LayerSpec,
+    *,
+    bits: int,
+    code: int,
+    operands: OperandsFn,
+    tile_rows: RowsFn,
+) -> MmaLayout:
+    """Repack the codes, lay out the group parameters, and compile the launch shapes of the
+    device's table (the wgmma ones on Hopper, for integer codes) and the dense path's dequantizer."""
+    s = weight.scheme
+    group = s.group_size if s.granularity == "group" else None
+    perm = act_order_perm(weight, group or weight.K)
+    q = weight["qweight"]
+    dev = q.device.index if q.device.index is not None else torch.cuda.current_device()
+    N, K = weight.N, weight.K
+    act = spec.act_dtype
+    codes, sz, col_scale, book = operands(weight, group, act)
+    packed = repack_codes(codes, bits, N, K, perm, natural=code == LUT4)
+    chunks = packed.shape[1]
+    n_pad = packed.shape[0] * TG * 8
+    gpc = groups_per_chunk(bits, group)
+    cap = torch.cuda.get_device_capability(dev)
+    table = tile_table.load("wna16_mma", f"sm_{cap[0]}{cap[1]}")
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    limit = smem_limit(dev) - BOOK_SMEM.get(code, 0)
+    szb = sz_bytes(act, code)
+    rows = tile_rows(table)
+    shapes = [(Shape.of(row, bits, act, gpc, foldable=code == bits), row) for row in rows]
+    shapes = [
+        (sh, row) for sh, row in shapes if not sh.wgmma or (cap == (9, 0) and code == bits)
+    ]  # sm_90a code: Hopper only, integer codes only
+    mma = [tile_expr(act, code, gpc, sh) for sh, _ in shapes if not sh.wgmma]
+    compile_all(SOURCE, [*mma, dense_expr(act, code, gpc)], dev)
+    wg = [tile_expr(act, code, gpc, sh) for sh, _ in shapes if sh.wgmma]
+    if wg:
+        compile_all(WG_SOURCE, wg, dev)
+    tiles = []
+    for shape, row in shapes:
+        wk = pick_warps(shape, row, n_pad, chunks, sms, limit, gpc, szb, bits)
+        tiles.append(make_tile(shape, act, code, gpc, dev, wk))
+    dense_fn = Launch(function(SOURCE, dense_expr(act, code, gpc), dev), DENSE_ARGS)
+    budget = int(table.get("dense_workspace_mb", 256)) << 20
+    slice_chunks = max(1, min(chunks, budget // (2 * N * KC[bits])))
+    return MmaLayout(
+        w=packed, sz=sz, perm=None if perm is None else perm.to(q.device), N=N, K=K, n_pad=n_pad,
+        chunks=chunks, shift=chunk_shift(bits, group), tiles=tuple(tiles), dense_fn=dense_fn,
+        slice_chunks=slice_chunks, act=act, device=dev, bits=bits, gpc=gpc, code=code,
+        col_scale=col_scale, book=book,
+    )  # fmt: skip
+
+
+def build(kernel: Kernel, layout: MmaLayout, spec: LayerSpec) -> Prepared:
+    """The prepared layer over ``layout``: :func:`strategies`, fed activations in the layout's
+    dtype, results in the layer's output dtype (tools rebuild one from a replaced layout)."""
+    return kernel.prepared(
+        layout, in_act_dtype(strategies(layout), layout.act, spec.output_dtype), spec, layout.w.device
+    )
+
+
+def strategies(layout: MmaLayout) -> list[Strategy]:
+    """One strategy per launch shape (ascending batch bound), then dequant + cuBLAS for every
+    larger batch. Their ``fn`` takes x, bias and ``out`` in the activation dtype."""
+    return [*(tile_strategy(t) for t in layout.tiles), dense_strategy(layout)]
+
+
+def tile_strategy(tile: Tile) -> Strategy:
+    """Batches up to ``tile.max_m`` on one launch of ``tile``."""
+    fn = _wgmma if tile.wgmma else _mma
+    return Strategy(tile.max_m, tile_name(tile), functools.partial(fn, tile))
+
+
+def dense_strategy(layout: MmaLayout) -> Strategy:
+    """Every batch past the launch shapes: K slices of ``layout.slice_chunks`` chunks dequantized
+    into scratch, each multiplied by cuBLAS."""
+    k = layout.slice_chunks * KC[layout.bits]
+    return Strategy(ALL_M, f"dequant+cuBLAS (K slices of {min(k, layout.K)})", _dense)
+
+
+def tile_name(tile: Tile) -> str:
+    """A launch shape as plans and benchmarks print it."""
+    if tile.wgmma:
+        return f"wgmma XR{tile.xr} WN{tile.wn} WK{tile.wk}"
+    kind = f"swapped XR{tile.xr}" if tile.swap else f"MT{tile.mt}"
+    return f"mma {kind} NT{tile.nt} WN{tile.wn} WK{tile.wk}{' folded' if tile.fold else ''}"
 
 
 def sz_bytes(act: torch.dtype, code: int) -> int:
@@ -366,80 +409,83 @@ def max_groups(shape: Shape) -> int:
     return 32 if shape.wn == 1 else 15
 
 
-def run(
-    state: MmaState, x: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor | None
-) -> torch.Tensor:
-    """``y = x @ W.T (+ bias)``: the launch path, kept free of anything that is not needed per call."""
-    M = x.shape[0]
-    if state.perm is not None:
-        x = x.index_select(1, state.perm)
-    if x.dtype != state.act:
-        x = x.to(state.act)
+# -- the call: x, bias and out in the activation dtype --------------------------------------------
+
+
+def _operand(lay: MmaLayout, x: torch.Tensor) -> torch.Tensor:
+    """x in the weight's input order, its rows on 16-byte boundaries (x travels in 16-byte pieces)."""
+    if lay.perm is not None:
+        x = x.index_select(1, lay.perm)
     if x.stride(1) != 1 or x.stride(0) % 8 or x.data_ptr() % 16:
-        x = _aligned(x)  # x travels in 16-byte pieces
-    if bias is not None and bias.dtype != state.act:
-        bias = bias.to(state.act)
-    if out is not None and (out.dtype != state.act or out.stride(1) != 1):
-        out.copy_(run(state, x, bias, None))  # our output dtype first, then the caller's buffer
-        return out
-    tile = None
-    for t in state.tiles:
-        if M <= t.max_m:
-            tile = t
-            break
-    if tile is None:
-        return _dense(state, x, bias, out)
-    y = torch.empty(M, state.N, dtype=state.act, device=x.device) if out is None else out
-    if M and tile.wgmma:
-        xw = wgmma_x_order(x[:, : state.K], state.bits, state.chunks)  # _aligned's columns past K are garbage
-        tile.fn(
-            (-(-M // tile.xr), -(-state.n_pad // (8 * tile.nt * tile.wn)), 1),
-            (32 * tile.wk * tile.wn, 1, 1),
-            (
-                xw.data_ptr(),
-                state.w.data_ptr(),
-                state.sz.data_ptr(),
-                0 if bias is None else bias.data_ptr(),
-                y.data_ptr(),
-                M,
-                xw.stride(0),
-                y.stride(0),
-                state.N,
-                state.n_pad,
-                state.chunks,
-                state.shift,
-            ),
-            tile.smem,
-            stream(state.device),
-        )
-    elif M:
-        tile.fn(
-            (
-                -(-M // (tile.xr if tile.swap else 16 * tile.mt)),
-                -(-state.n_pad // (8 * tile.nt * tile.wn)),
-                1,
-            ),
-            (32 * tile.wk * tile.wn, 1, 1),
-            (
-                x.data_ptr(),
-                state.w.data_ptr(),
-                state.sz.data_ptr(),
-                0 if bias is None else bias.data_ptr(),
-                0 if state.col_scale is None else state.col_scale.data_ptr(),
-                0 if state.book is None else state.book.data_ptr(),
-                y.data_ptr(),
-                M,
-                state.K,
-                x.stride(0),
-                y.stride(0),
-                state.N,
-                state.n_pad,
-                state.chunks,
-                state.shift,
-            ),
-            tile.smem,
-            stream(state.device),
-        )
+        x = _aligned(x)
+    return x
+
+
+def _mma(
+    tile: Tile, lay: MmaLayout, x: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor | None, ws: Any
+) -> torch.Tensor:
+    """``y = x @ W.T (+ bias)`` in one launch of the mma.sync kernel."""
+    x = _operand(lay, x)
+    M = x.shape[0]
+    y = torch.empty(M, lay.N, dtype=lay.act, device=x.device) if out is None else out
+    tile.fn(
+        (
+            -(-M // (tile.xr if tile.swap else 16 * tile.mt)),
+            -(-lay.n_pad // (8 * tile.nt * tile.wn)),
+            1,
+        ),
+        (32 * tile.wk * tile.wn, 1, 1),
+        (
+            x.data_ptr(),
+            lay.w.data_ptr(),
+            lay.sz.data_ptr(),
+            0 if bias is None else bias.data_ptr(),
+            0 if lay.col_scale is None else lay.col_scale.data_ptr(),
+            0 if lay.book is None else lay.book.data_ptr(),
+            y.data_ptr(),
+            M,
+            lay.K,
+            x.stride(0),
+            y.stride(0),
+            lay.N,
+            lay.n_pad,
+            lay.chunks,
+            lay.shift,
+        ),
+        tile.smem,
+        stream(lay.device),
+    )
+    return y
+
+
+def _wgmma(
+    tile: Tile, lay: MmaLayout, x: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor | None, ws: Any
+) -> torch.Tensor:
+    """``y = x @ W.T (+ bias)`` in one launch of the warpgroup-MMA kernel (integer codes, Hopper)."""
+    x = _operand(lay, x)
+    M = x.shape[0]
+    y = torch.empty(M, lay.N, dtype=lay.act, device=x.device) if out is None else out
+    xw = wgmma_x_order(x[:, : lay.K], lay.bits, lay.chunks)  # _aligned's columns past K are garbage
+    tile.fn(
+        (-(-M // tile.xr), -(-lay.n_pad // (8 * tile.nt * tile.wn)), 1),
+        (32 * tile.wk * tile.wn, 1, 1),
+        (
+            xw.data_ptr(),
+            lay.w.data_ptr(),
+            lay.sz.data_ptr(),
+            0 if bias is None else bias.data_ptr(),
+            y.data_ptr(),
+            M,
+            xw.stride(0),
+            y.stride(0),
+            lay.N,
+            lay.n_pad,
+            lay.chunks,
+            lay.shift,
+        ),
+        tile.smem,
+        stream(lay.device),
+    )
     return y
 
 
@@ -452,40 +498,41 @@ def _aligned(x: torch.Tensor) -> torch.Tensor:
 
 
 def _dense(
-    state: MmaState, x: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor | None
+    lay: MmaLayout, x: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor | None, ws: Any
 ) -> torch.Tensor:
     """Large M: dequantize K slices into scratch and let cuBLAS multiply each (a per-column
     factor, when the layer has one, scales the sums before the bias is added)."""
-    kc = KC[state.bits]
-    width = state.slice_chunks * kc
-    scratch = torch.empty(state.N, width, dtype=state.act, device=x.device)
+    x = _operand(lay, x)
+    kc = KC[lay.bits]
+    width = lay.slice_chunks * kc
+    scratch = torch.empty(lay.N, width, dtype=lay.act, device=x.device)
     y = out
-    cs, after = state.col_scale, None
+    cs, after = lay.col_scale, None
     if cs is not None:
         bias, after = None, bias
-    for c0 in range(0, state.chunks, state.slice_chunks):
-        cnt = min(state.slice_chunks, state.chunks - c0)
-        k0, k1 = c0 * kc, min(state.K, (c0 + cnt) * kc)
-        items = -(-state.N // 8) * cnt
-        state.dense_fn(
+    for c0 in range(0, lay.chunks, lay.slice_chunks):
+        cnt = min(lay.slice_chunks, lay.chunks - c0)
+        k0, k1 = c0 * kc, min(lay.K, (c0 + cnt) * kc)
+        items = -(-lay.N // 8) * cnt
+        lay.dense_fn(
             (-(-items // 8), 1, 1),
             (256, 1, 1),
             (
-                state.w.data_ptr(),
-                state.sz.data_ptr(),
-                0 if state.book is None else state.book.data_ptr(),
+                lay.w.data_ptr(),
+                lay.sz.data_ptr(),
+                0 if lay.book is None else lay.book.data_ptr(),
                 scratch.data_ptr(),
-                state.N,
-                state.K,
-                state.n_pad,
-                state.chunks,
+                lay.N,
+                lay.K,
+                lay.n_pad,
+                lay.chunks,
                 c0,
                 cnt,
                 width,
-                state.shift,
+                lay.shift,
             ),
             0,
-            stream(state.device),
+            stream(lay.device),
         )
         w = scratch[:, : k1 - k0]
         xs = x[:, k0:k1]
@@ -505,40 +552,6 @@ def _dense(
     return y
 
 
-SHAPE_FIELDS = 10  # per tile in meta: max_m, mt, nt, stages, swap, fold, xr, wn, wgmma, wk
-
-
-def meta(state: MmaState) -> list[int]:
-    """The state's integers, for the traced op (its tensors travel as op inputs)."""
-    flat = [state.N, state.K, state.bits, state.shift, state.chunks, state.n_pad, state.slice_chunks]
-    flat += [state.device, state.gpc, state.code]
-    for t in state.tiles:
-        flat += [t.max_m, t.mt, t.nt, t.stages, int(t.swap), int(t.fold), t.xr, t.wn, int(t.wgmma), t.wk]
-    return flat
-
-
-def from_meta(
-    w: torch.Tensor,
-    sz: torch.Tensor,
-    perm: torch.Tensor | None,
-    col_scale: torch.Tensor | None,
-    book: torch.Tensor | None,
-    m: list[int],
-    act: torch.dtype,
-) -> MmaState:
-    N, K, bits, shift, chunks, n_pad, slice_chunks, dev, gpc, code = m[:10]
-    tiles = []
-    for i in range(10, len(m), SHAPE_FIELDS):
-        max_m, mt, nt, stages, swap, fold, xr, wn, wgmma, wk = m[i : i + SHAPE_FIELDS]
-        shape = Shape(max_m, mt, nt, stages, bool(swap), bool(fold), xr, wn, bool(wgmma))
-        tiles.append(make_tile(shape, act, code, gpc, dev, wk))
-    dense = Launch(function(SOURCE, dense_expr(act, code, gpc), dev), DENSE_ARGS)
-    return MmaState(
-        w, sz, perm, N, K, n_pad, chunks, shift, tuple(tiles), dense, slice_chunks, act, act, dev, bits, gpc,
-        code, col_scale, book,
-    )  # fmt: skip
-
-
 def tile_expr(act: torch.dtype, code: int, gpc: int, shape: Shape) -> str:
     """The kernel instance for one launch shape (``code``: 4, 8, E2M1, LUT4, Q4K or Q80; wgmma is integer-only)."""
     if shape.wgmma:
@@ -554,33 +567,49 @@ def dense_expr(act: torch.dtype, code: int, gpc: int) -> str:
     return f"wna16_dequant<{CT[act]}, {code}, {gpc}>"
 
 
-@torch.library.custom_op("quantrt::wna16_mma", mutates_args=())
-def wna16_mma_op(
-    x: torch.Tensor,
-    w: torch.Tensor,
-    sz: torch.Tensor,
-    perm: torch.Tensor | None,
-    bias: torch.Tensor | None,
-    col_scale: torch.Tensor | None,
-    book: torch.Tensor | None,
-    meta: list[int],
-) -> torch.Tensor:
-    """The launcher as a torch op, so torch.compile traces through it (eager calls skip the op layer)."""
-    return run(from_meta(w, sz, perm, col_scale, book, meta, x.dtype), x, bias, None)
+class CudaMmaW4A16(Kernel):
+    """int4 weight-only on tensor cores; weights repacked so each lane loads its fragments whole."""
 
-
-# The fake only needs the output shape, [M, N]; N is meta[0] (the last argument).
-wna16_mma_op.register_fake(lambda x, *args: x.new_empty(x.shape[0], args[-1][0]))
-
-
-class CudaMmaW4A16(CudaMmaWNA16):
     name = "cuda.mma_w4a16"
     description = "CUDA int4 weight-only on tensor cores (mma.sync, lane-order repack); cuBLAS on dequantized slices for large M"
-    bits = 4
+
+    @classmethod
+    def can_implement(cls, spec: LayerSpec, caps: Any) -> Verdict:
+        return int_conditions(spec, caps, 4)
+
+    @classmethod
+    def operands(cls, weight: CanonicalWeight, group: int | None, act: torch.dtype) -> Operands:
+        return int_operands(weight, group, act, 4)
+
+    @classmethod
+    def tile_rows(cls, table: dict[str, Any]) -> list[dict[str, Any]]:
+        return int_rows(table, 4)
+
+    def prepare(self, weight: CanonicalWeight, spec: LayerSpec) -> Prepared:
+        return prepare_mma(
+            self, weight, spec, bits=4, code=4, operands=self.operands, tile_rows=self.tile_rows
+        )
 
 
-class CudaMmaW8A16(CudaMmaWNA16):
+class CudaMmaW8A16(Kernel):
+    """int8 weight-only on tensor cores; weights repacked so each lane loads its fragments whole."""
+
     name = "cuda.mma_w8a16"
     description = "CUDA int8 weight-only on tensor cores (mma.sync, lane-order repack); cuBLAS on dequantized slices for large M"
-    bits = 8
-    code = 8
+
+    @classmethod
+    def can_implement(cls, spec: LayerSpec, caps: Any) -> Verdict:
+        return int_conditions(spec, caps, 8)
+
+    @classmethod
+    def operands(cls, weight: CanonicalWeight, group: int | None, act: torch.dtype) -> Operands:
+        return int_operands(weight, group, act, 8)
+
+    @classmethod
+    def tile_rows(cls, table: dict[str, Any]) -> list[dict[str, Any]]:
+        return int_rows(table, 8)
+
+    def prepare(self, weight: CanonicalWeight, spec: LayerSpec) -> Prepared:
+        return prepare_mma(
+            self, weight, spec, bits=8, code=8, operands=self.operands, tile_rows=self.tile_rows
+        )

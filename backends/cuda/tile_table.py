@@ -1,6 +1,6 @@
 """Committed launch tables of this folder's kernels (``tunings/<name>_<arch>.json``, else
 ``<name>_default.json``) and, for the Triton kernels, their tile configurations per M bucket,
-resolved for one layer at load: nothing tunes while a user waits, and ``apply`` only compares M.
+resolved for one layer at load: nothing tunes while a user waits, and a call only compares M.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ nearest even), lays the scales out for cuBLAS, and applies the two global scales
 and the weight's, per fused slice) to the fp32 product. The weight's codes are used as stored: the
 canonical packing (low nibble = even k) is torch's ``float4_e2m1fn_x2``.
 
-Where torch lacks this API, or the GPU has no fp4 units, ``supports`` says so and the plan falls
+Where torch lacks this API, or the GPU has no fp4 units, ``can_implement`` says so and the plan falls
 back to ``cuda.triton_fp4`` as a weight-only substitute. Verified here: the activation codes and
 scales against the reference, the scale layout against cuBLAS's documented index formula, and the
 product by emulation; the cuBLASLt call itself needs an sm_100 GPU, which quantrt's test machines
@@ -25,6 +25,7 @@ import torch.nn.functional as F
 
 from quantrt.canonical import CanonicalWeight
 from quantrt.kernels import Kernel, Verdict, check
+from quantrt.prepared import ALL_M, Prepared, Strategy
 from quantrt.specs import LayerSpec
 
 BLOCK = 16  # inputs per NVFP4 scale
@@ -75,8 +76,8 @@ def to_blocked(scales: torch.Tensor) -> torch.Tensor:
     return tiles.reshape(rb, cb, 4, 32, 4).transpose(2, 3).reshape(-1).contiguous()
 
 
-@dataclass
-class Nvfp4State:
+@dataclass(frozen=True)
+class Nvfp4Layout:
     w: torch.Tensor  # float4_e2m1fn_x2 [N, K/2]
     w_scales: torch.Tensor  # e4m3, blocked
     in_global: torch.Tensor  # fp32 [1]
@@ -84,20 +85,33 @@ class Nvfp4State:
     out_dtype: torch.dtype
 
 
+def _nvfp4_mm(lay: Nvfp4Layout, x: torch.Tensor, bias: Any, out: Any, ws: Any) -> torch.Tensor:
+    codes, sx = quantize_activations(x, lay.in_global)
+    recipe = [F.ScalingType.BlockWise1x16]
+    swz = [F.SwizzleType.SWIZZLE_32_4_4]
+    y = F.scaled_mm(
+        codes.view(torch.float4_e2m1fn_x2), lay.w.t(), [to_blocked(sx)], recipe, [lay.w_scales], recipe,
+        swizzle_a=swz, swizzle_b=swz, output_dtype=torch.float32,
+    )  # fmt: skip
+    y = y * lay.alpha
+    if bias is not None:
+        y = y + bias.float()
+    if out is not None:
+        return out.copy_(y)
+    return y.to(lay.out_dtype)
+
+
 class CudaScaledMMNvfp4(Kernel):
     """W4A4 NVFP4 on fp4 tensor cores (sm_100+) through torch's block-scaled ``scaled_mm``."""
 
     name = "cuda.torch_scaled_mm_nvfp4"
-    backend = "cuda"
-    device_kinds = ("cuda",)
-    priority = 35
     description = (
         "W4A4 NVFP4 natively: activations quantized to e2m1 + e4m3 blocks in torch ops, "
         "F.scaled_mm (cuBLASLt fp4, BlockWise1x16) on sm_100+"
     )
 
     @classmethod
-    def supports(cls, spec: LayerSpec, caps: Any) -> Verdict:
+    def can_implement(cls, spec: LayerSpec, caps: Any) -> Verdict:
         s = spec.scheme
         api, what = torch_fp4_api()
         return check(
@@ -106,44 +120,16 @@ class CudaScaledMMNvfp4(Kernel):
             (api, f"torch exposes {what}", {"torch": torch.__version__}),
             (s.family == "nvfp4" and s.act == "nvfp4", "W4A4 NVFP4 (fp4 activations)",
              {"weight": s.weight, "act": s.act}),
-            (spec.op == "linear", "op == 'linear'", {"op": spec.op}),
-            (spec.act_dtype in (torch.bfloat16, torch.float16), "activations bf16 or fp16",
-             {"act_dtype": spec.act_dtype}),
             (spec.K_part % 32 == 0, "K % 32 == 0 (16-byte rows of fp4 codes)", {"K": spec.K_part}),
         )  # fmt: skip
 
-    def prepare(self, weight: CanonicalWeight, spec: LayerSpec) -> Nvfp4State:
+    def prepare(self, weight: CanonicalWeight, spec: LayerSpec) -> Prepared:
         g = weight["global_scale"].float()
         in_g = weight["input_global_scale"].float().reshape(1)
         rows = g[weight.slice_index().to(g.device)]
-        return Nvfp4State(
-            weight["qweight"].contiguous().view(torch.float4_e2m1fn_x2),
-            to_blocked(weight["scales"]),
-            in_g,
-            (rows * in_g).contiguous(),
-            spec.output_dtype,
+        w = weight["qweight"].contiguous().view(torch.float4_e2m1fn_x2)
+        layout = Nvfp4Layout(
+            w, to_blocked(weight["scales"]), in_g, (rows * in_g).contiguous(), spec.output_dtype
         )
-
-    def workspace_bytes(self, spec: LayerSpec, max_m: int) -> int:
-        return max_m * (spec.K_part // 2 + spec.K_part // BLOCK + 4 * spec.N_part)
-
-    def apply(
-        self,
-        state: Nvfp4State,
-        x: torch.Tensor,
-        bias: torch.Tensor | None = None,
-        out: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        codes, sx = quantize_activations(x, state.in_global)
-        recipe = [F.ScalingType.BlockWise1x16]
-        swz = [F.SwizzleType.SWIZZLE_32_4_4]
-        y = F.scaled_mm(
-            codes.view(torch.float4_e2m1fn_x2), state.w.t(), [to_blocked(sx)], recipe, [state.w_scales], recipe,
-            swizzle_a=swz, swizzle_b=swz, output_dtype=torch.float32,
-        )  # fmt: skip
-        y = y * state.alpha
-        if bias is not None:
-            y = y + bias.float()
-        if out is not None:
-            return out.copy_(y)
-        return y.to(state.out_dtype)
+        name = "e2m1 + e4m3 activation quant + F.scaled_mm (cuBLASLt fp4)"
+        return self.prepared(layout, [Strategy(ALL_M, name, _nvfp4_mm)], spec, w.device)

@@ -8,7 +8,7 @@ import torch
 
 from quantrt.kernels import Verdict, check
 from quantrt.specs import LayerSpec
-from quantrt.torchops import TorchInt4Pack, TorchIntMMW8A8, TorchScaledMMFp8, torch_op_verdict
+from quantrt.torchops import TorchInt4Pack, TorchIntMMW8A8, TorchScaledMMFp8
 
 
 def _sm(caps: Any) -> int:
@@ -19,9 +19,6 @@ class CudaScaledMMFp8(TorchScaledMMFp8):
     """W8A8 fp8 on cuBLASLt through ``torch._scaled_mm`` (Ada and Hopper fp8 tensor cores)."""
 
     name = "cuda.torch_scaled_mm"
-    backend = "cuda"
-    device_kinds = ("cuda",)
-    priority = 50
     description = "torch._scaled_mm (cuBLASLt) with fp8 activations quantized in torch ops"
     fp8_dtype = torch.float8_e4m3fn
 
@@ -37,9 +34,6 @@ class CudaIntMM(TorchIntMMW8A8):
     """W8A8 int8 on cuBLASLt through ``torch._int_mm``; batches of 16 rows or fewer are padded."""
 
     name = "cuda.torch_int_mm"
-    backend = "cuda"
-    device_kinds = ("cuda",)
-    priority = 50
     description = "torch._int_mm (cuBLASLt int8) with per-token int8 activations, scales in the epilogue"
     min_m = 17
 
@@ -52,24 +46,15 @@ class CudaTinygemm(TorchInt4Pack):
     """W4A16 through torch's tinygemm (``_weight_int4pack_mm``): bf16 activations only."""
 
     name = "cuda.torch_tinygemm"
-    backend = "cuda"
-    device_kinds = ("cuda",)
-    priority = 60
     description = "torch._weight_int4pack_mm (tinygemm): int4 group weights, bf16 activations"
     mm_op = "_weight_int4pack_mm"
+    act_dtypes = (torch.bfloat16,)
+    n_align = 8
+    k_align = 64
 
     @classmethod
-    def supports(cls, spec: LayerSpec, caps: Any) -> Verdict:
-        return (
-            check((_sm(caps) >= 80, "sm >= 80", {"sm": caps.sm}))
-            and cls.scheme_verdict(spec)
-            and check(
-                (spec.act_dtype == torch.bfloat16, "bf16 activations", {"act_dtype": spec.act_dtype}),
-                (spec.N_part % 8 == 0, "N % 8 == 0", {"N": spec.N_part}),
-                (spec.K_part % 64 == 0, "K % 64 == 0", {"K": spec.K_part}),
-            )
-            and torch_op_verdict(caps, cls.mm_op)
-        )
+    def device_verdict(cls, spec: LayerSpec, caps: Any) -> Verdict:
+        return check((_sm(caps) >= 80, "sm >= 80", {"sm": caps.sm}))
 
     def pack(self, codes: torch.Tensor, K: int) -> torch.Tensor:
         inner_k_tiles = 8 if K % 256 == 0 else (4 if K % 128 == 0 else 2)

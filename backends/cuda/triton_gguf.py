@@ -10,6 +10,9 @@ planes inside its K loop (``backends/triton/gguf_gemm.py``: no dense weight, no 
 that, where cuBLAS's arithmetic wins, the weight is dequantized slice by slice for cuBLAS
 (``dense_slices``: bounded scratch, full-K GEMMs). Launch shapes per M and the bounds come from
 ``tunings/gguf_<arch>.json``; a type without a ``gemm_max_m`` there skips the GEMM.
+
+:func:`gguf_layout` and :func:`gguf_strategies` are shared: the CUDA GEMV of ``gguf_gemv.py`` reads
+the same planes and puts its own strategy in front of these.
 """
 
 from __future__ import annotations
@@ -20,30 +23,33 @@ from typing import Any
 import torch
 
 from quantrt.canonical import CanonicalWeight
-from quantrt.kernels import Verdict, check
+from quantrt.kernels import Kernel, Verdict, check
+from quantrt.prepared import Prepared, Strategy, StrategyFn
 from quantrt.specs import LayerSpec
 
 from . import dense_slices, tile_table
 
-ACT_DTYPES = (torch.float16, torch.bfloat16)
 TABLE = "gguf"
 
+Condition = tuple[bool, str, dict[str, Any]]
 
-@dataclass
-class GGUFState:
+
+@dataclass(frozen=True)
+class GGUFLayout:
+    """A GGUF weight as planes, with the launch shapes and bounds its tuning table gives it."""
+
     planes: dict[str, torch.Tensor]
-    plane_list: list[torch.Tensor]  # the same, in the torch op's order
+    plane_list: list[torch.Tensor]  # the same, in PLANE_NAMES order (the CUDA GEMV's operands)
     gguf_type: str
     N: int
     K: int
+    act: torch.dtype
     configs: tuple[tuple[int, Any], ...]  # (max rows, GGUFConfig), ascending
     gemv_max_m: int
     gemm_configs: tuple[Any, ...]  # a GemmConfig per tile_table bucket, or () without the GEMM
     gemm_max_m: int  # batches above gemv_max_m up to this take the GEMM
-    slice_rows: int
-    act: torch.dtype
-    out_dtype: torch.dtype
-    matmul: Any  # gguf_matmul, bound at load so apply() imports nothing
+    slice_rows: int  # rows of W dequantized per cuBLAS call
+    matmul: Any  # gguf_matmul, bound at load so a call imports nothing
     dequant: Any  # gguf_dequant
     gemm: Any  # gguf_gemm
 
@@ -69,14 +75,104 @@ def _gemm(doc: dict[str, Any], gguf_type: str, make: Any) -> tuple[tuple[Any, ..
     return tuple(tiles), bound
 
 
-class CudaTritonGGUF(dense_slices.DequantSlicesKernel):
-    """GGUF weight-only: fused dequant GEMV for small M, dequant + cuBLAS for large M."""
+def gguf_conditions(spec: LayerSpec, caps: Any) -> list[Condition]:
+    """What the Triton GGUF kernels need: the device, Triton, GGUF weights."""
+    return [
+        ((caps.sm or 0) >= 80, "sm >= 80", {"sm": caps.sm}),
+        (
+            "triton" in caps.libraries,
+            "triton importable (it builds the kernel)",
+            {"libraries": caps.libraries},
+        ),
+        (spec.scheme.family == "gguf", "GGUF weights", {"weight": spec.scheme.weight}),
+    ]
+
+
+def gguf_layout(weight: CanonicalWeight, spec: LayerSpec) -> GGUFLayout:
+    """The planes of ``weight`` and the launch shapes of the device's table."""
+    from quantrt.backends.triton.gguf import GGUFConfig, gguf_dequant, gguf_matmul, gguf_planes, plane_list
+    from quantrt.backends.triton.gguf_gemm import GEMM_TYPES, GemmConfig, gguf_gemm
+
+    t = weight.scheme.gguf_type
+    assert t is not None
+    q = weight["qweight"]
+    planes = gguf_planes(q, t, weight.N, weight.K)
+    doc = tile_table.load(TABLE, tile_table.arch_of(q))
+    gemm_tiles, gemm_max_m = _gemm(doc, t, GemmConfig) if t in GEMM_TYPES else ((), 0)
+    return GGUFLayout(
+        planes, plane_list(planes, t), t, weight.N, weight.K, spec.act_dtype, _configs(doc, t, GGUFConfig),
+        int(doc["gemv_max_m"]), gemm_tiles, gemm_max_m,
+        dense_slices.rows_for(weight.N, weight.K, spec.act_dtype, doc), gguf_matmul, gguf_dequant, gguf_gemm,
+    )  # fmt: skip
+
+
+def gguf_strategies(layout: GGUFLayout) -> list[Strategy]:
+    """The GEMV per batch bound up to ``gemv_max_m``, the fused GEMM per M bucket up to
+    ``gemm_max_m``, then dequant + cuBLAS for every larger batch. Their ``fn`` takes x, bias and
+    ``out`` in the activation dtype (wrap the list with ``dense_slices.in_act_dtype``)."""
+    from quantrt.backends.triton.common import tile_strategies
+
+    gemv = tile_strategies(
+        [b for b, _ in layout.configs],
+        [c for _, c in layout.configs],
+        _gemv_name,
+        _gemv,
+        upto=layout.gemv_max_m,
+    )
+    gemm = tile_strategies(
+        tile_table.BUCKETS, layout.gemm_configs, _gemm_name, _fused_gemm, upto=layout.gemm_max_m
+    )
+    return [
+        *gemv,
+        *(s for s in gemm if s.max_m > layout.gemv_max_m),
+        dense_slices.dense_strategy(layout.slice_rows, layout.N, _dequant),
+    ]
+
+
+def build(kernel: Kernel, layout: GGUFLayout, spec: LayerSpec) -> Prepared:
+    """The prepared layer over ``layout`` with :func:`gguf_strategies` and exact row access (tools
+    rebuild one from a replaced layout)."""
+    strategies = dense_slices.in_act_dtype(gguf_strategies(layout), layout.act, spec.output_dtype)
+    return kernel.prepared(layout, strategies, spec, layout.plane_list[0].device, rows=gguf_rows)
+
+
+def gguf_rows(layout: GGUFLayout, n0: int, n1: int) -> torch.Tensor:
+    """Rows ``n0:n1`` of the weight in fp32, exactly as llama.cpp dequantizes them."""
+    return layout.dequant(layout.planes, layout.gguf_type, layout.N, layout.K, torch.float32, n0, n1)
+
+
+def _dequant(layout: GGUFLayout, n0: int, n1: int, out: torch.Tensor | None) -> torch.Tensor:
+    """Rows of W in the activation dtype, for the dense strategy."""
+    return layout.dequant(layout.planes, layout.gguf_type, layout.N, layout.K, layout.act, n0, n1, out)
+
+
+def _gemv(config: Any) -> StrategyFn:
+    def fn(lay: GGUFLayout, x: torch.Tensor, bias: Any, out: Any, ws: Any) -> torch.Tensor:
+        return lay.matmul(x, lay.planes, lay.gguf_type, lay.N, lay.K, bias, config, out)
+
+    return fn
+
+
+def _fused_gemm(config: Any) -> StrategyFn:
+    def fn(lay: GGUFLayout, x: torch.Tensor, bias: Any, out: Any, ws: Any) -> torch.Tensor:
+        return lay.gemm(x, lay.planes, lay.gguf_type, lay.N, lay.K, bias, config, out)
+
+    return fn
+
+
+def _gemv_name(c: Any) -> str:
+    return f"gemv BM{c.block_m} BN{c.block_n} S{c.split_k}"
+
+
+def _gemm_name(c: Any) -> str:
+    return f"fused gemm BM{c.block_m} BN{c.block_n} BK{c.block_k} W{c.num_warps} S{c.num_stages}"
+
+
+class CudaTritonGGUF(Kernel):
+    """GGUF weight-only: fused dequant GEMV for small M, the fused GEMM for mid-size M (tuned
+    types), dequant + cuBLAS for large M."""
 
     name = "cuda.triton_gguf"
-    backend = "cuda"
-    device_kinds = ("cuda",)
-    priority = 40
-    table = TABLE
     description = (
         "GGUF (all ten llama.cpp types): native blocks split into aligned planes, fused dequant GEMV for "
         "small M, a tensor-core GEMM decoding the blocks in its K loop for mid-size M (tuned types), "
@@ -84,81 +180,8 @@ class CudaTritonGGUF(dense_slices.DequantSlicesKernel):
     )
 
     @classmethod
-    def supports(cls, spec: LayerSpec, caps: Any) -> Verdict:
-        s = spec.scheme
-        return check(
-            ((caps.sm or 0) >= 80, "sm >= 80", {"sm": caps.sm}),
-            (
-                "triton" in caps.libraries,
-                "triton importable (it builds the kernel)",
-                {"libraries": caps.libraries},
-            ),
-            (s.family == "gguf", "GGUF weights", {"weight": s.weight}),
-            (spec.op == "linear", "op == 'linear'", {"op": spec.op}),
-            (spec.act_dtype in ACT_DTYPES, "activations bf16 or fp16", {"act_dtype": spec.act_dtype}),
-        )
+    def can_implement(cls, spec: LayerSpec, caps: Any) -> Verdict:
+        return check(*gguf_conditions(spec, caps))
 
-    def prepare(self, weight: CanonicalWeight, spec: LayerSpec) -> GGUFState:
-        from quantrt.backends.triton.gguf import (
-            GGUFConfig,
-            gguf_dequant,
-            gguf_matmul,
-            gguf_planes,
-            plane_list,
-        )
-        from quantrt.backends.triton.gguf_gemm import GEMM_TYPES, GemmConfig, gguf_gemm
-
-        t = weight.scheme.gguf_type
-        assert t is not None
-        q = weight["qweight"]
-        planes = gguf_planes(q, t, weight.N, weight.K)
-        doc = tile_table.load(TABLE, tile_table.arch_of(q))
-        gemm_tiles, gemm_max_m = _gemm(doc, t, GemmConfig) if t in GEMM_TYPES else ((), 0)
-        return GGUFState(
-            planes, plane_list(planes, t), t, weight.N, weight.K, _configs(doc, t, GGUFConfig), int(doc["gemv_max_m"]),
-            gemm_tiles, gemm_max_m, dense_slices.rows_for(weight.N, weight.K, spec.act_dtype, doc), spec.act_dtype,
-            spec.output_dtype, gguf_matmul, gguf_dequant, gguf_gemm,
-        )  # fmt: skip
-
-    @staticmethod
-    def _config(state: GGUFState, m: int) -> Any:
-        for bound, c in state.configs:
-            if m <= bound:
-                return c
-        return state.configs[-1][1]
-
-    def strategy(self, state: GGUFState, m: int) -> str:
-        if self.use_dense(state, m):
-            return f"dequant+cuBLAS (N slices of {state.slice_rows})"
-        if m > state.gemv_max_m:
-            c = tile_table.pick(state.gemm_configs, m)
-            return f"fused gemm BM{c.block_m} BN{c.block_n} BK{c.block_k} W{c.num_warps} S{c.num_stages}"
-        c = self._config(state, m)
-        return f"gemv BM{c.block_m} BN{c.block_n} S{c.split_k}"
-
-    def use_dense(self, state: GGUFState, m: int) -> bool:
-        return m > max(state.gemv_max_m, state.gemm_max_m)
-
-    def dequant_rows(self, state: GGUFState, n0: int, n1: int) -> torch.Tensor:
-        return state.dequant(state.planes, state.gguf_type, state.N, state.K, state.act, n0, n1)
-
-    def small(
-        self, state: GGUFState, x: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor | None
-    ) -> torch.Tensor:
-        if x.shape[0] > state.gemv_max_m:
-            g = tile_table.pick(state.gemm_configs, x.shape[0])
-            if torch.compiler.is_compiling():
-                y = torch.ops.quantrt.gguf_gemm(
-                    x, state.plane_list, state.gguf_type, state.N, state.K, bias,
-                    g.block_m, g.block_n, g.block_k, g.num_warps, g.num_stages, g.group_m,
-                )  # fmt: skip
-                return y if out is None else out.copy_(y)
-            return state.gemm(x, state.planes, state.gguf_type, state.N, state.K, bias, g, out)
-        c = self._config(state, x.shape[0])
-        if torch.compiler.is_compiling():  # traced: the registered op with its fake
-            y = torch.ops.quantrt.gguf_mm(
-                x, state.plane_list, state.gguf_type, state.N, state.K, bias,
-                c.block_m, c.block_n, c.split_k, c.num_warps, c.num_stages, c.block_k,
-            )  # fmt: skip
-            return y if out is None else out.copy_(y)
-        return state.matmul(x, state.planes, state.gguf_type, state.N, state.K, bias, c, out)
+    def prepare(self, weight: CanonicalWeight, spec: LayerSpec) -> Prepared:
+        return build(self, gguf_layout(weight, spec), spec)

@@ -13,7 +13,9 @@ for cuBLAS (``dense_slices``). Prepared layout, chosen so no byte is added:
   once at load (4 bytes per 64 weights instead of 1, the price of a single load per group).
 
 A W4A4 NVFP4 checkpoint runs here as a weight-only substitute (activations stay 16-bit), which
-``explain`` labels. Tiles per M bucket come from ``tunings/lut4_<arch>.json``.
+``explain`` labels. Tiles per M bucket come from ``tunings/lut4_<arch>.json``, one strategy each
+(:func:`lut4_strategies`); :func:`build` makes the prepared layer of a layout, so tools can rebuild
+one from a layout with other tiles or bounds.
 """
 
 from __future__ import annotations
@@ -24,35 +26,35 @@ from typing import Any
 import torch
 
 from quantrt.canonical import CanonicalWeight, dequantize_absmax, unpack_bnb4
-from quantrt.kernels import Verdict, check
+from quantrt.kernels import Kernel, Verdict, check
+from quantrt.prepared import Prepared, Strategy, StrategyFn
 from quantrt.specs import LayerSpec
 
 from . import dense_slices, tile_table
 
-ACT_DTYPES = (torch.float16, torch.bfloat16)
 TABLE = "lut4"
 
 
-@dataclass
-class Lut4State:
+@dataclass(frozen=True)
+class Lut4Layout:
+    """A 4-bit code-book weight as stored, with the launch shapes and bounds its tuning table gives it."""
+
     codes: torch.Tensor  # uint8 [N, K/2], low nibble = even k
     scales: torch.Tensor  # [N, K/G]: uint8 (e4m3 bits / e8m0 exponents) or fp32 absmax
     table: torch.Tensor | None  # fp32 [16] code book; None: e2m1
     row_scale: torch.Tensor | None  # fp32 [N] (NVFP4's global scale per row)
     group: int
     scale_kind: str  # "e4m3" | "e8m0" | "f32"
-    configs: tuple[Any, ...]  # one TileConfig per M bucket
+    N: int
+    act: torch.dtype
+    configs: tuple[Any, ...]  # one TileConfig per tile_table bucket
     dense_from: int  # batches of at least this many rows run dequant + cuBLAS
     slice_rows: int  # rows of W dequantized per cuBLAS call
-    N: int
-    K: int
-    act: torch.dtype
-    out_dtype: torch.dtype
-    matmul: Any  # lut4_matmul, bound at load so apply() imports nothing
+    matmul: Any  # lut4_matmul, bound at load so a call imports nothing
     dequant: Any  # lut4_dequant
 
 
-def _conditions(spec: LayerSpec, caps: Any) -> list[tuple[bool, str, dict[str, Any]]]:
+def _conditions(caps: Any) -> list[tuple[bool, str, dict[str, Any]]]:
     return [
         ((caps.sm or 0) >= 80, "sm >= 80", {"sm": caps.sm}),
         (
@@ -60,9 +62,37 @@ def _conditions(spec: LayerSpec, caps: Any) -> list[tuple[bool, str, dict[str, A
             "triton importable (it builds the kernel)",
             {"libraries": caps.libraries},
         ),
-        (spec.op == "linear", "op == 'linear'", {"op": spec.op}),
-        (spec.act_dtype in ACT_DTYPES, "activations bf16 or fp16", {"act_dtype": spec.act_dtype}),
     ]
+
+
+def _fused(config: Any) -> StrategyFn:
+    """The GEMV (``block_m`` 1) or ``tl.dot`` tiles of one configuration."""
+
+    def fn(lay: Lut4Layout, x: torch.Tensor, bias: Any, out: Any, ws: Any) -> torch.Tensor:
+        return lay.matmul(
+            x, lay.codes, lay.scales, lay.group, lay.scale_kind, lay.table, lay.row_scale, bias, config, out
+        )
+
+    return fn
+
+
+def _name(config: Any) -> str:
+    kind = "gemv" if config.block_m == 1 else "tile"
+    return f"{kind} BM{config.block_m} BN{config.block_n} BK{config.block_k} S{config.split_k}"
+
+
+def _dequant(lay: Lut4Layout, n0: int, n1: int, out: torch.Tensor | None) -> torch.Tensor:
+    """Rows of W in the activation dtype, for the dense strategy."""
+    return lay.dequant(
+        lay.codes, lay.scales, lay.group, lay.scale_kind, lay.table, lay.row_scale, lay.act, n0, n1, out
+    )
+
+
+def _rows(lay: Lut4Layout, n0: int, n1: int) -> torch.Tensor:
+    """Rows of W in fp32, exact (a tied embedding's lookup)."""
+    return lay.dequant(
+        lay.codes, lay.scales, lay.group, lay.scale_kind, lay.table, lay.row_scale, torch.float32, n0, n1
+    )
 
 
 def prepare_fp4(weight: CanonicalWeight) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, str]:
@@ -103,78 +133,57 @@ def prepare_bnb4(weight: CanonicalWeight) -> tuple[torch.Tensor, torch.Tensor, t
     return codes, absmax.reshape(N, K // G).contiguous(), weight["code"].float().contiguous()
 
 
-class CudaTritonLut4(dense_slices.DequantSlicesKernel):
-    """4-bit code-book weight-only matmul in Triton; dequant + cuBLAS for large M."""
+def lut4_layout(weight: CanonicalWeight, spec: LayerSpec) -> Lut4Layout:
+    """The weight's codes and scales (:func:`prepare_fp4`, :func:`prepare_bnb4`) and the launch
+    shapes of the device's table."""
+    from quantrt.backends.triton.common import TileConfig
+    from quantrt.backends.triton.lut4 import lut4_dequant, lut4_matmul
 
-    backend = "cuda"
-    device_kinds = ("cuda",)
-    priority = 40
-    table = TABLE
+    s = weight.scheme
+    if s.family in ("nvfp4", "mxfp4"):
+        codes, scales, row, kind = prepare_fp4(weight)
+        table = None
+    else:
+        codes, scales, table = prepare_bnb4(weight)
+        row, kind = None, "f32"
+    G = s.group_size
+    assert G is not None
+    act = spec.act_dtype
+    doc = tile_table.load(TABLE, tile_table.arch_of(codes))
+    configs = tile_table.tile_configs(doc[TABLE], weight.N, weight.K, TileConfig)
+    # the GEMV serves one row: a larger bucket whose table row is a GEMV takes the 16-row one's tile
+    configs = (configs[0], *(configs[1] if c.block_m == 1 else c for c in configs[1:]))
+    return Lut4Layout(
+        codes, scales, table, row, G, kind, weight.N, act, configs, int(doc["dense_from_m"]),
+        dense_slices.rows_for(weight.N, weight.K, act, doc), lut4_matmul, lut4_dequant,
+    )  # fmt: skip
 
-    def prepare(self, weight: CanonicalWeight, spec: LayerSpec) -> Lut4State:
-        from quantrt.backends.triton.common import TileConfig
-        from quantrt.backends.triton.lut4 import lut4_dequant, lut4_matmul
 
-        s = weight.scheme
-        if s.family in ("nvfp4", "mxfp4"):
-            codes, scales, row, kind = prepare_fp4(weight)
-            table = None
-        else:
-            codes, scales, table = prepare_bnb4(weight)
-            row, kind = None, "f32"
-        G = s.group_size
-        assert G is not None
-        doc = tile_table.load(TABLE, tile_table.arch_of(codes))
-        configs = tile_table.tile_configs(doc[TABLE], weight.N, weight.K, TileConfig)
-        return Lut4State(
-            codes, scales, table, row, G, kind, configs, int(doc["dense_from_m"]),
-            dense_slices.rows_for(weight.N, weight.K, spec.act_dtype, doc), weight.N, weight.K,
-            spec.act_dtype, spec.output_dtype, lut4_matmul, lut4_dequant,
-        )  # fmt: skip
+def lut4_strategies(layout: Lut4Layout) -> list[Strategy]:
+    """The GEMV (one row) and the tiles per M bucket below ``dense_from``, then dequant + cuBLAS for
+    every larger batch. Their ``fn`` takes x, bias and ``out`` in the activation dtype (wrap the list
+    with ``dense_slices.in_act_dtype``)."""
+    from quantrt.backends.triton.common import tile_strategies
 
-    def strategy(self, state: Lut4State, m: int) -> str:
-        if self.use_dense(state, m):
-            return f"dequant+cuBLAS (N slices of {state.slice_rows})"
-        c = self._config(state, m)
-        kind = "gemv" if c.block_m == 1 else "tile"
-        return f"{kind} BM{c.block_m} BN{c.block_n} BK{c.block_k} S{c.split_k}"
+    return [
+        *tile_strategies(tile_table.BUCKETS, layout.configs, _name, _fused, upto=layout.dense_from - 1),
+        dense_slices.dense_strategy(layout.slice_rows, layout.N, _dequant),
+    ]
 
-    def use_dense(self, state: Lut4State, m: int) -> bool:
-        return m >= state.dense_from
 
-    @staticmethod
-    def _config(state: Lut4State, m: int) -> Any:
-        c = tile_table.pick(state.configs, m)
-        return state.configs[1] if c.block_m == 1 and m != 1 else c  # the GEMV serves one row
+def build(kernel: Kernel, layout: Lut4Layout, spec: LayerSpec) -> Prepared:
+    """The prepared layer over ``layout`` with :func:`lut4_strategies` and exact row access (tools
+    rebuild one from a replaced layout)."""
+    strategies = dense_slices.in_act_dtype(lut4_strategies(layout), layout.act, spec.output_dtype)
+    return kernel.prepared(layout, strategies, spec, layout.codes.device, rows=_rows)
 
-    def dequant_rows(self, state: Lut4State, n0: int, n1: int) -> torch.Tensor:
-        return state.dequant(
-            state.codes, state.scales, state.group, state.scale_kind, state.table, state.row_scale, state.act,
-            n0, n1,
-        )  # fmt: skip
 
-    def small(
-        self, state: Lut4State, x: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor | None
-    ) -> torch.Tensor:
-        c = self._config(state, x.shape[0])
-        if torch.compiler.is_compiling():  # traced: the registered op with its fake
-            y = torch.ops.quantrt.lut4_mm(
-                x, state.codes, state.scales, state.group, state.scale_kind, state.table, state.row_scale,
-                bias, c.block_m, c.block_n, c.block_k, c.split_k, c.num_warps, c.num_stages,
-            )  # fmt: skip
-            return y if out is None else out.copy_(y)
-        return state.matmul(
-            x,
-            state.codes,
-            state.scales,
-            state.group,
-            state.scale_kind,
-            state.table,
-            state.row_scale,
-            bias,
-            c,
-            out,
-        )
+class CudaTritonLut4(Kernel):
+    """The 4-bit code-book Triton family (its two kernels differ in the schemes they take): the
+    GEMV for one row, tiles per M bucket below ``dense_from_m``, dequant + cuBLAS from there."""
+
+    def prepare(self, weight: CanonicalWeight, spec: LayerSpec) -> Prepared:
+        return build(self, lut4_layout(weight, spec), spec)
 
 
 class CudaTritonFp4(CudaTritonLut4):
@@ -189,10 +198,10 @@ class CudaTritonFp4(CudaTritonLut4):
         return spec.scheme.act is not None
 
     @classmethod
-    def supports(cls, spec: LayerSpec, caps: Any) -> Verdict:
+    def can_implement(cls, spec: LayerSpec, caps: Any) -> Verdict:
         s = spec.scheme
         return check(
-            *_conditions(spec, caps),
+            *_conditions(caps),
             (s.family in ("nvfp4", "mxfp4"), "NVFP4 or MXFP4 weights", {"weight": s.weight}),
         )
 
@@ -205,10 +214,10 @@ class CudaTritonBnb4(CudaTritonLut4):
     )
 
     @classmethod
-    def supports(cls, spec: LayerSpec, caps: Any) -> Verdict:
+    def can_implement(cls, spec: LayerSpec, caps: Any) -> Verdict:
         s = spec.scheme
         return check(
-            *_conditions(spec, caps),
+            *_conditions(caps),
             (s.family == "bnb4", "bitsandbytes NF4/FP4 weights", {"weight": s.weight}),
             (
                 s.group_size is not None and spec.K_part % s.group_size == 0,

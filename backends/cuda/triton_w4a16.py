@@ -2,18 +2,20 @@
 
 Batch size is unknown at load, so ``prepare`` fixes one tile configuration per M bucket
 (GEMV-like with split-K for tiny M, wider tiles for large M) from the committed tuning table
-for this architecture; ``apply`` picks a bucket by comparing M. Nothing autotunes at run time.
+for this architecture, each bucket one strategy; a call only compares M. Nothing autotunes at
+run time.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
 from quantrt.canonical import CanonicalWeight, act_order_perm, int_codes, pack_int_codes
 from quantrt.kernels import Kernel, Verdict, check
+from quantrt.prepared import Prepared, StrategyFn
 from quantrt.specs import LayerSpec
 
 from . import tile_table
@@ -27,29 +29,35 @@ def _block_k(group: int) -> int:
     return 0
 
 
-@dataclass
-class W4A16State:
-    qweight: torch.Tensor
-    scales: torch.Tensor
-    zeros: torch.Tensor | None
-    perm: torch.Tensor | None
+@dataclass(frozen=True)
+class WNA16Layout:
+    qweight: torch.Tensor  # canonical codes: int4 uint8 [N, K/2] (even k low) or int8 [N, K]
+    scales: torch.Tensor  # [N, K/G] in the activation dtype
+    zeros: torch.Tensor | None  # [N, K/G] in the activation dtype, None: symmetric
+    perm: torch.Tensor | None  # int32 [K]: act-order's input-channel order, gathered in the kernel
     group: int
-    configs: tuple[Any, ...]  # one TileConfig per bucket
-    out_dtype: torch.dtype
-    matmul: Any  # the launcher, bound once so apply() imports nothing
     bits: int
+    out_dtype: torch.dtype
+
+
+def _tile(matmul: Any, config: Any) -> StrategyFn:
+    """The strategy running one tile configuration (``matmul`` bound at load: nothing imported per call)."""
+
+    def fn(lay: WNA16Layout, x: torch.Tensor, bias: Any, out: Any, ws: Any) -> torch.Tensor:
+        y = matmul(x, lay.qweight, lay.scales, lay.zeros, lay.perm, lay.group, bias, config, out, lay.bits)
+        return y if y.dtype == lay.out_dtype else y.to(lay.out_dtype)
+
+    return fn
 
 
 class CudaTritonWNA16(Kernel):
-    """Integer weight-only GEMV/GEMM in Triton, tiles per M bucket from the committed tunings."""
+    """The integer weight-only Triton family (declarations only differ: ``bits``): GEMV/GEMM
+    tiles per M bucket from the committed tunings."""
 
-    backend = "cuda"
-    device_kinds = ("cuda",)
-    priority = 40
-    bits = 4
+    bits: ClassVar[int] = 4
 
     @classmethod
-    def supports(cls, spec: LayerSpec, caps: Any) -> Verdict:
+    def can_implement(cls, spec: LayerSpec, caps: Any) -> Verdict:
         s = spec.scheme
         G = s.group_size if s.granularity == "group" else spec.K_part
         return check(
@@ -57,8 +65,8 @@ class CudaTritonWNA16(Kernel):
             (_block_k(G) > 0, "group size a multiple of 32", {"G": G}),
         )
 
-    def prepare(self, weight: CanonicalWeight, spec: LayerSpec) -> W4A16State:
-        from quantrt.backends.triton.common import TileConfig
+    def prepare(self, weight: CanonicalWeight, spec: LayerSpec) -> Prepared:
+        from quantrt.backends.triton.common import TileConfig, tile_strategies
         from quantrt.backends.triton.w4a16 import w4a16_matmul
 
         s = weight.scheme
@@ -79,54 +87,22 @@ class CudaTritonWNA16(Kernel):
             for k in tile_table.KEYS
         }
         configs = tile_table.tile_configs(section, weight.N, weight.K, TileConfig, block=(None, G))
-        return W4A16State(
+        layout = WNA16Layout(
             q.contiguous(),
             weight["scales"].to(act).contiguous(),
             None if zeros is None else zeros.to(act).contiguous(),
             perm,
             G,
-            configs,
-            spec.output_dtype,
-            w4a16_matmul,
             self.bits,
+            spec.output_dtype,
         )
-
-    def workspace_bytes(self, spec: LayerSpec, max_m: int) -> int:
-        return 4 * max_m * spec.N_part  # the fp32 split-K accumulator
-
-    def strategy(self, state: W4A16State, m: int) -> str:
-        return tile_table.describe(tile_table.pick(state.configs, m))
-
-    def apply(
-        self,
-        state: W4A16State,
-        x: torch.Tensor,
-        bias: torch.Tensor | None = None,
-        out: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        c = tile_table.pick(state.configs, x.shape[0])
-        if torch.compiler.is_compiling():  # traced: the registered op with its fake implementation
-            y = torch.ops.quantrt.wna16_mm(
-                x,
-                state.qweight,
-                state.scales,
-                state.zeros,
-                state.perm,
-                bias,
-                state.group,
-                state.bits,
-                c.block_m,
-                c.block_n,
-                c.block_k,
-                c.split_k,
-                c.num_warps,
-                c.num_stages,
-            )
-        else:  # eager and CUDA-graph capture: the launcher directly (the op layer costs host time)
-            y = state.matmul(
-                x, state.qweight, state.scales, state.zeros, state.perm, state.group, bias, c, out, state.bits
-            )
-        return y if y.dtype == state.out_dtype else y.to(state.out_dtype)
+        strategies = tile_strategies(
+            tile_table.BUCKETS, configs, tile_table.describe, lambda c: _tile(w4a16_matmul, c)
+        )
+        # the launcher also runs fp32 activations (IEEE dots): a layer prepared for them takes them,
+        # though planning never picks this kernel for fp32 (the tests check its numerics so)
+        extra = () if act in self.act_dtypes else (act,)
+        return self.prepared(layout, strategies, spec, q.device, act_dtypes=(*self.act_dtypes, *extra))
 
 
 class CudaTritonW4A16(CudaTritonWNA16):

@@ -14,7 +14,8 @@
   in the GEMM's epilogue instead of extra passes over an int32 product.
 
 Tile configurations per M bucket come from ``tunings/w8a8_<arch>.json`` (``w8a8_default.json``
-otherwise, see ``tile_table``); ``prepare`` fixes them, nothing tunes at run time.
+otherwise, see ``tile_table``); ``prepare`` fixes them, one strategy each, nothing tunes at run time.
+The strategies themselves are in ``w8a8_ops`` (they import Triton).
 """
 
 from __future__ import annotations
@@ -26,39 +27,22 @@ import torch
 
 from quantrt.canonical import CanonicalWeight
 from quantrt.kernels import Kernel, Verdict, check
+from quantrt.prepared import ALL_M, Prepared, Strategy
 from quantrt.specs import LayerSpec
 from quantrt.torchops import per_channel_scales
 
-from .tile_table import arch_of, describe, load, pick, tile_configs
+from .tile_table import BUCKETS, arch_of, describe, load, tile_configs
 
 Condition = tuple[bool, str, dict[str, Any]]
 
 
-def run(
-    op: str, forward: Any, args: tuple, tile: Any, out_dtype: torch.dtype, out: torch.Tensor | None
-) -> torch.Tensor:
-    """Eager calls and CUDA-graph capture: the forward bound at load (no op layer, no import).
-    Traced by torch.compile: the registered op ``quantrt::<op>`` (w8a8_ops) with its fake."""
-    if torch.compiler.is_compiling():
-        ints = [tile.block_m, tile.block_n, tile.block_k, tile.split_k, tile.num_warps, tile.num_stages]
-        y = getattr(torch.ops.quantrt, op)(*args, ints, out_dtype)
-        return y if out is None else out.copy_(y)
-    return forward(*args, tile, out_dtype, out)
-
-
-def _common(spec: LayerSpec, caps: Any, act_dtypes: tuple[torch.dtype, ...]) -> list[Condition]:
+def _common(caps: Any) -> list[Condition]:
     return [
         ((caps.sm or 0) >= 80, "sm >= 80", {"sm": caps.sm}),
         (
             "triton" in caps.libraries,
             "triton importable (it builds the kernel)",
             {"libraries": caps.libraries},
-        ),
-        (spec.op == "linear", "op == 'linear'", {"op": spec.op}),
-        (
-            spec.act_dtype in act_dtypes,
-            "activations " + " or ".join(str(d).replace("torch.", "") for d in act_dtypes),
-            {"act_dtype": spec.act_dtype},
         ),
     ]
 
@@ -80,17 +64,14 @@ def _static_scale(weight: CanonicalWeight) -> torch.Tensor | None:
 # -- fp8 W8A8, tensor or channel weight scales ------------------------------------------------
 
 
-@dataclass
-class Fp8State:
+@dataclass(frozen=True)
+class Fp8Layout:
     w: torch.Tensor  # fp8 [N, K] as stored
     w_scale: torch.Tensor  # fp32 [N]
     in_scale: torch.Tensor | None
-    act_granularity: str
+    act: str  # how activations are quantized: "static", "token" or "tensor"
     tensorwise: bool  # one weight scale and one activation scale: _scaled_mm's per-tensor mode
-    configs: tuple
-    scaled_mm_from: int  # batches of at least this many rows run torch._scaled_mm
     out_dtype: torch.dtype
-    forward: Any  # w8a8_ops.fp8_forward, bound at load so apply() imports nothing (triton is optional)
 
 
 class CudaTritonFp8(Kernel):
@@ -98,18 +79,15 @@ class CudaTritonFp8(Kernel):
     cuBLASLt ``_scaled_mm`` for large M."""
 
     name = "cuda.triton_fp8"
-    backend = "cuda"
-    device_kinds = ("cuda",)
-    priority = 45
     description = (
         "fp8 W8A8: fused Triton activation quantization; Triton GEMV/split-K for small M, _scaled_mm above"
     )
 
     @classmethod
-    def supports(cls, spec: LayerSpec, caps: Any) -> Verdict:
+    def can_implement(cls, spec: LayerSpec, caps: Any) -> Verdict:
         s = spec.scheme
         return check(
-            *_common(spec, caps, (torch.bfloat16, torch.float16)),
+            *_common(caps),
             _fp8_units(caps),
             (s.weight == "fp8_e4m3", "fp8 e4m3 weights", {"weight": s.weight}),
             (s.act == "fp8_e4m3", "fp8 activations", {"act": s.act}),
@@ -125,13 +103,12 @@ class CudaTritonFp8(Kernel):
             ),
         )
 
-    def prepare(self, weight: CanonicalWeight, spec: LayerSpec) -> Fp8State:
-        from quantrt.backends.triton.common import TileConfig
+    def prepare(self, weight: CanonicalWeight, spec: LayerSpec) -> Prepared:
+        from quantrt.backends.triton.common import TileConfig, tile_strategies
 
-        from . import w8a8_ops  # registers the custom ops too
+        from . import w8a8_ops
 
         q = weight["qweight"].contiguous()
-        w_scale = per_channel_scales(weight).contiguous()
         table = load("w8a8", arch_of(q))["fp8_rowwise"]
         configs = tile_configs(table, weight.N, weight.K, TileConfig)
         # _scaled_mm needs K and N multiples of 16 and, with row-wise scales, a bf16 output
@@ -140,61 +117,50 @@ class CudaTritonFp8(Kernel):
             s.granularity == "tensor" and len(spec.output_sizes) == 1 and s.act_granularity == "tensor"
         )
         ok = weight.K % 16 == 0 and weight.N % 16 == 0 and (tensorwise or spec.output_dtype == torch.bfloat16)
-        start = int(table.get("scaled_mm_from_m", 1 << 30)) if ok else 1 << 62
         gran = "static" if not s.act_dynamic else s.act_granularity
-        forward = w8a8_ops.fp8_forward
-        return Fp8State(
-            q, w_scale, _static_scale(weight), gran, tensorwise, configs, start, spec.output_dtype, forward
+        layout = Fp8Layout(
+            q,
+            per_channel_scales(weight).contiguous(),
+            _static_scale(weight),
+            gran,
+            tensorwise,
+            spec.output_dtype,
         )
-
-    def workspace_bytes(self, spec: LayerSpec, max_m: int) -> int:
-        return max_m * spec.K_part + 4 * max_m * (spec.N_part + 1)  # codes, scales, split-K sums
-
-    def strategy(self, state: Fp8State, m: int) -> str:
-        if m >= state.scaled_mm_from:
-            return "triton quant + _scaled_mm"
-        return "triton quant + " + describe(pick(state.configs, m))
-
-    def apply(
-        self,
-        state: Fp8State,
-        x: torch.Tensor,
-        bias: torch.Tensor | None = None,
-        out: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        fields = (state.in_scale, bias, state.act_granularity, state.tensorwise, state.scaled_mm_from)
-        c = pick(state.configs, x.shape[0])
-        return run("fp8_linear", state.forward, (x, state.w, state.w_scale, *fields), c, state.out_dtype, out)
+        name = lambda c: "triton quant + " + describe(c)  # noqa: E731
+        if not ok:
+            strategies = tile_strategies(BUCKETS, configs, name, w8a8_ops.fp8_triton)
+        else:  # batches of at least scaled_mm_from_m rows run torch._scaled_mm
+            start = int(table.get("scaled_mm_from_m", 1 << 30))
+            strategies = [
+                *tile_strategies(BUCKETS, configs, name, w8a8_ops.fp8_triton, upto=start - 1),
+                Strategy(ALL_M, "triton quant + _scaled_mm", w8a8_ops.fp8_scaled_mm),
+            ]
+        return self.prepared(layout, strategies, spec, q.device)
 
 
 # -- block fp8 --------------------------------------------------------------------------------
 
 
-@dataclass
-class BlockFp8State:
+@dataclass(frozen=True)
+class BlockFp8Layout:
     w: torch.Tensor  # fp8 [N, K]
     w_scale: torch.Tensor  # fp32 [ceil(N/bn), ceil(K/bk)]
     block: tuple[int, int]
-    configs: tuple
     out_dtype: torch.dtype
-    forward: Any  # w8a8_ops.block_fp8_forward
 
 
 class CudaTritonBlockFp8(Kernel):
     """Block fp8 W8A8 (128x128 weight blocks, 1x128 activation groups) as a Triton GEMM."""
 
     name = "cuda.triton_block_fp8"
-    backend = "cuda"
-    device_kinds = ("cuda",)
-    priority = 45
     description = "block fp8 W8A8: per-token-group fp8 activations (Triton), Triton GEMM scaling per k-block"
 
     @classmethod
-    def supports(cls, spec: LayerSpec, caps: Any) -> Verdict:
+    def can_implement(cls, spec: LayerSpec, caps: Any) -> Verdict:
         s = spec.scheme
         block = s.block or (16, 1 << 30)  # not a block scheme: the granularity condition says so first
         return check(
-            *_common(spec, caps, (torch.bfloat16, torch.float16)),
+            *_common(caps),
             _fp8_units(caps),
             (s.weight == "fp8_e4m3", "fp8 e4m3 weights", {"weight": s.weight}),
             (s.granularity == "block", "block scales", {"granularity": s.granularity}),
@@ -212,59 +178,38 @@ class CudaTritonBlockFp8(Kernel):
             ),
         )
 
-    def prepare(self, weight: CanonicalWeight, spec: LayerSpec) -> BlockFp8State:
-        from quantrt.backends.triton.common import TileConfig
+    def prepare(self, weight: CanonicalWeight, spec: LayerSpec) -> Prepared:
+        from quantrt.backends.triton.common import TileConfig, tile_strategies
 
-        from . import w8a8_ops  # registers the custom ops too
+        from . import w8a8_ops
 
         bn, bk = weight.scheme.block
         q = weight["qweight"].contiguous()
         section = load("w8a8", arch_of(q))["fp8_block"]
         configs = tile_configs(section, weight.N, weight.K, TileConfig, block=(bn, bk))  # tiles inside blocks
-        scales = weight["scales"].float().contiguous()
-        return BlockFp8State(q, scales, (bn, bk), configs, spec.output_dtype, w8a8_ops.block_fp8_forward)
-
-    def workspace_bytes(self, spec: LayerSpec, max_m: int) -> int:
-        bk = spec.scheme.block[1] if spec.scheme.block else 128
-        return max_m * spec.K_part + 4 * max_m * (-(-spec.K_part // bk) + spec.N_part)
-
-    def strategy(self, state: BlockFp8State, m: int) -> str:
-        return "triton group quant + " + describe(pick(state.configs, m))
-
-    def apply(
-        self,
-        state: BlockFp8State,
-        x: torch.Tensor,
-        bias: torch.Tensor | None = None,
-        out: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        args = (x, state.w, state.w_scale, bias, state.block)
-        return run(
-            "block_fp8_linear", state.forward, args, pick(state.configs, x.shape[0]), state.out_dtype, out
+        layout = BlockFp8Layout(q, weight["scales"].float().contiguous(), (bn, bk), spec.output_dtype)
+        name = lambda c: "triton group quant + " + describe(c)  # noqa: E731
+        return self.prepared(
+            layout, tile_strategies(BUCKETS, configs, name, w8a8_ops.block_fp8), spec, q.device
         )
 
 
 # -- fp8 weight-only --------------------------------------------------------------------------
 
 
-@dataclass
-class Fp8WeightOnlyState:
+@dataclass(frozen=True)
+class Fp8WeightOnlyLayout:
     w: torch.Tensor  # fp8 [N, K]
     w_scale: torch.Tensor  # fp32 [N], or [ceil(N/bn), ceil(K/bk)] with block
-    block: tuple[int, ...]  # (bn, bk) of block scales, () for tensor/channel scales
-    configs: tuple
+    block: tuple[int, int] | None  # (bn, bk) of block scales, None for tensor/channel scales
     act: torch.dtype
     out_dtype: torch.dtype
-    forward: Any  # w8a8_ops.fp8_weight_only_forward
 
 
 class CudaTritonFp8WeightOnly(Kernel):
     """fp8 weights with 16-bit activations, decoded by bit tricks (no fp8 hardware needed)."""
 
     name = "cuda.triton_fp8_w8a16"
-    backend = "cuda"
-    device_kinds = ("cuda",)
-    priority = 46
     description = (
         "fp8 weight-only: codes decoded to fp16/bf16 by integer bit tricks (runs on sm_80), Triton GEMM"
     )
@@ -274,11 +219,11 @@ class CudaTritonFp8WeightOnly(Kernel):
         return spec.scheme.act is not None
 
     @classmethod
-    def supports(cls, spec: LayerSpec, caps: Any) -> Verdict:
+    def can_implement(cls, spec: LayerSpec, caps: Any) -> Verdict:
         s = spec.scheme
         fp8_hw = (caps.sm or 0) >= 89 and "fp8_e4m3" in caps.matrix_types
         return check(
-            *_common(spec, caps, (torch.bfloat16, torch.float16)),
+            *_common(caps),
             (s.family == "fp8", "fp8 weights", {"weight": s.weight}),
             (
                 s.act is None or not fp8_hw,
@@ -292,75 +237,54 @@ class CudaTritonFp8WeightOnly(Kernel):
             ),
         )
 
-    def prepare(self, weight: CanonicalWeight, spec: LayerSpec) -> Fp8WeightOnlyState:
-        from quantrt.backends.triton.common import TileConfig
+    def prepare(self, weight: CanonicalWeight, spec: LayerSpec) -> Prepared:
+        from quantrt.backends.triton.common import TileConfig, tile_strategies
 
-        from . import w8a8_ops  # registers the custom ops too
+        from . import w8a8_ops
 
         s = weight.scheme
         q = weight["qweight"].contiguous()
         section = load("w8a8", arch_of(q))["fp8_weight_only"]
+        block: tuple[int, int] | None = None
         if s.granularity == "block":  # k tiles inside scale blocks (scales are read per column)
-            block, scale = tuple(s.block), weight["scales"].float().contiguous()
+            block, scale = (s.block[0], s.block[1]), weight["scales"].float().contiguous()
         else:
-            block, scale = (), per_channel_scales(weight).contiguous()
+            scale = per_channel_scales(weight).contiguous()
         configs = tile_configs(
             section, weight.N, weight.K, TileConfig, block=(None, block[1] if block else None)
         )
-        forward = w8a8_ops.fp8_weight_only_forward
-        return Fp8WeightOnlyState(q, scale, block, configs, spec.act_dtype, spec.output_dtype, forward)
-
-    def workspace_bytes(self, spec: LayerSpec, max_m: int) -> int:
-        return 4 * max_m * spec.N_part
-
-    def strategy(self, state: Fp8WeightOnlyState, m: int) -> str:
-        return describe(pick(state.configs, m))
-
-    def apply(
-        self,
-        state: Fp8WeightOnlyState,
-        x: torch.Tensor,
-        bias: torch.Tensor | None = None,
-        out: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        args = (x, state.w, state.w_scale, bias, state.block, state.act)
-        return run(
-            "fp8_w8a16_linear", state.forward, args, pick(state.configs, x.shape[0]), state.out_dtype, out
-        )
+        layout = Fp8WeightOnlyLayout(q, scale, block, spec.act_dtype, spec.output_dtype)
+        strategies = tile_strategies(BUCKETS, configs, describe, w8a8_ops.fp8_weight_only)
+        return self.prepared(layout, strategies, spec, q.device)
 
 
 # -- int8 W8A8 --------------------------------------------------------------------------------
 
 
-@dataclass
-class Int8State:
+@dataclass(frozen=True)
+class Int8Layout:
     w: torch.Tensor  # int8 [N, K]
     w_scale: torch.Tensor  # fp32 [N]
     in_scale: torch.Tensor | None
-    configs: tuple
     out_dtype: torch.dtype
-    forward: Any  # w8a8_ops.int8_forward
 
 
 class CudaTritonInt8(Kernel):
     """W8A8 int8: per-token (or static) int8 activations from one Triton pass, a Triton int8 GEMM
-    with both scales and the bias in its epilogue."""
+    with both scales and the bias in its epilogue (ahead of ``torch._int_mm`` in the CUDA list: faster
+    than the bare op even at large M, see docs/performance.md)."""
 
     name = "cuda.triton_int8"
-    backend = "cuda"
-    device_kinds = ("cuda",)
-    priority = (
-        45  # ahead of torch._int_mm: 1.37-1.39x the bare op at M=4096 on the H200 (docs/performance.md)
-    )
+    act_dtypes = (torch.bfloat16, torch.float16, torch.float32)
     description = (
         "int8 W8A8: fused Triton activation quantization, Triton int8 GEMM with scales in the epilogue"
     )
 
     @classmethod
-    def supports(cls, spec: LayerSpec, caps: Any) -> Verdict:
+    def can_implement(cls, spec: LayerSpec, caps: Any) -> Verdict:
         s = spec.scheme
         return check(
-            *_common(spec, caps, (torch.bfloat16, torch.float16, torch.float32)),
+            *_common(caps),
             ("int8" in caps.matrix_types, "int8 matrix units", {"arch": caps.arch}),
             (
                 s.weight == "int" and s.bits == 8 and s.symmetric,
@@ -380,34 +304,16 @@ class CudaTritonInt8(Kernel):
             ),
         )
 
-    def prepare(self, weight: CanonicalWeight, spec: LayerSpec) -> Int8State:
-        from quantrt.backends.triton.common import TileConfig
+    def prepare(self, weight: CanonicalWeight, spec: LayerSpec) -> Prepared:
+        from quantrt.backends.triton.common import TileConfig, tile_strategies
 
-        from . import w8a8_ops  # registers the custom ops too
+        from . import w8a8_ops
 
         q = (weight["qweight"].to(torch.int16) - 128).to(torch.int8).contiguous()  # canonical offset 128
         section = load("w8a8", arch_of(q))["int8"]
-        return Int8State(
-            q,
-            per_channel_scales(weight).contiguous(),
-            _static_scale(weight),
-            tile_configs(section, weight.N, weight.K, TileConfig),
-            spec.output_dtype,
-            w8a8_ops.int8_forward,
+        configs = tile_configs(section, weight.N, weight.K, TileConfig)
+        layout = Int8Layout(
+            q, per_channel_scales(weight).contiguous(), _static_scale(weight), spec.output_dtype
         )
-
-    def workspace_bytes(self, spec: LayerSpec, max_m: int) -> int:
-        return max_m * spec.K_part + 4 * max_m * (spec.N_part + 1)
-
-    def strategy(self, state: Int8State, m: int) -> str:
-        return "triton quant + " + describe(pick(state.configs, m))
-
-    def apply(
-        self,
-        state: Int8State,
-        x: torch.Tensor,
-        bias: torch.Tensor | None = None,
-        out: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        args = (x, state.w, state.w_scale, state.in_scale, bias)
-        return run("int8_linear", state.forward, args, pick(state.configs, x.shape[0]), state.out_dtype, out)
+        name = lambda c: "triton quant + " + describe(c)  # noqa: E731
+        return self.prepared(layout, tile_strategies(BUCKETS, configs, name, w8a8_ops.int8), spec, q.device)

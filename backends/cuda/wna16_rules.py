@@ -1,30 +1,25 @@
 """What every integer weight-only (W4A16/W8A16) kernel of this folder needs, stated once.
 
-Each kernel's ``supports`` is this list plus its own conditions (the tile or chunk its group
+Each kernel's ``can_implement`` is this list plus its own conditions (the tile or chunk its group
 size must fit, the library that builds it), so the shared requirements read the same in every
-``explain`` and cannot drift apart between kernels.
+``explain`` and cannot drift apart between kernels. The op and the activation dtypes are the
+kernels' declarations, checked by ``Kernel.supports`` before any of these.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-import torch
-
 from quantrt.specs import LayerSpec
-
-ACT_DTYPES = (torch.float16, torch.bfloat16)
 
 Condition = tuple[bool, str, dict[str, Any]]
 
 
 def device_conditions(spec: LayerSpec, caps: Any, library: str, built_by: str) -> list[Condition]:
-    """What the tensor-core kernel needs of the device and the call, whatever the weights."""
+    """What the tensor-core kernel needs of the device, whatever the weights."""
     return [
         ((caps.sm or 0) >= 80, "sm >= 80 (mma.sync and cp.async)", {"sm": caps.sm}),
         (library in caps.libraries, f"{library} importable ({built_by})", {"libraries": caps.libraries}),
-        (spec.op == "linear", "op == 'linear'", {"op": spec.op}),
-        (spec.act_dtype in ACT_DTYPES, "activations bf16 or fp16", {"act_dtype": spec.act_dtype}),
     ]
 
 

@@ -15,9 +15,6 @@ class RocmScaledMMFp8Fnuz(TorchScaledMMFp8):
     """W8A8 fp8 on MI300-class GPUs (gfx942): e4m3fn checkpoints converted to e4m3fnuz at load."""
 
     name = "rocm.torch_scaled_mm_fnuz"
-    backend = "rocm"
-    device_kinds = ("rocm",)
-    priority = 50
     description = "torch._scaled_mm (hipBLASLt) in e4m3fnuz: bytes 0x80 -> 0, scales doubled at load"
     fp8_dtype = torch.float8_e4m3fnuz
 
@@ -32,9 +29,6 @@ class RocmScaledMMFp8(TorchScaledMMFp8):
     """W8A8 fp8 on AMD GPUs with OCP fp8 (gfx950, gfx12)."""
 
     name = "rocm.torch_scaled_mm"
-    backend = "rocm"
-    device_kinds = ("rocm",)
-    priority = 51
     description = "torch._scaled_mm (hipBLASLt) in OCP e4m3fn"
     fp8_dtype = torch.float8_e4m3fn
 
@@ -47,12 +41,8 @@ class RocmIntMM(TorchIntMMW8A8):
     """W8A8 int8 through ``torch._int_mm`` on hipBLASLt."""
 
     name = "rocm.torch_int_mm"
-    backend = "rocm"
-    device_kinds = ("rocm",)
-    priority = 50
     description = "torch._int_mm (hipBLASLt int8) with per-token int8 activations"
     min_m = 17
-
     act_dtypes = (torch.bfloat16, torch.float16)
 
     @classmethod

@@ -5,18 +5,21 @@ Every one of them tiles the output [M, N] in ``block_m`` x ``block_n`` tiles and
 ``split_k`` programs per tile. ``split_k`` = 1 stores the output dtype directly; ``split_k`` > 1 adds
 fp32 partial sums with atomics into a zeroed fp32 buffer (``out`` itself when the output is fp32),
 cast into the output afterwards. Host side: :class:`TileConfig`, the argument checks, the output
-buffers (:func:`output_buffers`, :func:`finish_output`); device side: the K-loop's operand loads
-(:func:`load_k_tiles`) and the epilogue (:func:`store_tile`).
+buffers (:func:`output_buffers`, :func:`finish_output`), one prepared strategy per tile
+(:func:`tile_strategies`); device side: the K-loop's operand loads (:func:`load_k_tiles`) and the
+epilogue (:func:`store_tile`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
+
+from quantrt.prepared import ALL_M, Strategy, StrategyFn
 
 from .launch import cdiv
 
@@ -119,6 +122,31 @@ def finish_output(written: torch.Tensor, result: torch.Tensor) -> torch.Tensor:
     if written is not result:
         result.copy_(written)
     return result
+
+
+def tile_strategies(
+    bounds: Sequence[int],
+    configs: Sequence[TileConfig],
+    name: Callable[[TileConfig], str],
+    make: Callable[[TileConfig], StrategyFn],
+    upto: int = ALL_M,
+) -> list[Strategy]:
+    """The strategies of a tile table resolved at load: ``configs[i]`` serves batches up to
+    ``bounds[i]`` rows (the last one every larger batch), the whole list cut at ``upto`` rows (a
+    caller serves the batches above with a strategy of its own). Neighbouring buckets with the same
+    tile are one strategy; ``make(config)`` is the strategy's function, ``name(config)`` its name."""
+    spans: list[tuple[int, TileConfig]] = []
+    lo = 0
+    for i, (bound, c) in enumerate(zip(bounds, configs)):
+        hi = upto if i == len(configs) - 1 else min(bound, upto)
+        if hi <= lo:
+            break
+        if spans and c == spans[-1][1]:
+            spans[-1] = (hi, c)
+        else:
+            spans.append((hi, c))
+        lo = hi
+    return [Strategy(hi, name(c), make(c)) for hi, c in spans]
 
 
 def tile_grid(M: int, N: int, config: TileConfig) -> tuple[int, int, int]:

@@ -90,7 +90,7 @@ PLANES: dict[str, tuple[tuple[str, int, int, torch.dtype], ...]] = {
     "q6_k": (("ql", 0, 128, _U8), ("qh", 128, 64, _U8), ("scales", 192, 16, _I8), ("d", 208, 2, _F16)),
 }
 
-#: type -> the plane names in the order the kernels (and the ``quantrt::gguf_mm`` op) take them
+#: type -> the plane names in the order the kernels take them
 PLANE_NAMES: dict[str, tuple[str, ...]] = {t: tuple(p[0] for p in ps) for t, ps in PLANES.items()}
 
 #: the kernels' constexpr type ids
@@ -192,6 +192,11 @@ def gguf_planes(qweight: torch.Tensor, gguf_type: str, N: int, K: int) -> dict[s
         field = blocks[:, :, off : off + size].contiguous().reshape(N, nb * size)
         planes[name] = field.view(dtype)
     return planes
+
+
+def plane_list(planes: dict[str, torch.Tensor], gguf_type: str) -> list[torch.Tensor]:
+    """The planes in :data:`PLANE_NAMES` order (the order the CUDA GEMV of ``backends/cuda`` takes them)."""
+    return [planes[n] for n in PLANE_NAMES[_type(gguf_type)]]
 
 
 def _plane_list(
@@ -829,27 +834,3 @@ def gguf_dequant(
         num_warps=4, num_stages=1,
     )  # fmt: skip
     return out
-
-
-# -- torch.compile ------------------------------------------------------------------------------------
-
-
-def plane_list(planes: dict[str, torch.Tensor], gguf_type: str) -> list[torch.Tensor]:
-    """The planes in :data:`PLANE_NAMES` order, as ``quantrt::gguf_mm`` takes them."""
-    return [planes[n] for n in PLANE_NAMES[_type(gguf_type)]]
-
-
-@torch.library.custom_op("quantrt::gguf_mm", mutates_args=())
-def gguf_mm(
-    x: torch.Tensor, planes: list[torch.Tensor], gguf_type: str, N: int, K: int, bias: torch.Tensor | None,
-    block_m: int, block_n: int, split_k: int, num_warps: int, num_stages: int, block_k: int,
-) -> torch.Tensor:  # fmt: skip
-    """:func:`gguf_matmul` as a torch op (planes in :data:`PLANE_NAMES` order), so torch.compile
-    traces through it."""
-    t = _type(gguf_type)
-    cfg = GGUFConfig(block_m, block_n, split_k, num_warps, num_stages, block_k)
-    return gguf_matmul(x, dict(zip(PLANE_NAMES[t], planes)), t, N, K, bias, cfg)
-
-
-# The fake only needs the output shape: [M, N] in x's dtype.
-gguf_mm.register_fake(lambda x, planes, gguf_type, N, *_: x.new_empty(x.shape[0], N))

@@ -64,7 +64,7 @@ import triton
 import triton.language as tl
 
 from .common import check_epilogue, empty_result
-from .gguf import BLOCKS, PLANE_NAMES, _check_nk, _check_x, _padded, _plane_list, _type
+from .gguf import BLOCKS, _check_nk, _check_x, _padded, _plane_list, _type
 from .launch import Launcher, cdiv
 
 #: the types the GEMM decodes, with their kernel ids (the constexpr QT)
@@ -413,22 +413,3 @@ def gguf_gemm(
         num_warps=config.num_warps, num_stages=config.num_stages,
     )  # fmt: skip
     return y
-
-
-# -- torch.compile ------------------------------------------------------------------------------------
-
-
-@torch.library.custom_op("quantrt::gguf_gemm", mutates_args=())
-def gguf_gemm_op(
-    x: torch.Tensor, planes: list[torch.Tensor], gguf_type: str, N: int, K: int, bias: torch.Tensor | None,
-    block_m: int, block_n: int, block_k: int, num_warps: int, num_stages: int, group_m: int,
-) -> torch.Tensor:  # fmt: skip
-    """:func:`gguf_gemm` as a torch op (planes in :data:`~quantrt.backends.triton.gguf.PLANE_NAMES`
-    order, as ``plane_list`` gives them), so torch.compile traces through it."""
-    t = _gemm_type(gguf_type)
-    cfg = GemmConfig(block_m, block_n, block_k, num_warps, num_stages, group_m)
-    return gguf_gemm(x, dict(zip(PLANE_NAMES[t], planes)), t, N, K, bias, cfg)
-
-
-# The fake only needs the output shape: [M, N] in x's dtype.
-gguf_gemm_op.register_fake(lambda x, planes, gguf_type, N, *_: x.new_empty(x.shape[0], N))

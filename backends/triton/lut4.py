@@ -540,19 +540,3 @@ def lut4_dequant(
         HAS_R=row_scale is not None, num_warps=4, num_stages=1,
     )  # fmt: skip
     return out
-
-
-@torch.library.custom_op("quantrt::lut4_mm", mutates_args=())
-def lut4_mm(
-    x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, group: int, scale_kind: str,
-    table: torch.Tensor | None, row_scale: torch.Tensor | None, bias: torch.Tensor | None, block_m: int,
-    block_n: int, block_k: int, split_k: int, num_warps: int, num_stages: int,
-) -> torch.Tensor:  # fmt: skip
-    """The launcher as a torch op, so torch.compile traces through it (eager calls skip the op layer).
-    Arguments in :func:`lut4_matmul`'s order, the tile as ints."""
-    cfg = TileConfig(block_m, block_n, block_k, split_k, num_warps, num_stages)
-    return lut4_matmul(x, codes, scales, group, scale_kind, table, row_scale, bias, cfg)
-
-
-# The fake only needs the output shape: [M, N], N from the codes.
-lut4_mm.register_fake(lambda x, codes, *_: x.new_empty(x.shape[0], codes.shape[0]))

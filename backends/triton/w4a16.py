@@ -202,18 +202,3 @@ def _launch_tiles(
         IEEE=x.dtype == torch.float32, BITS=bits,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )  # fmt: skip
-
-
-@torch.library.custom_op("quantrt::wna16_mm", mutates_args=())
-def wna16_mm(
-    x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor | None,
-    perm: torch.Tensor | None, bias: torch.Tensor | None, group: int, bits: int, block_m: int, block_n: int,
-    block_k: int, split_k: int, num_warps: int, num_stages: int,
-) -> torch.Tensor:  # fmt: skip
-    """The launcher as a torch op, so torch.compile traces through it (eager calls skip the op layer)."""
-    cfg = TileConfig(block_m, block_n, block_k, split_k, num_warps, num_stages)
-    return w4a16_matmul(x, qweight, scales, zeros, perm, group, bias, cfg, None, bits)
-
-
-# The fake only needs the output shape: [M, N], N from the codes.
-wna16_mm.register_fake(lambda x, qweight, *_: x.new_empty(x.shape[0], qweight.shape[0]))

@@ -114,6 +114,28 @@ def test_gpu_kernel_arithmetic_on_cpu(kernel: type[Kernel], scheme: str, dtype: 
             assert e1 < TOL[dtype] and e2 < TOL[dtype], (M, e1, e2)
 
 
+def test_small_batches_pad_in_the_workspace() -> None:
+    """cuBLASLt's _int_mm wants M > 16: smaller batches run padded in the prepared layer's workspace
+    (one buffer for every call, whatever the earlier batches left in it), larger ones unpadded."""
+    g = torch.Generator().manual_seed(3)
+    K, N = 64, 24
+    canon = reference.quantize(torch.randn(N, K, generator=g) * 0.05, "w8a8-int-ch-sym")
+    spec = layer_spec("w8a8-int-ch-sym", K, N)
+    k = CudaIntMM()
+    state = k.prepare(canon, spec)
+    assert "padded to 17 rows" in k.strategy(state, 16) and "padded" not in k.strategy(state, 17)
+    assert k.workspace_bytes(spec, 1) == k.workspace_bytes(spec, 4096) >= 17 * (K + 4 * N)
+    buffers = set()
+    for M in (16, 1, 5, 40, 3):
+        x = torch.randn(M, K, generator=g).to(torch.bfloat16)
+        y = k.apply(state, x)
+        ref = reference.linear(x, canon, out_dtype=torch.float32)
+        assert y.shape == (M, N) and rel(y, ref) < TOL[torch.bfloat16], M
+        if M in (16, 1, 5):  # before the largest batch grows, every small one uses the same buffer
+            buffers.add(state.workspace(M).data_ptr())
+    assert len(buffers) == 1
+
+
 def test_fnuz_conversion_keeps_values() -> None:
     """e4m3fn -> e4m3fnuz: same bits are half the value (scale doubles); e4m3fn -0 (0x80) is fnuz NaN."""
     s = parse_scheme("w8a8-fp8-tensor-static")
@@ -129,7 +151,7 @@ def test_fnuz_conversion_keeps_values() -> None:
         },
     )
     state = RocmScaledMMFp8Fnuz().prepare(w, layer_spec(s, 16, 16))
-    fnuz = state.wt.t().float() * state.w_scale
+    fnuz = state.layout.wt.t().float() * state.layout.w_scale
     fn = w["qweight"].float() * 0.5
     assert torch.equal(fnuz, fn.nan_to_num())  # 0x80 became +0, everything else identical
     assert not torch.isnan(fnuz).any()
@@ -158,7 +180,7 @@ def test_verdicts_name_predicate_and_values() -> None:
     v = CudaScaledMMFp8.supports(layer_spec("w8a8-fp8-ch", 4096, 4096, act_dtype=torch.float16), h100)
     assert v.predicate == "bf16 output for row-wise scales"
     v = CudaTinygemm.supports(layer_spec("w4a16-int-g128-asym", 4096, 4096, act_dtype=torch.float16), h100)
-    assert (v.predicate, dict(v.values)) == ("bf16 activations", {"act_dtype": torch.float16})
+    assert (v.predicate, dict(v.values)) == ("activations (bfloat16)", {"act_dtype": torch.float16})
     mi300 = load_preset("mi300x").default_device
     assert RocmScaledMMFp8Fnuz.supports(layer_spec("w8a8-fp8-tensor", 4096, 4096), mi300).ok
     assert not RocmScaledMMFp8.supports(layer_spec("w8a8-fp8-tensor", 4096, 4096), mi300).ok

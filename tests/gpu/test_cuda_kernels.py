@@ -150,7 +150,7 @@ def test_mma_kernel_on_extreme_codes_and_scales(scheme: str, dtype: torch.dtype)
     codes = torch.zeros(N, K, dtype=torch.uint8)
     codes[::2] = (1 << bits) - 1
     codes[:, ::3] = 0
-    from quantrt.reference.packing import pack_codes
+    from quantrt.packing import pack_codes
 
     canon.tensors["qweight"] = pack_codes(codes, bits)
     sc = canon["scales"]
@@ -228,34 +228,32 @@ LAUNCH_SHAPES = [  # explicit launch shapes of the mma kernel, beyond what the c
 def test_mma_launch_shapes_match_reference(scheme: str, dtype: torch.dtype) -> None:
     """Every launch geometry (swapped parts, m16 tiles, warps sharing x over N, K groups, the
     wgmma kernel) against the reference; N = 328 leaves the last column block partly past the padded weight."""
-    import dataclasses
-
     from quantrt.backends.cuda import mma_wna16 as mk
 
     K = 1401 if "-ch-" in scheme else 1408  # channel scales: K odd, rows re-aligned per call
     layer, canon, bias = build(scheme, K, 328, dtype, seed=11)
     assert layer.kernel_name.startswith("cuda.mma_"), layer.selection.explain()
-    state = layer._state
+    lay = layer._state.layout
     dev = torch.cuda.current_device()
     limit = mk.smem_limit(dev)
-    szb = mk.sz_bytes(dtype, state.code)
+    szb = mk.sz_bytes(dtype, lay.code)
     g = torch.Generator().manual_seed(5)
     hopper = torch.cuda.get_device_capability(dev) == (9, 0)
     for row in LAUNCH_SHAPES:
-        if row.get("wgmma") and (not hopper or state.code != state.bits):
+        if row.get("wgmma") and (not hopper or lay.code != lay.bits):
             continue  # sm_90a code, integer codes only
-        shape = mk.Shape.of(row, state.bits, dtype, state.gpc, foldable=state.code == state.bits)
+        shape = mk.Shape.of(row, lay.bits, dtype, lay.gpc, foldable=lay.code == lay.bits)
         for wk in (1, 3):
-            if shape.smem(wk, state.gpc, szb, state.bits) > limit:
+            if shape.smem(wk, lay.gpc, szb, lay.bits) > limit:
                 continue
-            tile = mk.make_tile(shape, dtype, state.code, state.gpc, dev, wk)
-            st = dataclasses.replace(state, tiles=(dataclasses.replace(tile, max_m=1 << 30),))
+            tile = mk.make_tile(shape, dtype, lay.code, lay.gpc, dev, wk)
+            run = mk.tile_strategy(tile).fn  # this launch shape for every batch size
             for m in (1, 7, shape.rows, shape.rows + 5):  # one row block, and past it
                 x = torch.randn(m, K + 3, generator=g)[:, 3:]  # not 16-byte aligned
-                y = mk.run(st, x.to("cuda", dtype), bias.to("cuda", dtype), None)
+                y = run(lay, x.to("cuda", dtype), bias.to("cuda", dtype), None, None)
                 ref = reference.linear(x.to(dtype), canon, bias.to(dtype), out_dtype=torch.float32)
                 err = rel(y.cpu(), ref)
-                assert err < TOL[dtype], (row, wk, m, err, mk.tile_expr(dtype, state.code, state.gpc, shape))
+                assert err < TOL[dtype], (row, wk, m, err, mk.tile_expr(dtype, lay.code, lay.gpc, shape))
 
 
 @pytest.mark.parametrize(
@@ -268,7 +266,7 @@ def test_mma_launch_shapes_match_reference(scheme: str, dtype: torch.dtype) -> N
     ],
 )
 def test_w8a8_kernels_compile_fullgraph(scheme: str, kernel: str) -> None:
-    """torch.compile traces the W8A8 kernels through their custom ops (no graph break)."""
+    """torch.compile traces the W8A8 kernels through the prepared layer's op (no graph break)."""
     layer, canon, bias = build(scheme, 512, 256, torch.bfloat16, seed=5, kernel=kernel)
     assert layer.kernel_name == kernel
     for m in (3, 100):

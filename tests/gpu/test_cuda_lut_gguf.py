@@ -41,6 +41,19 @@ def build(scheme: str, K: int, N: int, dtype: torch.dtype, seed: int, kernel: st
     return layer, canon, bias
 
 
+def with_slices(layer: QuantLinear, rows: int) -> None:
+    """The layer's dense strategy (the last one) dequantizing ``rows`` rows of W per cuBLAS call."""
+    from quantrt.backends.cuda import dense_slices, triton_gguf, triton_lut4
+
+    state, spec = layer._state, layer.layer_spec()
+    module = triton_gguf if layer.kernel_name == "cuda.triton_gguf" else triton_lut4
+    dense = dense_slices.dense_strategy(rows, spec.N_part, module._dequant)
+    tail = dense_slices.in_act_dtype([dense], spec.act_dtype, spec.output_dtype)
+    layer._state = layer._kernel.prepared(
+        state.layout, [*state.strategies[:-1], *tail], spec, state.device, rows=state.rows
+    )
+
+
 def awkward_k(scheme: str) -> int:
     """K a multiple of the format's block but of no tile: 21 legacy GGUF blocks, 3 super-blocks, 11 groups of 64 (5 of 128)."""
     if scheme.startswith("gguf"):
@@ -111,14 +124,17 @@ def test_w4a4_nvfp4_runs_as_labelled_weight_only_substitute_on_hopper() -> None:
 
 def test_dense_path_in_several_slices_matches_reference() -> None:
     """A workspace smaller than the weight: cuBLAS runs slice by slice (bias per slice)."""
+    from quantrt.backends.cuda import mma_wna16
+
     for scheme, kernel in (("w4a16-nvfp4", "cuda.triton_fp4"), ("gguf-q6_k", "cuda.triton_gguf"),
                            ("w4a16-nvfp4", "cuda.mma_fp4")):  # fmt: skip
         layer, canon, bias = build(scheme, 512, 700, torch.bfloat16, seed=9, kernel=kernel)
         if kernel == "cuda.mma_fp4":  # K slices of one 128-input chunk, the column factor after the sum
-            layer._state = dataclasses.replace(layer._state, slice_chunks=1)
+            lay = dataclasses.replace(layer._state.layout, slice_chunks=1)
+            layer._state = mma_wna16.build(layer._kernel, lay, layer.layer_spec())
             assert "K slices of 128" in layer._kernel.strategy(layer._state, 300)
         else:
-            layer._state = dataclasses.replace(layer._state, slice_rows=256)
+            with_slices(layer, 256)
             assert "slices of 256" in layer._kernel.strategy(layer._state, 300)
         x = torch.randn(300, 512, device="cuda", dtype=torch.bfloat16)
         ref = reference.linear(x, canon, bias, out_dtype=torch.float32)
@@ -246,20 +262,22 @@ def test_gemv_gguf_random_blocks_match_gguf_py(t: str, dtype: torch.dtype) -> No
             overrides=Overrides(kernel="cuda.gemv_gguf"),
         )
         assert layer.kernel_name == "cuda.gemv_gguf", layer.selection.explain()
-        table = layer._state
+        table = layer._state.layout
         forced = [
             gguf_gemv.GemvShape(8, r, xm, wp) for r, xm, wp in ((2, 4, 4), (1, 4, 2), (3, 2, 8), (1, 1, 1))
         ]
         for shape in (None, *forced):
             if shape is not None:  # every batch size on one forced launch shape
                 fn = Launch(function(gguf_gemv.SOURCE, shape.expr(dtype, t), 0), gguf_gemv.ARGS)
-                layer._state = dataclasses.replace(table, shapes=(shape,), launches=(fn,))
+                lay = dataclasses.replace(table, shapes=(shape,), launches=(fn,))
+                layer._state = gguf_gemv.build(layer._kernel, lay, layer.layer_spec())
             for M in (1, 2, 3, 4, 7, 8):
                 x = torch.randn(M, K, generator=g).to(dtype)
                 ref = x.double() @ w.T + bias.to(dtype).double()
                 y = layer(x.cuda())
                 path = layer._kernel.strategy(layer._state, M)
-                assert path.startswith("cuda gemv" if M <= layer._state.shapes[-1].max_m else "triton gemv")
+                cuda = M <= layer._state.layout.shapes[-1].max_m
+                assert path.startswith("cuda gemv" if cuda else "triton gemv"), (M, path)
                 assert rel(y, ref) < TOL[dtype], (K, N, M, shape, path, rel(y, ref))
 
 
@@ -271,6 +289,7 @@ def test_mma_gguf_random_blocks_match_gguf_py(dtype: torch.dtype) -> None:
     dequantizer's chunk parity picks the sub-block), N not a multiple of 64, bias and out=."""
     from gguf.quants import dequantize as gguf_dequantize
 
+    from quantrt.backends.cuda import mma_wna16
     from quantrt.reference.gguf import random_blocks
 
     for K, N, seed in [(256 * 3, 37, 1), (256 * 21, 200, 2)]:
@@ -292,7 +311,8 @@ def test_mma_gguf_random_blocks_match_gguf_py(dtype: torch.dtype) -> None:
         whole = layer._state
         for slices in (None, 1):
             if slices:
-                layer._state = dataclasses.replace(whole, slice_chunks=slices)
+                lay = dataclasses.replace(whole.layout, slice_chunks=slices)
+                layer._state = mma_wna16.build(layer._kernel, lay, layer.layer_spec())
             for M in (1, 3, 8, 16, 33, 64, 300):
                 x = torch.randn(M, K).to(dtype)
                 ref = x.double() @ w.T + bias.to(dtype).double()

@@ -6,12 +6,11 @@ one or several slices, ``out=``) against the fp32 reference, and the supports() 
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 import torch
 
 from quantrt import reference
+from quantrt.backends.cuda import dense_slices, triton_gguf, triton_lut4
 from quantrt.backends.cuda.triton_gguf import CudaTritonGGUF
 from quantrt.backends.cuda.triton_lut4 import CudaTritonBnb4, CudaTritonFp4
 from quantrt.capability import load_preset
@@ -37,6 +36,15 @@ def make(scheme: str, N: int, K: int, sizes: tuple[int, ...] = ()):
     else:
         kernel = CudaTritonFp4()
     return kernel, kernel.prepare(canon, spec), canon
+
+
+def with_slices(kernel, state, canon, rows: int):
+    """``state`` with its dense strategy (the last) dequantizing ``rows`` rows per cuBLAS call."""
+    module = triton_gguf if isinstance(kernel, CudaTritonGGUF) else triton_lut4
+    dense = dense_slices.dense_strategy(rows, canon.N, module._dequant)
+    strategies = [*state.strategies[:-1], *dense_slices.in_act_dtype([dense], DT, DT)]
+    spec = LayerSpec(canon.scheme, canon.K, canon.N, act_dtype=DT)
+    return kernel.prepared(state.layout, strategies, spec, state.device, rows=state.rows)
 
 
 CASES = [
@@ -67,7 +75,7 @@ def test_every_strategy_matches_reference(scheme: str, K: int, sizes: tuple[int,
             assert rel(y, ref) < 2e-3, (m, kernel.strategy(state, m), rel(y, ref))
     assert "dequant+cuBLAS" in seen and ("gemv" in seen), seen
     # the dense path in several row slices, into a caller's buffer
-    sliced = dataclasses.replace(state, slice_rows=32)
+    sliced = with_slices(kernel, state, canon, 32)
     x = torch.randn(70, K).to(DEV, DT)
     out = torch.full((70, N), float("nan"), dtype=DT, device=DEV)
     y = kernel.apply(sliced, x, bias, out=out)
@@ -99,7 +107,7 @@ def test_gguf_table_routes_mid_batches_to_the_fused_gemm(gtype: str, K: int, mon
 
     monkeypatch.setattr(tile_table, "load", load)
     kernel, state, canon = make(f"gguf-{gtype}", 40, K)
-    assert state.gemm_max_m == 40 and state.gemv_max_m < 9
+    assert state.layout.gemm_max_m == 40 and state.layout.gemv_max_m < 9
     assert kernel.strategy(state, 9).startswith("fused gemm BM16 BN32 BK64")
     assert kernel.strategy(state, 40).startswith("fused gemm BM32")
     assert kernel.strategy(state, 41).startswith("dequant+cuBLAS")
@@ -110,11 +118,12 @@ def test_gguf_table_routes_mid_batches_to_the_fused_gemm(gtype: str, K: int, mon
         assert rel(kernel.apply(state, x, bias), ref) < 2e-3, (m, kernel.strategy(state, m))
     other = "q4_0" if gtype != "q4_0" else "q8_0"
     _, state2, _ = make(f"gguf-{other}", 40, 32 * 8)
-    assert state2.gemm_max_m == 0 and kernel.strategy(state2, 9).startswith("dequant+cuBLAS")
+    assert state2.layout.gemm_max_m == 0 and kernel.strategy(state2, 9).startswith("dequant+cuBLAS")
 
 
 def test_bnb_rows_are_low_nibble_first_and_absmax_resolved() -> None:
-    _, state, canon = make("w4a16-nf4-g64-dq", 16, 128)
+    _, prepared, canon = make("w4a16-nf4-g64-dq", 16, 128)
+    state = prepared.layout
     assert (
         state.codes.shape == (16, 64)
         and state.scales.shape == (16, 2)
@@ -160,6 +169,6 @@ def test_supports_reasons() -> None:
     v = CudaTritonBnb4.supports(spec("w4a16-nf4-g64", K=4160 + 32), h200)
     assert not v and "blocksize" in v.reason
     v = CudaTritonGGUF.supports(spec("gguf-q4_k", act_dtype=torch.float32), h200)
-    assert not v and "bf16 or fp16" in v.reason
+    assert not v and "activations (bfloat16, float16)" in v.reason
     assert CudaTritonGGUF.supports(spec("gguf-q2_k"), h200)
     assert not CudaTritonFp4.supports(spec("w4a16-nf4-g64"), h200)

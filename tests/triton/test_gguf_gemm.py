@@ -30,7 +30,6 @@ from gguf_testing import (
     set_scales,
 )
 
-from quantrt.backends.triton.gguf import plane_list
 from quantrt.backends.triton.gguf_gemm import (
     GEMM_TYPES,
     GemmConfig,
@@ -284,30 +283,42 @@ def test_configs():
             assert gguf_gemm(x[:0], planes, gtype, 4, K, config=cfg).shape == (0, 4)
 
 
-def test_torch_op_fake_and_compile():
-    seed = fresh_seed()
-    q = random_blocks("q6_k", 10, 256, seed)
-    planes = planes_of(q, "q6_k", 256)
-    pl = plane_list(planes, "q6_k")
-    x = randn(3, 256, seed=seed, dtype=torch.float16)
-    bias = randn(10, seed=seed + 1, dtype=torch.float16)
-    cfg = GemmConfig(block_m=16, block_n=16, block_k=128, num_warps=4, num_stages=2, group_m=4)
-    want = gguf_gemm(x, planes, "q6_k", 10, 256, bias=bias, config=cfg)
-    got = torch.ops.quantrt.gguf_gemm(x, pl, "q6_k", 10, 256, bias, 16, 16, 128, 4, 2, 4)
-    assert torch.equal(got, want)
+def test_prepared_gemm_strategy_compiles_through_the_one_op(monkeypatch):
+    """A ``cuda.triton_gguf`` layer whose table routes mid batches to the fused GEMM: the strategy is
+    the GEMM's, and torch.compile (fullgraph) traces the layer through ``quantrt::linear``, whose fake
+    is [M, N] in the output dtype and whose result is the eager one."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
+    from quantrt.backends.cuda import tile_table
+    from quantrt.backends.cuda.triton_gguf import CudaTritonGGUF
+    from quantrt.canonical import CanonicalWeight
+    from quantrt.schemes import parse_scheme
+    from quantrt.specs import LayerSpec
+
+    real = tile_table.load
+    tile = {"block_m": 16, "block_n": 16, "block_k": 128, "num_warps": 4, "num_stages": 2, "group_m": 4}
+
+    def load(name: str, arch: str) -> dict:
+        doc = real(name, arch)
+        if name != "gguf":
+            return doc
+        return {**doc, "gemm": {"16": tile}, "gemm_types": {}, "gemm_max_m": {"q6_k": 64}}
+
+    monkeypatch.setattr(tile_table, "load", load)
+    seed = fresh_seed()
+    q = random_blocks("q6_k", 10, 256, seed)
+    canon = CanonicalWeight(parse_scheme("gguf-q6_k"), 10, 256, {"qweight": q.to(DEV)})
+    layer = CudaTritonGGUF().prepare(canon, LayerSpec(canon.scheme, 256, 10, act_dtype=torch.float16))
+    x = randn(17, 256, seed=seed, dtype=torch.float16)
+    bias = randn(10, seed=seed + 1, dtype=torch.float16)
+    assert layer.strategy(17).name == "fused gemm BM16 BN16 BK128 W4 S2"
+    want = gguf_gemm(x, planes_of(q, "q6_k", 256), "q6_k", 10, 256, bias=bias, config=GemmConfig(**tile))
+    assert torch.equal(layer(x, bias), want), f"seed {seed}"
+    compiled = torch.compile(lambda x, b: layer(x, b) * 2, backend="aot_eager", fullgraph=True)
+    assert torch.equal(compiled(x, bias), want * 2), f"seed {seed}"
     with FakeTensorMode() as mode:
-        fx = mode.from_tensor(x)
-        fp = [mode.from_tensor(p) for p in pl]
-        fy = torch.ops.quantrt.gguf_gemm(fx, fp, "q6_k", 10, 256, None, 16, 16, 128, 4, 3, 8)
-    assert fy.shape == (3, 10) and fy.dtype == torch.float16
-
-    def f(x, planes, bias):
-        return torch.ops.quantrt.gguf_gemm(x, planes, "q6_k", 10, 256, bias, 16, 16, 128, 4, 2, 4) * 2
-
-    compiled = torch.compile(f, backend="aot_eager", fullgraph=True)
-    assert torch.equal(compiled(x, pl, bias), want * 2)
+        fy = torch.ops.quantrt.linear(mode.from_tensor(x), None, layer.id)
+    assert fy.shape == (17, 10) and fy.dtype == torch.float16
 
 
 def test_bad_arguments_are_refused():

@@ -277,26 +277,36 @@ def test_a_wrong_byte_is_caught():
     assert rel(y, x.double().cpu() @ got.double().T) <= TOL[torch.float32], f"seed {seed}"
 
 
-# -- torch op, validation ------------------------------------------------------------------------------
+# -- the prepared layer, validation --------------------------------------------------------------------
 
 
-def test_torch_op_and_fake():
-    seed = fresh_seed()
-    q = random_blocks("q6_k", 10, 256, seed)
-    planes = planes_of(q, "q6_k", 256)
-    x = torch.randn(2, 256, device=DEV, dtype=torch.float16)
-    bias = torch.randn(10, device=DEV, dtype=torch.float16)
-    cfg = GGUFConfig(block_m=2, block_n=8, split_k=1, num_warps=4, num_stages=2, block_k=256)
-    want = gguf_matmul(x, planes, "q6_k", 10, 256, bias=bias, config=cfg)
-    got = torch.ops.quantrt.gguf_mm(x, plane_list(planes, "q6_k"), "q6_k", 10, 256, bias, 2, 8, 1, 4, 2, 256)
-    assert torch.equal(got, want)
+def test_prepared_layer_compiles_through_the_one_op():
+    """A ``cuda.triton_gguf`` layer under torch.compile (fullgraph): traced through
+    ``quantrt::linear``, whose fake is [M, N] in the output dtype, with the eager result at a GEMV
+    batch and at a dequant + cuBLAS one; its exact rows are gguf-py's fp32 weights."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
+    from quantrt.backends.cuda.triton_gguf import CudaTritonGGUF
+    from quantrt.canonical import CanonicalWeight
+    from quantrt.schemes import parse_scheme
+    from quantrt.specs import LayerSpec
+
+    seed = fresh_seed()
+    q = random_blocks("q6_k", 10, 256, seed)
+    canon = CanonicalWeight(parse_scheme("gguf-q6_k"), 10, 256, {"qweight": q.to(DEV)})
+    layer = CudaTritonGGUF().prepare(canon, LayerSpec(canon.scheme, 256, 10, act_dtype=torch.float16))
+    bias = torch.randn(10, device=DEV, dtype=torch.float16)
+    compiled = torch.compile(lambda x: layer(x, bias) * 2, backend="aot_eager", fullgraph=True)
+    for m, path in ((2, "gemv"), (20, "dequant+cuBLAS")):
+        x = torch.randn(m, 256, device=DEV, dtype=torch.float16)
+        assert layer.strategy(m).name.startswith(path)
+        want = layer(x, bias)
+        assert rel(want, x.double().cpu() @ dense(q, "q6_k").double().T + bias.double().cpu()) < TOL[x.dtype]
+        assert torch.equal(compiled(x), want * 2), (m, f"seed {seed}")
     with FakeTensorMode() as mode:
-        fx = mode.from_tensor(x)
-        fp = [mode.from_tensor(p) for p in plane_list(planes, "q6_k")]
-        fy = torch.ops.quantrt.gguf_mm(fx, fp, "q6_k", 10, 256, None, 1, 8, 1, 4, 3, 256)
-    assert fy.shape == (2, 10) and fy.dtype == torch.float16
+        fy = torch.ops.quantrt.linear(mode.from_tensor(x), None, layer.id)
+    assert fy.shape == (20, 10) and fy.dtype == torch.float16
+    assert torch.equal(layer.dequant_rows(3, 7).cpu(), dense(q, "q6_k")[3:7]), f"seed {seed}"
 
 
 def test_bad_arguments_are_refused():

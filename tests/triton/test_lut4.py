@@ -324,22 +324,32 @@ def test_m_zero_and_out() -> None:
     assert rel(y, ref[:1]) < 2e-3
 
 
-def test_custom_op_matches_and_fakes() -> None:
-    g = gen()
-    N, K = 40, 128
-    p = quantized("nf4", N, K, g)
-    codes, scales, group, kind, table, _ = p.args()
-    x = torch.randn(2, K, generator=g).to(DEV)
-    bias = torch.randn(N, generator=g).to(DEV)
-    y = torch.ops.quantrt.lut4_mm(x, codes, scales, group, kind, table, None, bias, 16, 16, 64, 2, 4, 1)
-    want = lut4_matmul(x, codes, scales, group, kind, table, None, bias, TileConfig(16, 16, 64, 2, 4, 1))
-    assert y.shape == (2, N) and rel(y, want) < 1e-6
+def test_traced_op_matches_and_fakes() -> None:
+    """torch.compile traces the NVIDIA kernel through the prepared layer's op (quantrt::linear): the
+    launcher's result, the fake's shape and dtype, a fullgraph trace without a graph break."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
+    from quantrt.backends.cuda.triton_lut4 import CudaTritonBnb4
+    from quantrt.specs import LayerSpec
+
+    g = gen()
+    N, K = 40, 128
+    canon = reference.quantize(torch.randn(N, K, generator=g) * 0.05, "w4a16-nf4-g64").to(DEV)
+    k = CudaTritonBnb4()
+    state = k.prepare(canon, LayerSpec(canon.scheme, K, N, act_dtype=torch.float16))
+    lay = state.layout
+    x = torch.randn(2, K, generator=g).half().to(DEV)
+    bias = torch.randn(N, generator=g).half().to(DEV)
+    y = torch.ops.quantrt.linear(x, bias, state.id)
+    cfg = TileConfig(16, 16, 64, 2, 4, 1)
+    want = lut4_matmul(x, lay.codes, lay.scales, lay.group, lay.scale_kind, lay.table, None, bias, cfg)
+    assert y.shape == (2, N) and rel(y, want) < 1e-3 and torch.equal(y, k.apply(state, x, bias))
     with FakeTensorMode() as mode:
-        fx, fc, fs, ft = (mode.from_tensor(t) for t in (x, codes, scales, table))
-        fy = torch.ops.quantrt.lut4_mm(fx, fc, fs, group, kind, ft, None, None, 1, 8, 64, 1, 4, 1)
+        fy = torch.ops.quantrt.linear(mode.from_tensor(x), None, state.id)
         assert fy.shape == (2, N) and fy.dtype == x.dtype
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda t: state(t, bias), backend="aot_eager", fullgraph=True)
+    assert torch.equal(compiled(x), y)
 
 
 def test_rejects_bad_inputs() -> None:

@@ -122,28 +122,20 @@ def test_supports_and_plans() -> None:
     assert (v.predicate, dict(v.values)) == ("group size a multiple of 32", {"G": 48})
 
 
-def test_registered_op_and_fake() -> None:
-    from quantrt.backends.triton import w4a16  # registers quantrt::wna16_mm
-
+def test_traced_op_and_fake() -> None:
+    """torch.compile traces the kernel through the prepared layer's op (quantrt::linear): its fake
+    checked by torch's opcheck, a fullgraph trace without a graph break, the eager result."""
     g = torch.Generator().manual_seed(4)
     canon = reference.quantize(torch.randn(32, 64, generator=g), "w4a16-int-g32-asym").to(DEV)
+    k = CudaTritonW4A16()
+    state = k.prepare(canon, layer_spec("w4a16-int-g32-asym", 64, 32, act_dtype=torch.float16))
     x = torch.randn(3, 64, generator=g).half().to(DEV)
-    args = (
-        x,
-        canon["qweight"],
-        canon["scales"].half(),
-        canon["zeros"].half(),
-        None,
-        None,
-        32,
-        4,
-        16,
-        32,
-        32,
-        1,
-        4,
-        2,
-    )
-    y = torch.ops.quantrt.wna16_mm(*args)
+    y = torch.ops.quantrt.linear(x, None, state.id)
     assert rel(y, reference.linear(x.float().cpu(), canon.to("cpu"), out_dtype=torch.float32)) < 2e-3
-    torch.library.opcheck(w4a16.wna16_mm, args, test_utils=("test_schema", "test_faketensor"))
+    assert torch.equal(y, k.apply(state, x))
+    torch.library.opcheck(
+        torch.ops.quantrt.linear.default, (x, None, state.id), test_utils=("test_faketensor",)
+    )
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda t: state(t), backend="aot_eager", fullgraph=True)
+    assert torch.equal(compiled(x), y)

@@ -123,43 +123,35 @@ def test_supports_on_presets() -> None:
         ("w8a8-int-ch-sym-static", CudaTritonInt8),
     ],
 )
-def test_custom_ops_for_torch_compile(scheme: str, kernel) -> None:
-    """The op torch.compile traces (schema and fake checked by torch's opcheck) computes what the
-    eager path computes."""
-    from quantrt.backends.cuda.tile_table import pick
-    from quantrt.backends.cuda.w8a8_ops import block_fp8_linear, fp8_linear, fp8_w8a16_linear, int8_linear
-
+def test_traced_op_for_torch_compile(scheme: str, kernel) -> None:
+    """The op torch.compile traces (quantrt::linear on the prepared layer: its fake checked by
+    torch's opcheck, a fullgraph trace without a graph break) computes what the eager path
+    computes and mutates nothing."""
     g = torch.Generator().manual_seed(11)
     K, N, act = 256, 48, torch.float16
     canon = reference.quantize(
         torch.randn(N, K, generator=g) * 0.05, scheme, calib=torch.randn(8, K, generator=g)
     )
     k = kernel()
-    st = k.prepare(canon.to(DEV), layer_spec(scheme, K, N, act_dtype=act, bias=True))
+    spec = layer_spec(scheme, K, N, act_dtype=act, bias=True)
+    st = k.prepare(canon.to(DEV), spec)
     x = torch.randn(3, K, generator=g).to(act).to(DEV)
     bias = torch.randn(N, generator=g).to(act).to(DEV)
-    t = pick(st.configs, 3)
-    c = [t.block_m, t.block_n, t.block_k, t.split_k, t.num_warps, t.num_stages]
-    if kernel is CudaTritonFp8:
-        fields = (st.in_scale, bias, st.act_granularity, st.tensorwise, st.scaled_mm_from)
-        op, args = fp8_linear, (x, st.w, st.w_scale, *fields)
-    elif kernel is CudaTritonBlockFp8:
-        op, args = block_fp8_linear, (x, st.w, st.w_scale, bias, list(st.block))
-    elif kernel is CudaTritonFp8WeightOnly:
-        op, args = fp8_w8a16_linear, (x, st.w, st.w_scale, bias, list(st.block), st.act)
-    else:
-        op, args = int8_linear, (x, st.w, st.w_scale, st.in_scale, bias)
-    args = (*args, c, st.out_dtype)
-    # opcheck's schema test compares inputs with arithmetic fp8 lacks on the CPU: compare bytes here
-    torch.library.opcheck(op, args, test_utils=("test_faketensor",))
-    tensors = [a for a in args if isinstance(a, torch.Tensor)]
+    args = (x, bias, st.id)
+    torch.library.opcheck(torch.ops.quantrt.linear.default, args, test_utils=("test_faketensor",))
+    tensors = [x, bias, *(v for v in vars(st.layout).values() if isinstance(v, torch.Tensor))]
     before = [t.clone() for t in tensors]
-    y = op(*args)
+    y = torch.ops.quantrt.linear(*args)
+    # compare bytes: fp8 has no arithmetic on the CPU
     raw = [
         (t.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8)) for t, b in zip(tensors, before)
     ]
     assert all(torch.equal(t, b) for t, b in raw)  # no input mutated
-    assert y.dtype == st.out_dtype and torch.equal(y, k.apply(st, x, bias))
+    eager = k.apply(st, x, bias)
+    assert y.dtype == spec.output_dtype and torch.equal(y, eager)
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda t: st(t, bias), backend="aot_eager", fullgraph=True)
+    assert torch.equal(compiled(x), eager)
 
 
 def test_scaled_mm_gets_what_cuda_accepts(monkeypatch: pytest.MonkeyPatch) -> None:
