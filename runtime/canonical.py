@@ -55,6 +55,7 @@ from fractions import Fraction
 
 import torch
 
+from .packing import pack_codes, unpack_codes
 from .schemes import GGUF_TYPES, Scheme
 from .specs import TensorSpec
 
@@ -104,6 +105,11 @@ class CanonicalWeight:
 
 def _ceil(a: int, b: int) -> int:
     return -(-a // b)
+
+
+def g_idx_spec(K: int) -> TensorSpec:
+    """The act-order group index: one int32 per input channel (GPTQ stores it without act-order too)."""
+    return TensorSpec("g_idx", (K,), torch.int32, input_dim=0)
 
 
 def canonical_specs(scheme: Scheme, N: int, K: int, num_slices: int = 1) -> dict[str, TensorSpec]:
@@ -169,7 +175,7 @@ def canonical_specs(scheme: Scheme, N: int, K: int, num_slices: int = 1) -> dict
         if not scheme.symmetric:
             scale_like("zeros", torch.int16, replicate_rows=scheme.act_order)
         if scheme.act_order:
-            add(TensorSpec("g_idx", (K,), torch.int32, input_dim=0))
+            add(g_idx_spec(K))
     elif fam == "fp8":
         add(TensorSpec("qweight", (N, K), FP8_DTYPES[scheme.weight], output_dim=0, input_dim=1))
         scale_like("scales", torch.float32)
@@ -316,8 +322,6 @@ class CanonicalAdapter:
 
 def int_codes(weight: CanonicalWeight) -> torch.Tensor:
     """The unsigned integer codes of an ``int`` weight as int32 [N, K] (unpacked once, at load)."""
-    from .reference.packing import unpack_codes
-
     return unpack_codes(weight["qweight"], weight.scheme.bits, weight.K).to(torch.int32)
 
 
@@ -342,8 +346,6 @@ def act_order_perm(weight: CanonicalWeight, group: int) -> torch.Tensor | None:
 
 def pack_int_codes(codes: torch.Tensor, bits: int) -> torch.Tensor:
     """Unsigned integer codes [N, K] in the canonical packed layout (a kernel that permutes K repacks)."""
-    from .reference.packing import pack_codes
-
     return pack_codes(codes, bits)
 
 

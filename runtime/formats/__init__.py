@@ -47,8 +47,6 @@ ALIASES = {
     "awq_marlin": "awq",
     "modelopt_fp4": "modelopt",
 }
-#: formats the next issue reads: named, so the error says "not yet" rather than "unknown"
-LATER: tuple[str, ...] = ()
 #: files next to config.json that some tools write their quantization config into
 SIDE_FILES = ("quantize_config.json", "quant_config.json", "quantization_config.json", "hf_quant_config.json")
 
@@ -102,11 +100,8 @@ def reader_for(qconfig: dict[str, Any] | None, index: TensorIndex, source: str) 
         )
     method = str(method).lower()
     method = ALIASES.get(method, method)
-    if method in LATER:
-        raise CheckpointError(f"{source}: quant_method {method!r} is not supported yet")
     if method not in READERS:
         raise CheckpointError(
-            f"{source}: unknown quant_method {method!r}; known: "
-            f"{', '.join(sorted(READERS))} (and, later, {', '.join(LATER)})"
+            f"{source}: unknown quant_method {method!r}; known: {', '.join(sorted(READERS))}"
         )
     return READERS[method](qconfig, index, source)

@@ -12,23 +12,26 @@ from fractions import Fraction
 
 import torch
 
-from ..canonical import CanonicalWeight
+from ..canonical import CanonicalWeight, canonical_specs
 from ..errors import CheckpointError
-from ..reference.packing import pack_codes
+from ..packing import pack_codes
 from ..schemes import Scheme
 from ..specs import TensorSpec
 from .base import (
     CHUNK_ROWS,
     FLOAT_DTYPES,
+    SCALE_TORCH_DTYPES,
     FormatReader,
     LayerEntry,
+    Stored,
     TensorIndex,
     by_rows,
     check_finite,
     expect,
     prefixes_with,
+    stored_specs,
 )
-from .gptq import Bits, _scale_torch_dtype, int_scheme
+from .gptq import Bits, int_scheme
 from .schema import Bool, Config, GroupSize, Str
 
 #: nibble that holds column 8c + j
@@ -66,21 +69,15 @@ class AWQAdapter:
         return codes ^ 8 if self.signed else codes
 
     def tensor_specs(self, scheme: Scheme, N: int, K: int, num_slices: int = 1) -> dict[str, TensorSpec]:
-        G = scheme.group_size if scheme.granularity == "group" else K
-        rows = "replicate" if scheme.granularity == "channel" else "split"
-        packed = {"output_unit": Fraction(8), "output_align": 8}
-        groups = {"input_unit": Fraction(G), "input_align": G, "row": rows}
-        return {
-            self.weight: TensorSpec(
-                self.weight, (K, N // 8), torch.int32, input_dim=0, output_dim=1, **packed
-            ),
-            self.scales: TensorSpec(
-                self.scales, (K // G, N), _scale_torch_dtype(scheme), input_dim=0, output_dim=1, **groups
-            ),
-            self.zeros: TensorSpec(
-                self.zeros, (K // G, N // 8), torch.int32, input_dim=0, output_dim=1, **packed, **groups
-            ),
+        # zero-points are stored for symmetric weights too (every one 8)
+        canonical = canonical_specs(scheme.with_(symmetric=False), N, K, num_slices)
+        words = Fraction(32, scheme.bits)  # AWQ's nibble interleave is a 4-bit layout
+        layout = {
+            self.weight: Stored("qweight", torch.int32, packing=words, along="output", transposed=True),
+            self.scales: Stored("scales", SCALE_TORCH_DTYPES[scheme.scale_dtype], transposed=True),
+            self.zeros: Stored("zeros", torch.int32, packing=words, along="output", transposed=True),
         }
+        return stored_specs(canonical, N, K, layout)
 
     def to_canonical(
         self, tensors: dict[str, torch.Tensor], scheme: Scheme, N: int, K: int, output_sizes: tuple[int, ...]

@@ -4,15 +4,19 @@ bad checkpoints into one clear error.
 A format is two things: a *reader* that recognises its config and names each layer's scheme
 and stored tensors (``layers()``), and an *adapter* per scheme that describes those stored
 tensors with TensorSpecs (so tensor parallelism can cut them) and converts them to canonical
-tensors. Adapters are data transformations only: no kernels, no device logic.
+tensors. Adapters are data transformations only: no kernels, no device logic. An adapter's
+TensorSpecs are the canonical ones (``canonical_specs``) restated through :func:`stored_specs`,
+so a format states only what it stores differently: names, dtypes, packing, a transpose.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from fractions import Fraction
 from typing import Any, ClassVar, Protocol
 
 import torch
@@ -31,6 +35,8 @@ SCALE_DTYPE_NAMES = {
     torch.float32: "fp32",
     torch.float8_e8m0fnu: "fp32",
 }  # e8m0 (power-of-two) scales are exact in fp32
+#: a scheme's ``scale_dtype`` as the dtype integer and fp8 formats store their scales in
+SCALE_TORCH_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 #: what scales may be stored as (e8m0: DeepGEMM's power-of-two block scales)
 SCALE_DTYPES = (*FLOAT_DTYPES, torch.float8_e8m0fnu)
 #: rows converted at a time, so a layer's conversion never holds much more than the layer
@@ -286,3 +292,103 @@ def by_rows(
     """Concatenate ``fn(start, stop)`` over chunks of ``rows``, so a conversion's scratch stays small."""
     parts = [fn(s, min(s + rows, n)) for s in range(0, n, rows)]
     return torch.cat(parts, dim=dim) if len(parts) > 1 else parts[0]
+
+
+# -- stored layouts: the canonical ones, restated -------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Stored:
+    """One stored tensor, as what differs from the canonical tensor ``source``.
+
+    ``dtype``: the stored dtype (scales in the scheme's scale dtype, codes as int32 words ...).
+    ``packing``: integer codes per stored element along ``along`` (``"input"``, K, or
+    ``"output"``, N): ``Fraction(32, b)`` for b-bit codes in int32 words, 1 for one code per
+    element. The weight's codes (``qweight``, canonically bytes along K) then sit one per element
+    along the other dim; a zero-point keeps its groups along K. A per-slice scalar has nothing
+    to pack and stays as it is.
+    ``shape``: a reshape that keeps the input and output dims where they are, their units scaled
+    with it ([N, K/2] bytes as [N, K/32, 16] blocks, [N, 1] scales as [N]).
+    ``transposed``: a 2-D tensor stored [K, N]-wise (applied last).
+    """
+
+    source: str
+    dtype: torch.dtype | None = None
+    packing: Fraction | int | None = None
+    along: str = "input"
+    shape: tuple[int, ...] | None = None
+    transposed: bool = False
+
+
+def stored_specs(
+    canonical: Mapping[str, TensorSpec],
+    N: int,
+    K: int,
+    layout: Mapping[str, Stored],
+    drop: Iterable[str] = (),
+) -> dict[str, TensorSpec]:
+    """A format's TensorSpecs, keyed by stored name, from the canonical ones of the same layer.
+
+    An entry whose source the scheme lacks (zero-points of a symmetric scheme, ``g_idx`` without
+    act-order, a dynamic scheme's input scale) is left out, so which tensors exist is decided in
+    one place, ``canonical_specs``. Every canonical tensor must be stored or named in ``drop``:
+    a tensor a format leaves unread is then a visible decision, not an omission.
+    """
+    unstated = set(canonical) - {st.source for st in layout.values()} - set(drop)
+    if unstated:
+        raise AssertionError(f"the stored layout does not state canonical tensors {sorted(unstated)}")
+    return {
+        name: _restated(canonical[st.source], name, st, N, K)
+        for name, st in layout.items()
+        if st.source in canonical
+    }
+
+
+def _restated(spec: TensorSpec, name: str, st: Stored, N: int, K: int) -> TensorSpec:
+    out = replace(spec, name=name, dtype=st.dtype or spec.dtype)
+    if st.packing is not None:
+        out = _packed(out, Fraction(st.packing), st.along, N, K, weight_codes=st.source == "qweight")
+    if st.shape is not None:
+        out = _reshaped(out, st.shape)
+    if st.transposed:
+        out = _transposed(out)
+    return out
+
+
+def _packed(spec: TensorSpec, per: Fraction, along: str, N: int, K: int, weight_codes: bool) -> TensorSpec:
+    """``per`` codes per stored element along ``along``; see :class:`Stored`."""
+    if spec.output_dim is None and spec.input_dim is None:
+        return spec
+    if weight_codes:  # one code per weight element: [N, K], before packing along either dim
+        spec = replace(spec, shape=(N, K), input_unit=Fraction(1), input_align=1)
+    dim, total = (spec.input_dim, K) if along == "input" else (spec.output_dim, N)
+    if dim is None:
+        raise AssertionError(f"{spec.name}: no {along} dim to pack codes along")
+    old_unit = spec.input_unit if along == "input" else spec.output_unit
+    old_align = spec.input_align if along == "input" else spec.output_align
+    unit = old_unit * per
+    shape = list(spec.shape)
+    shape[dim] = math.ceil(Fraction(total) / unit)
+    align = math.lcm(old_align, unit.numerator)
+    if along == "input":
+        return replace(spec, shape=tuple(shape), input_unit=unit, input_align=align)
+    return replace(spec, shape=tuple(shape), output_unit=unit, output_align=align)
+
+
+def _reshaped(spec: TensorSpec, shape: tuple[int, ...]) -> TensorSpec:
+    if math.prod(shape) != math.prod(spec.shape):
+        raise AssertionError(f"{spec.name}: {list(spec.shape)} does not reshape to {list(shape)}")
+    units = {}
+    for key, dim in (("input_unit", spec.input_dim), ("output_unit", spec.output_dim)):
+        if dim is not None and shape[dim] != spec.shape[dim]:
+            units[key] = getattr(spec, key) * Fraction(spec.shape[dim], shape[dim])
+    return replace(spec, shape=tuple(shape), **units)
+
+
+def _transposed(spec: TensorSpec) -> TensorSpec:
+    if len(spec.shape) != 2:
+        return spec
+    flip = {0: 1, 1: 0, None: None}
+    return replace(
+        spec, shape=spec.shape[::-1], input_dim=flip[spec.input_dim], output_dim=flip[spec.output_dim]
+    )

@@ -18,16 +18,15 @@ from __future__ import annotations
 
 import json
 import math
-from fractions import Fraction
 from typing import Any
 
 import torch
 
-from ..canonical import CanonicalWeight
+from ..canonical import CanonicalWeight, canonical_specs
 from ..errors import CheckpointError
 from ..schemes import Scheme, parse_scheme
 from ..specs import TensorSpec
-from .base import FormatReader, LayerEntry, check_finite, expect, prefixes_with
+from .base import FormatReader, LayerEntry, Stored, check_finite, expect, prefixes_with, stored_specs
 from .patterns import NameRules
 from .schema import Bool, Config, Number, Positive, PositivePair, Str, StrList, validate
 
@@ -49,10 +48,8 @@ class Bnb8Adapter:
     name = "bitsandbytes-8bit"
 
     def tensor_specs(self, scheme: Scheme, N: int, K: int, num_slices: int = 1) -> dict[str, TensorSpec]:
-        return {
-            "weight": TensorSpec("weight", (N, K), torch.int8, output_dim=0, input_dim=1),
-            "SCB": TensorSpec("SCB", (N,), torch.float32, output_dim=0, row="replicate"),
-        }
+        layout = {"weight": Stored("qweight", torch.int8), "SCB": Stored("scales", shape=(N,))}
+        return stored_specs(canonical_specs(scheme, N, K, num_slices), N, K, layout)
 
     def to_canonical(
         self, tensors: dict[str, torch.Tensor], scheme: Scheme, N: int, K: int, output_sizes: tuple[int, ...]
@@ -104,21 +101,10 @@ class Bnb4Adapter:
     name = "bitsandbytes-4bit"
 
     def tensor_specs(self, scheme: Scheme, N: int, K: int, num_slices: int = 1) -> dict[str, TensorSpec]:
-        from ..canonical import canonical_specs
-
-        specs = canonical_specs(scheme, N, K, num_slices)
-        q = specs["qweight"]
-        specs["qweight"] = TensorSpec(
-            "qweight",
-            (q.shape[0], 1),
-            q.dtype,
-            output_dim=0,
-            output_unit=Fraction(2, K),
-            column=q.column,
-            row=q.row,
-            refuse_reason=q.refuse_reason,
-        )
-        return specs
+        canonical = canonical_specs(scheme, N, K, num_slices)
+        layout = {name: Stored(name) for name in canonical}
+        layout["qweight"] = Stored("qweight", shape=(canonical["qweight"].shape[0], 1))
+        return stored_specs(canonical, N, K, layout)
 
     def to_canonical(
         self, tensors: dict[str, torch.Tensor], scheme: Scheme, N: int, K: int, output_sizes: tuple[int, ...]

@@ -1,4 +1,5 @@
-"""compressed-tensors (llm-compressor) integer paths: pack-quantized, int-quantized, naive-quantized.
+"""compressed-tensors (llm-compressor): pack-quantized, int-quantized and naive-quantized integers;
+float-quantized fp8, nvfp4-pack-quantized and mxfp4-pack-quantized (see ``FLOAT_FORMATS``).
 
 ``config_groups`` name the scheme of the layers they target: an exact name, a ``re:`` regex
 (matched from the start of the layer name), or a module class name. A checkpoint carries no
@@ -20,24 +21,27 @@ from typing import Annotated, Any
 
 import torch
 
-from ..canonical import CanonicalWeight
+from ..canonical import CanonicalWeight, canonical_specs
 from ..errors import CheckpointError
-from ..reference.packing import pack_codes, unpack_int32, words_as_bytes
+from ..packing import pack_codes, unpack_int32, words_as_bytes
 from ..schemes import Scheme, parse_scheme
 from ..specs import TensorSpec
 from .base import (
     FLOAT_DTYPES,
     SCALE_DTYPE_NAMES,
+    SCALE_TORCH_DTYPES,
     FormatReader,
     LayerEntry,
+    Stored,
     by_rows,
     check_finite,
     expect,
     prefixes_with,
+    stored_specs,
 )
 from .fp4 import MXFP4Adapter, NVFP4Adapter, fp4_shape
 from .fp8 import FP8Adapter, fp8_layer, fp8_scheme
-from .gptq import Bits, _scale_torch_dtype, checked_g_idx, word_align
+from .gptq import Bits, checked_g_idx
 from .patterns import NameRules
 from .schema import Bool, Config, GroupSize, Str, StrList, leaf
 
@@ -91,56 +95,21 @@ class CompressedTensorsConfig(Config):
     kv_cache_scheme: QuantizationArgs | None = None
 
 
-def _scale_spec(scheme: Scheme, N: int, K: int, dtype: torch.dtype, name: str, S: int) -> TensorSpec:
-    if scheme.granularity == "tensor":
-        return TensorSpec(name, (S,), dtype, per_slice=True)
-    if scheme.granularity == "channel":
-        return TensorSpec(name, (N, 1), dtype, output_dim=0, row="replicate")
-    G = scheme.group_size
-    assert G is not None
-    rows = "replicate" if scheme.act_order else "split"
-    return TensorSpec(
-        name, (N, K // G), dtype, output_dim=0, input_dim=1, input_unit=Fraction(G), input_align=G, row=rows
-    )
-
-
 class CTPackedAdapter:
     """pack-quantized tensors <-> canonical int tensors."""
 
     name = "compressed-tensors pack-quantized"
 
     def tensor_specs(self, scheme: Scheme, N: int, K: int, num_slices: int = 1) -> dict[str, TensorSpec]:
-        b = scheme.bits
-        unit = Fraction(32, b)
-        specs = {
-            "weight_packed": TensorSpec(
-                "weight_packed",
-                (N, -(-K * b // 32)),
-                torch.int32,
-                output_dim=0,
-                input_dim=1,
-                input_unit=unit,
-                input_align=word_align(b),
-            ),
-            "weight_scale": _scale_spec(scheme, N, K, _scale_torch_dtype(scheme), "weight_scale", num_slices),
+        words = Fraction(32, scheme.bits)
+        layout = {
+            "weight_packed": Stored("qweight", torch.int32, packing=words),
+            "weight_scale": Stored("scales", SCALE_TORCH_DTYPES[scheme.scale_dtype]),
+            "weight_zero_point": Stored("zeros", torch.int32, packing=words, along="output"),
+            "weight_g_idx": Stored("g_idx"),
         }
-        if not scheme.symmetric:
-            G = scheme.group_size if scheme.granularity == "group" else K
-            specs["weight_zero_point"] = TensorSpec(
-                "weight_zero_point",
-                (-(-N * b // 32), K // G),
-                torch.int32,
-                output_dim=0,
-                input_dim=1,
-                output_unit=unit,
-                output_align=word_align(b),
-                input_unit=Fraction(G),
-                input_align=G,
-                row="replicate" if scheme.act_order or scheme.granularity == "channel" else "split",
-            )
-        if scheme.act_order:
-            specs["weight_g_idx"] = TensorSpec("weight_g_idx", (K,), torch.int32, input_dim=0)
-        return specs
+        # static activation scales are not read from pack-quantized layers
+        return stored_specs(canonical_specs(scheme, N, K, num_slices), N, K, layout, drop=("input_scale",))
 
     def to_canonical(
         self, tensors: dict[str, torch.Tensor], scheme: Scheme, N: int, K: int, output_sizes: tuple[int, ...]
@@ -166,18 +135,15 @@ class CTIntAdapter:
     name = "compressed-tensors int-quantized"
 
     def tensor_specs(self, scheme: Scheme, N: int, K: int, num_slices: int = 1) -> dict[str, TensorSpec]:
-        sdt = _scale_torch_dtype(scheme)
-        specs = {
-            "weight": TensorSpec("weight", (N, K), torch.int8, output_dim=0, input_dim=1),
-            "weight_scale": _scale_spec(scheme, N, K, sdt, "weight_scale", num_slices),
+        sdt = SCALE_TORCH_DTYPES[scheme.scale_dtype]
+        layout = {
+            "weight": Stored("qweight", torch.int8, packing=1),
+            "weight_scale": Stored("scales", sdt),
+            "weight_zero_point": Stored("zeros", torch.int8),
+            "input_scale": Stored("input_scale", sdt),
         }
-        if not scheme.symmetric:
-            specs["weight_zero_point"] = _scale_spec(
-                scheme, N, K, torch.int8, "weight_zero_point", num_slices
-            )
-        if scheme.act is not None and not scheme.act_dynamic:
-            specs["input_scale"] = TensorSpec("input_scale", (num_slices,), sdt, per_slice=True)
-        return specs
+        # act-order group ids are not read from int-quantized layers
+        return stored_specs(canonical_specs(scheme, N, K, num_slices), N, K, layout, drop=("g_idx",))
 
     def to_canonical(
         self, tensors: dict[str, torch.Tensor], scheme: Scheme, N: int, K: int, output_sizes: tuple[int, ...]

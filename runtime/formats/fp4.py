@@ -10,15 +10,13 @@ compressed-tensors' own compressor writes) stay exact. MXFP4 scales are e8m0 byt
 
 from __future__ import annotations
 
-from fractions import Fraction
-
 import torch
 
-from ..canonical import CanonicalWeight
+from ..canonical import CanonicalWeight, canonical_specs
 from ..errors import CheckpointError
 from ..schemes import Scheme
 from ..specs import TensorSpec
-from .base import TensorIndex, check_finite, expect
+from .base import Stored, TensorIndex, check_finite, expect, stored_specs
 
 
 class NVFP4Adapter:
@@ -35,32 +33,13 @@ class NVFP4Adapter:
         self.name = "nvfp4 (compressed-tensors)" if divisor else "nvfp4 (modelopt)"
 
     def tensor_specs(self, scheme: Scheme, N: int, K: int, num_slices: int = 1) -> dict[str, TensorSpec]:
-        specs = {
-            self.weight: TensorSpec(
-                self.weight,
-                (N, K // 2),
-                torch.uint8,
-                output_dim=0,
-                input_dim=1,
-                input_unit=Fraction(2),
-                input_align=16,
-            ),
-            self.scale: TensorSpec(
-                self.scale,
-                (N, K // 16),
-                torch.float8_e4m3fn,
-                output_dim=0,
-                input_dim=1,
-                input_unit=Fraction(16),
-                input_align=16,
-            ),
-            self.global_scale: TensorSpec(self.global_scale, (num_slices,), torch.float32, per_slice=True),
+        layout = {
+            self.weight: Stored("qweight"),
+            self.scale: Stored("scales"),
+            self.global_scale: Stored("global_scale"),
+            self.input_scale: Stored("input_global_scale"),
         }
-        if scheme.act is not None:
-            specs[self.input_scale] = TensorSpec(
-                self.input_scale, (num_slices,), torch.float32, per_slice=True
-            )
-        return specs
+        return stored_specs(canonical_specs(scheme, N, K, num_slices), N, K, layout)
 
     def _multiplier(self, t: torch.Tensor, name: str) -> torch.Tensor:
         t = t.float().reshape(-1)
@@ -95,36 +74,11 @@ class MXFP4Adapter:
         self.name = "mxfp4"
 
     def tensor_specs(self, scheme: Scheme, N: int, K: int, num_slices: int = 1) -> dict[str, TensorSpec]:
-        if self.blocks_3d:
-            w = TensorSpec(
-                self.weight,
-                (N, K // 32, 16),
-                torch.uint8,
-                output_dim=0,
-                input_dim=1,
-                input_unit=Fraction(32),
-                input_align=32,
-            )
-        else:
-            w = TensorSpec(
-                self.weight,
-                (N, K // 2),
-                torch.uint8,
-                output_dim=0,
-                input_dim=1,
-                input_unit=Fraction(2),
-                input_align=32,
-            )
-        s = TensorSpec(
-            self.scale,
-            (N, K // 32),
-            torch.uint8,
-            output_dim=0,
-            input_dim=1,
-            input_unit=Fraction(32),
-            input_align=32,
-        )
-        return {self.weight: w, self.scale: s}
+        layout = {
+            self.weight: Stored("qweight", shape=(N, K // 32, 16) if self.blocks_3d else None),
+            self.scale: Stored("scales"),
+        }
+        return stored_specs(canonical_specs(scheme, N, K, num_slices), N, K, layout)
 
     def to_canonical(
         self, tensors: dict[str, torch.Tensor], scheme: Scheme, N: int, K: int, output_sizes: tuple[int, ...]

@@ -11,12 +11,11 @@ requantization); static input scales of a fused layer reduce to their max.
 from __future__ import annotations
 
 import math
-from fractions import Fraction
 from typing import Any
 
 import torch
 
-from ..canonical import CanonicalWeight
+from ..canonical import CanonicalWeight, canonical_specs
 from ..errors import CheckpointError
 from ..schemes import Scheme
 from ..specs import TensorSpec
@@ -24,12 +23,15 @@ from .base import (
     FLOAT_DTYPES,
     SCALE_DTYPE_NAMES,
     SCALE_DTYPES,
+    SCALE_TORCH_DTYPES,
     FormatReader,
     LayerEntry,
+    Stored,
     TensorIndex,
     check_finite,
     check_fp8_codes,
     expect,
+    stored_specs,
 )
 from .patterns import NameRules
 from .schema import Config, Number, PositivePair, Str, StrList
@@ -60,31 +62,14 @@ class FP8Adapter:
         self.name = f"fp8 ({scale})"
 
     def tensor_specs(self, scheme: Scheme, N: int, K: int, num_slices: int = 1) -> dict[str, TensorSpec]:
-        sdt = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[scheme.scale_dtype]
-        wdt = torch.float8_e4m3fn if scheme.weight == "fp8_e4m3" else torch.float8_e5m2
-        specs = {self.weight: TensorSpec(self.weight, (N, K), wdt, output_dim=0, input_dim=1)}
-        if scheme.granularity == "tensor":
-            specs[self.scale] = TensorSpec(self.scale, (num_slices,), sdt, per_slice=True)
-        elif scheme.granularity == "channel":
-            shape = (N, 1) if self.channel_shape == "N1" else (N,)
-            specs[self.scale] = TensorSpec(self.scale, shape, sdt, output_dim=0, row="replicate")
-        else:
-            bn, bk = scheme.block  # type: ignore[misc]
-            specs[self.scale] = TensorSpec(
-                self.scale,
-                (-(-N // bn), -(-K // bk)),
-                sdt,
-                output_dim=0,
-                input_dim=1,
-                output_unit=Fraction(bn),
-                input_unit=Fraction(bk),
-                output_align=bn,
-                input_align=bk,
-                ceil_end=True,
-            )
-        if scheme.act is not None and not scheme.act_dynamic:
-            specs[self.input_scale] = TensorSpec(self.input_scale, (num_slices,), sdt, per_slice=True)
-        return specs
+        sdt = SCALE_TORCH_DTYPES[scheme.scale_dtype]
+        flat = scheme.granularity == "channel" and self.channel_shape == "N"
+        layout = {
+            self.weight: Stored("qweight"),
+            self.scale: Stored("scales", sdt, shape=(N,) if flat else None),
+            self.input_scale: Stored("input_scale", sdt),
+        }
+        return stored_specs(canonical_specs(scheme, N, K, num_slices), N, K, layout)
 
     def to_canonical(
         self, tensors: dict[str, torch.Tensor], scheme: Scheme, N: int, K: int, output_sizes: tuple[int, ...]

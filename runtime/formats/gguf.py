@@ -24,13 +24,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from ..canonical import CanonicalWeight
+from ..canonical import CanonicalWeight, canonical_specs
 from ..checkpoint.gguf_file import PLAIN_TYPES, GGUFFile
 from ..errors import CheckpointError
 from ..reference.gguf import BLOCK, finite_blocks
@@ -180,18 +179,8 @@ class GGUFAdapter:
     name = "gguf"
 
     def tensor_specs(self, scheme: Scheme, N: int, K: int, num_slices: int = 1) -> dict[str, TensorSpec]:
-        B, T = BLOCK[_gguf_type(scheme)]
-        return {
-            "qweight": TensorSpec(
-                "qweight",
-                (N, K // B * T),
-                torch.uint8,
-                output_dim=0,
-                input_dim=1,
-                input_unit=Fraction(B, T),
-                input_align=B,
-            )
-        }
+        _gguf_type(scheme)  # refuses a scheme that is not gguf-<type>
+        return canonical_specs(scheme, N, K, num_slices)  # the canonical layout is llama.cpp's blocks
 
     def to_canonical(
         self, tensors: dict[str, torch.Tensor], scheme: Scheme, N: int, K: int, output_sizes: tuple[int, ...]

@@ -15,21 +15,24 @@ from typing import Any
 
 import torch
 
-from ..canonical import CanonicalWeight
+from ..canonical import CanonicalWeight, canonical_specs, g_idx_spec
 from ..errors import CheckpointError
-from ..reference.packing import unpack_int32, words_as_bytes
+from ..packing import unpack_int32, words_as_bytes
 from ..schemes import Scheme
 from ..specs import TensorSpec
 from .base import (
     FLOAT_DTYPES,
     SCALE_DTYPE_NAMES,
+    SCALE_TORCH_DTYPES,
     FormatReader,
     LayerEntry,
+    Stored,
     TensorIndex,
     by_rows,
     check_finite,
     expect,
     prefixes_with,
+    stored_specs,
 )
 from .patterns import Pattern, compile_patterns
 from .schema import Bool, Config, GroupSize, Str, int_in
@@ -59,11 +62,6 @@ class GPTQConfig(Config):
     dynamic: dict[str, GPTQOverride | None] | None = None
 
 
-def word_align(bits: int) -> int:
-    """Codes per whole group of int32 words: 32/b, or 32 for 3-bit's 3-word stream."""
-    return 32 // bits if 32 % bits == 0 else 32
-
-
 class GPTQAdapter:
     """GPTQ-layout tensors of one layer <-> canonical int tensors."""
 
@@ -72,47 +70,18 @@ class GPTQAdapter:
         self.name = "gptq" if zero_offset else "gptq-raw-zeros"
 
     def tensor_specs(self, scheme: Scheme, N: int, K: int, num_slices: int = 1) -> dict[str, TensorSpec]:
-        b = self.bits
-        G = scheme.group_size if scheme.granularity == "group" else K
-        ng = -(-K // G)
-        unit = Fraction(32, b)
-        rows = "replicate" if scheme.act_order or scheme.granularity == "channel" else "split"
-        specs = {
-            "qweight": TensorSpec(
-                "qweight",
-                (-(-K * b // 32), N),
-                torch.int32,
-                input_dim=0,
-                output_dim=1,
-                input_unit=unit,
-                input_align=word_align(b),
-            ),
-            "qzeros": TensorSpec(
-                "qzeros",
-                (ng, -(-N * b // 32)),
-                torch.int32,
-                input_dim=0,
-                output_dim=1,
-                input_unit=Fraction(G),
-                input_align=G,
-                output_unit=unit,
-                output_align=word_align(b),
-                row=rows,
-            ),
-            "scales": TensorSpec(
-                "scales",
-                (ng, N),
-                _scale_torch_dtype(scheme),
-                input_dim=0,
-                output_dim=1,
-                input_unit=Fraction(G),
-                input_align=G,
-                row=rows,
-            ),
-        }
+        # zero-points are stored for symmetric weights too (every one 2^(b-1)), g_idx without act-order too
+        canonical = canonical_specs(scheme.with_(symmetric=False), N, K, num_slices)
         if self.has_g_idx:
-            specs["g_idx"] = TensorSpec("g_idx", (K,), torch.int32, input_dim=0)
-        return specs
+            canonical.setdefault("g_idx", g_idx_spec(K))
+        words = Fraction(32, self.bits)
+        layout = {
+            "qweight": Stored("qweight", torch.int32, packing=words, transposed=True),
+            "qzeros": Stored("zeros", torch.int32, packing=words, along="output", transposed=True),
+            "scales": Stored("scales", SCALE_TORCH_DTYPES[scheme.scale_dtype], transposed=True),
+            "g_idx": Stored("g_idx"),
+        }
+        return stored_specs(canonical, N, K, layout)
 
     def to_canonical(
         self, tensors: dict[str, torch.Tensor], scheme: Scheme, N: int, K: int, output_sizes: tuple[int, ...]
@@ -155,10 +124,6 @@ def checked_g_idx(g: torch.Tensor, ng: int, name: str) -> torch.Tensor:
         if lo < 0 or hi >= ng:
             raise CheckpointError(f"{name}: group ids must lie in [0, {ng - 1}], found [{lo}, {hi}]")
     return g.to(torch.int32).contiguous()
-
-
-def _scale_torch_dtype(scheme: Scheme) -> torch.dtype:
-    return {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}[scheme.scale_dtype]
 
 
 def int_scheme(

@@ -18,18 +18,28 @@ older ``torch.save`` path) are refused too: quantrt never unpickles.
 from __future__ import annotations
 
 import json
-from fractions import Fraction
 from typing import Any
 
 import torch
 from pydantic import Field
 
-from ..canonical import CanonicalWeight
+from ..canonical import CanonicalWeight, canonical_specs
 from ..errors import CheckpointError
-from ..reference.packing import pack_codes
+from ..packing import pack_codes
 from ..schemes import Scheme, parse_scheme
 from ..specs import TensorSpec
-from .base import FLOAT_DTYPES, SCALE_DTYPE_NAMES, FormatReader, LayerEntry, by_rows, check_finite, expect
+from .base import (
+    FLOAT_DTYPES,
+    SCALE_DTYPE_NAMES,
+    SCALE_TORCH_DTYPES,
+    FormatReader,
+    LayerEntry,
+    Stored,
+    by_rows,
+    check_finite,
+    expect,
+    stored_specs,
+)
 from .fp8 import FP8Adapter, fp8_layer, fp8_scheme
 from .schema import Config, Int, Str, validate
 
@@ -65,20 +75,12 @@ class IntxUnpackedAdapter:
     name = "torchao intx"
 
     def tensor_specs(self, scheme: Scheme, N: int, K: int, num_slices: int = 1) -> dict[str, TensorSpec]:
-        G = scheme.group_size or K
-        sdt = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}[scheme.scale_dtype]
-        grouped = {
-            "output_dim": 0,
-            "input_dim": 1,
-            "input_unit": Fraction(G),
-            "input_align": G,
-            "row": "split" if G < K else "replicate",
+        layout = {
+            "_weight_qdata": Stored("qweight", torch.int8, packing=1),
+            "_weight_scale": Stored("scales", SCALE_TORCH_DTYPES[scheme.scale_dtype]),
+            "_weight_zero_point": Stored("zeros", torch.int8),
         }
-        return {
-            "_weight_qdata": TensorSpec("_weight_qdata", (N, K), torch.int8, output_dim=0, input_dim=1),
-            "_weight_scale": TensorSpec("_weight_scale", (N, K // G), sdt, **grouped),
-            "_weight_zero_point": TensorSpec("_weight_zero_point", (N, K // G), torch.int8, **grouped),
-        }
+        return stored_specs(canonical_specs(scheme, N, K, num_slices), N, K, layout)
 
     def to_canonical(
         self, tensors: dict[str, torch.Tensor], scheme: Scheme, N: int, K: int, output_sizes: tuple[int, ...]

@@ -15,8 +15,8 @@ import torch
 
 from ..canonical import CanonicalWeight
 from ..errors import ReferenceInputError
+from ..packing import pack_codes, unpack_codes
 from ..schemes import Scheme
-from .packing import pack_codes, unpack_codes
 
 _SCALE_TORCH = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 

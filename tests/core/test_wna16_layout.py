@@ -26,7 +26,7 @@ from quantrt.backends.cuda.wna16_layout import (
     wgmma_x_order,
 )
 from quantrt.canonical import int_codes
-from quantrt.reference.packing import pack_codes
+from quantrt.packing import pack_codes
 
 
 def kernel_view(packed: torch.Tensor, bits: int) -> np.ndarray:

@@ -11,8 +11,8 @@ import torch
 
 from quantrt import reference
 from quantrt.canonical import CanonicalWeight
+from quantrt.packing import pack_codes, pack_int32, unpack_codes, unpack_int32
 from quantrt.reference import intq
-from quantrt.reference.packing import pack_codes, pack_int32, unpack_codes, unpack_int32
 from quantrt.schemes import Scheme, catalog, parse_scheme
 
 _SCALE_DT = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}

@@ -1,11 +1,13 @@
 """Bit packing of unsigned b-bit codes: the canonical uint8 layout and GPTQ-style int32 words.
 
+Format adapters convert stored words with it, and the canonical helpers (which kernels repack
+from) and the references pack and unpack codes with it: a layout of its own, not a reference.
+
 Both layouts are one little-endian bit stream along the packed axis: code ``e`` occupies bits
 ``[b*e, b*e + b)`` of the stream, and bit ``j`` of the stream is bit ``j % 8`` of byte ``j // 8``
 (or bit ``j % 32`` of word ``j // 32``: words are little-endian runs of four stream bytes). For
-widths that divide the unit (2, 4, 8 bits) this is plain LSB-first packing (§1.1 of
-formats.md); for other widths (3 bits) codes straddle unit boundaries exactly as GPTQ's and
-compressed-tensors' dense streams do (§1.2).
+widths that divide the unit (2, 4, 8 bits) this is plain LSB-first packing; for other widths
+(3 bits) codes straddle unit boundaries exactly as GPTQ's and compressed-tensors' dense streams do.
 
 The stream repeats every ``lcm(b, 8)`` bits (at most 56), so codes are packed a period at a
 time: ``P`` codes are shifted into one int64 and split into ``B`` bytes, and back. That keeps
@@ -21,7 +23,7 @@ import math
 
 import torch
 
-from ..errors import ReferenceInputError
+from .errors import ReferenceInputError
 
 _INT_DTYPES = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
 
