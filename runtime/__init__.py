@@ -46,7 +46,6 @@ _LAZY = {
     "QuantizedWeight": "quantrt.checkpoint",
     "CheckpointError": "quantrt.errors",
     "QuantLinear": "quantrt.layers",
-    "QuantMethod": "quantrt.layers",
     "QuantrtError": "quantrt.errors",
     "DispatchError": "quantrt.errors",
     "ShardError": "quantrt.errors",

@@ -1,11 +1,11 @@
-"""One layer-method interface for every format and every kernel.
+"""One quantized linear layer for every format and every kernel.
 
-:class:`QuantMethod` is what an engine drives (vLLM's LinearMethod shape):
+:class:`QuantLinear` is what an engine drives (vLLM's LinearMethod shape, as an ``nn.Module``):
 ``create_weights`` makes parameters in checkpoint layout that carry their TensorSpecs and a
-``weight_loader``; the loader fills them (only this rank's part; fused layers slice by
-slice); ``process_weights_after_loading`` converts to canonical tensors, lets dispatch pick
-the kernel and runs its one-time ``prepare``; ``apply`` is the forward.
-:class:`QuantLinear` is that path packaged as an ``nn.Module``.
+``weight_loader``; ``load`` fills them (only this rank's part; fused layers slice by slice);
+``process_weights_after_loading`` converts to canonical tensors, lets dispatch pick the kernel
+and runs its one-time ``prepare``; ``forward`` runs it. What differs per format is data (the
+adapter), what differs per hardware is the kernel.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from .canonical import PER_LAYER_ACTIVATION_SCALES, CanonicalAdapter, CanonicalWeight
-from .dispatch import Selection, build, device_of
+from .dispatch import Selection, build, device_of, torch_device_of
 from .env import Overrides
 from .errors import ShardError
 from .kernels import Kernel
@@ -41,219 +41,11 @@ def _fill(param: nn.Parameter, part: torch.Tensor) -> None:
         param.data.copy_(part)
 
 
-class QuantMethod:
-    """The layer method: data differs per format (the adapter), compute per hardware (the kernel)."""
-
-    def __init__(self, scheme: Scheme | str, adapter: Any = None) -> None:
-        self.scheme = parse_scheme(scheme) if isinstance(scheme, str) else scheme
-        self.adapter = adapter or CanonicalAdapter()
-
-    # -- load time -------------------------------------------------------------------------
-    def create_weights(self, layer: QuantLinear) -> None:
-        """Register this rank's parameters on ``layer``, each carrying its full TensorSpec."""
-        full = self.adapter.tensor_specs(
-            self.scheme, layer.out_features, layer.in_features, len(layer.output_sizes)
-        )
-        layer.tensor_specs = full
-        for name, spec in full.items():
-            shape = self._local_shape(layer, name, spec)
-            data = torch.empty(shape, dtype=spec.dtype, device=layer.device)
-            param = nn.Parameter(data, requires_grad=False)
-            param.spec = spec  # type: ignore[attr-defined]
-            param.weight_loader = _bind_loader(layer, name)  # type: ignore[attr-defined]
-            layer.register_parameter(name, param)
-        if layer.has_bias:
-            n_local = layer.N_part
-            bias = nn.Parameter(
-                torch.empty(n_local, dtype=layer.act_dtype, device=layer.device), requires_grad=False
-            )
-            bias.spec = TensorSpec(
-                "bias",
-                (layer.out_features,),
-                layer.act_dtype,
-                output_dim=0,  # type: ignore[attr-defined]
-                row="replicate",
-            )
-            bias.weight_loader = _bind_loader(layer, "bias")  # type: ignore[attr-defined]
-            layer.register_parameter("bias", bias)
-        else:
-            layer.register_parameter("bias", None)
-
-    def _slice_specs(self, layer: QuantLinear, name: str) -> list[TensorSpec]:
-        return [
-            self.adapter.tensor_specs(self.scheme, n, layer.in_features, 1)[name] for n in layer.output_sizes
-        ]
-
-    def _local_shape(self, layer: QuantLinear, name: str, spec: TensorSpec) -> tuple[int, ...]:
-        S = len(layer.output_sizes)
-        if S == 1 or spec.per_slice:
-            return spec.local_shape(
-                layer.parallel, layer.tp_rank, layer.tp_size, layer.in_features, layer.out_features
-            )
-        shapes = [
-            sp.local_shape(layer.parallel, layer.tp_rank, layer.tp_size, layer.in_features, n)
-            for sp, n in zip(self._slice_specs(layer, name), layer.output_sizes)
-        ]
-        if spec.output_dim is None:
-            return shapes[0]
-        out = list(shapes[0])
-        out[spec.output_dim] = sum(s[spec.output_dim] for s in shapes)
-        return tuple(out)
-
-    def load(
-        self, layer: QuantLinear, name: str, tensor: torch.Tensor, shard: int | str | None = None
-    ) -> None:
-        """Fill parameter ``name`` from a full (unsharded) checkpoint tensor.
-
-        ``shard`` names the slice of a fused layer the tensor belongs to (an index, or a
-        name from ``shard_names``); None loads a tensor that covers the whole layer.
-        """
-        if name == "bias":
-            return self._load_bias(layer, tensor, shard)
-        if name not in layer.tensor_specs:
-            raise ShardError(
-                f"{layer.prefix}: unexpected tensor {name!r}; this layer ({self.scheme}) "
-                f"stores {sorted(layer.tensor_specs)}"
-            )
-        param: nn.Parameter = getattr(layer, name)
-        spec = layer.tensor_specs[name]
-        S = len(layer.output_sizes)
-        where = f"{layer.prefix}.{name}" if layer.prefix else name
-        tensor = _as_dtype(tensor, spec.dtype, where)
-        if spec.per_slice and shard is None and tensor.numel() == spec.shape[0] and tensor.dim() != 1:
-            tensor = tensor.reshape(spec.shape)  # per-tensor scales stored as [] or [1, 1] by some tools
-        if shard is None:
-            if S == 1:
-                part = spec.shard(
-                    tensor,
-                    layer.parallel,
-                    layer.tp_rank,
-                    layer.tp_size,
-                    layer.in_features,
-                    layer.out_features,
-                )
-                _fill(param, part)
-                layer._loaded.setdefault(name, set()).add(0)
-                return
-            return self._load_fused_whole(layer, name, tensor)
-        idx = layer.shard_index(shard)
-        self._load_slice(layer, name, tensor, idx)
-
-    def _load_fused_whole(self, layer: QuantLinear, name: str, tensor: torch.Tensor) -> None:
-        spec = layer.tensor_specs[name]
-        if spec.per_slice:
-            if tensor.numel() == 1:
-                tensor = tensor.reshape(1).expand(len(layer.output_sizes)).clone()
-            spec.check_shape(tensor)
-            for i in range(len(layer.output_sizes)):
-                self._load_slice(layer, name, tensor[i : i + 1], i)
-            return
-        spec.check_shape(tensor, f"{layer.prefix}.{name}")
-        if spec.output_dim is None:
-            for i in range(len(layer.output_sizes)):
-                self._load_slice(layer, name, tensor, i)
-            return
-        start = 0
-        for i, n in enumerate(layer.output_sizes):
-            lo, hi = spec.index_range(spec.output_dim, start, start + n, layer.out_features)
-            self._load_slice(layer, name, tensor.narrow(spec.output_dim, lo, hi - lo), i)
-            start += n
-
-    def _load_slice(self, layer: QuantLinear, name: str, tensor: torch.Tensor, idx: int) -> None:
-        param: nn.Parameter = getattr(layer, name)
-        full = layer.tensor_specs[name]
-        where = f"{layer.prefix}.{name}[slice {idx}]"
-        if full.per_slice:
-            if tensor.numel() != 1:
-                raise ShardError(f"{where}: expected one value per slice, found shape {list(tensor.shape)}")
-            param.data[idx] = tensor.reshape(())
-            layer._loaded.setdefault(name, set()).add(idx)
-            return
-        sspec = self._slice_specs(layer, name)[idx]
-        sspec.check_shape(tensor, where)
-        n = layer.output_sizes[idx]
-        part = sspec.shard(tensor, layer.parallel, layer.tp_rank, layer.tp_size, layer.in_features, n)
-        if full.output_dim is None:  # replicated along N: every slice must agree
-            if layer._loaded.get(name) and not torch.equal(param.data, part.to(param.device)):
-                raise ShardError(
-                    f"{where}: differs from the value another slice loaded; fused slices "
-                    f"must share it to share one kernel"
-                )
-            param.data.copy_(part)
-        else:
-            d = full.output_dim
-            sizes = [
-                sp.local_shape(layer.parallel, layer.tp_rank, layer.tp_size, layer.in_features, m)[d]
-                for sp, m in zip(self._slice_specs(layer, name), layer.output_sizes)
-            ]
-            offset = sum(sizes[:idx])
-            local = self.adapter.tensor_specs(
-                self.scheme, layer.N_part, layer.K_part, len(layer.output_sizes)
-            )[name]
-            p_start = sum(layer.output_sizes_part[:idx])
-            lo, _ = local.index_range(d, p_start, p_start + layer.output_sizes_part[idx], layer.N_part)
-            if lo != offset:
-                raise ShardError(
-                    f"{where}: fused slices do not line up in this layout (slice starts at "
-                    f"stored index {offset}, the fused layout needs {lo})"
-                )
-            param.data.narrow(d, offset, sizes[idx]).copy_(part)
-        layer._loaded.setdefault(name, set()).add(idx)
-
-    def _load_bias(self, layer: QuantLinear, tensor: torch.Tensor, shard: int | str | None) -> None:
-        if layer.bias is None:
-            raise ShardError(f"{layer.prefix}: a bias was loaded but the layer was built with bias=False")
-        spec: TensorSpec = layer.bias.spec  # type: ignore[attr-defined]
-        tensor = tensor.to(layer.act_dtype)
-        if shard is None:
-            part = spec.shard(
-                tensor, layer.parallel, layer.tp_rank, layer.tp_size, layer.in_features, layer.out_features
-            )
-            layer.bias.data.copy_(part)
-            layer._loaded["bias"] = set(range(len(layer.output_sizes)))
-            return
-        idx = layer.shard_index(shard)
-        n = layer.output_sizes[idx]
-        if tuple(tensor.shape) != (n,):
-            raise ShardError(
-                f"{layer.prefix}.bias[slice {idx}]: expected shape [{n}], found {list(tensor.shape)}"
-            )
-        sub = TensorSpec("bias", (n,), layer.act_dtype, output_dim=0, row="replicate")
-        part = sub.shard(tensor, layer.parallel, layer.tp_rank, layer.tp_size, layer.in_features, n)
-        off = sum(layer.output_sizes_part[:idx])
-        layer.bias.data[off : off + part.shape[0]].copy_(part)
-        layer._loaded.setdefault("bias", set()).add(idx)
-
-    def process_weights_after_loading(self, layer: QuantLinear, overrides: Overrides | None = None) -> None:
-        """Check everything arrived, convert to canonical, pick the kernel, prepare it."""
-        S = len(layer.output_sizes)
-        names = [*layer.tensor_specs, *(["bias"] if layer.has_bias else [])]
-        for name in names:
-            got = layer._loaded.get(name, set())
-            spec = layer.tensor_specs.get(name)
-            need = (
-                set(range(S))
-                if spec is None or spec.per_slice or spec.output_dim is not None
-                else {min(got, default=0)}
-            )
-            if not got:
-                raise ShardError(f"{layer.prefix or 'layer'}: tensor {name!r} was never loaded")
-            if need - got:
-                missing = ", ".join(layer.shard_label(i) for i in sorted(need - got))
-                raise ShardError(f"{layer.prefix or 'layer'}: tensor {name!r} is missing slice(s) {missing}")
-        tensors = {name: getattr(layer, name).data for name in layer.tensor_specs}
-        weight = self.adapter.to_canonical(
-            tensors, self.scheme, layer.N_part, layer.K_part, layer.output_sizes_part
-        )
-        layer.attach(weight, overrides)
-
-    def apply(self, layer: QuantLinear, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        return layer._kernel.apply(layer._state, x, bias)
-
-
 def _bind_loader(layer: QuantLinear, name: str) -> Any:
+    """vLLM's ``param.weight_loader(param, tensor, shard_id)`` for parameter ``name`` of ``layer``."""
+
     def weight_loader(param: nn.Parameter, loaded: torch.Tensor, shard_id: int | str | None = None) -> None:
-        layer.method.load(layer, name, loaded, shard_id)
+        layer.load(name, loaded, shard_id)
 
     return weight_loader
 
@@ -291,7 +83,8 @@ class QuantLinear(nn.Module):
     ``parallel``: None, ``"column"`` (this rank holds N/tp_size outputs; ranks' outputs
     concatenate) or ``"row"`` (K/tp_size inputs; ranks' outputs sum; the bias is added on
     rank 0 only so the sum carries it once). ``output_sizes`` makes a fused layer (q, k, v)
-    whose slices load separately, named by ``shard_names``.
+    whose slices load separately, named by ``shard_names``. ``adapter`` is the format's (how the
+    checkpoint stores the tensors; canonical tensors when None).
     """
 
     def __init__(
@@ -329,7 +122,9 @@ class QuantLinear(nn.Module):
             raise ValueError(f"{len(self.shard_names)} shard names for {len(self.output_sizes)} slices")
         self.parallel, self.tp_rank, self.tp_size = parallel, tp_rank, tp_size
         self.act_dtype, self.out_dtype = act_dtype, out_dtype
-        self.device = torch.device(device)
+        #: where the tensors live, and the device dispatch plans for (a device kind's own name, such as
+        #: ``rocm:0`` or an installed kind's ``acme:0``, where torch calls it something else)
+        self.device, self.plan_device = torch_device_of(device), device_of(device)
         self.prefix, self.m_hint, self.has_bias = prefix, m_hint, bias
         if parallel == "column" and any(n % tp_size for n in self.output_sizes):
             raise ShardError(
@@ -348,11 +143,57 @@ class QuantLinear(nn.Module):
         self._kernel: Kernel | None = None
         self._state: Any = None
         self.selection: Selection | None = None
-        self.method = QuantMethod(scheme, adapter)
-        self.scheme = self.method.scheme
-        self.method.create_weights(self)
+        self.scheme = parse_scheme(scheme) if isinstance(scheme, str) else scheme
+        self.adapter = adapter or CanonicalAdapter()
+        self.create_weights()
 
     # -- loading ---------------------------------------------------------------------------
+    def create_weights(self) -> None:
+        """Register this rank's parameters in the adapter's layout, each carrying its full TensorSpec."""
+        full = self.adapter.tensor_specs(
+            self.scheme, self.out_features, self.in_features, len(self.output_sizes)
+        )
+        self.tensor_specs = full
+        for name, spec in full.items():
+            data = torch.empty(self._local_shape(name, spec), dtype=spec.dtype, device=self.device)
+            param = nn.Parameter(data, requires_grad=False)
+            param.spec = spec  # type: ignore[attr-defined]
+            param.weight_loader = _bind_loader(self, name)  # type: ignore[attr-defined]
+            self.register_parameter(name, param)
+        if self.has_bias:
+            bias = nn.Parameter(
+                torch.empty(self.N_part, dtype=self.act_dtype, device=self.device), requires_grad=False
+            )
+            bias.spec = TensorSpec(  # type: ignore[attr-defined]
+                "bias", (self.out_features,), self.act_dtype, output_dim=0, row="replicate"
+            )
+            bias.weight_loader = _bind_loader(self, "bias")  # type: ignore[attr-defined]
+            self.register_parameter("bias", bias)
+        else:
+            self.register_parameter("bias", None)
+
+    def _slice_specs(self, name: str) -> list[TensorSpec]:
+        """The full TensorSpec of ``name`` for each slice of a fused layer, as if it stood alone."""
+        return [
+            self.adapter.tensor_specs(self.scheme, n, self.in_features, 1)[name] for n in self.output_sizes
+        ]
+
+    def _local_shape(self, name: str, spec: TensorSpec) -> tuple[int, ...]:
+        S = len(self.output_sizes)
+        if S == 1 or spec.per_slice:
+            return spec.local_shape(
+                self.parallel, self.tp_rank, self.tp_size, self.in_features, self.out_features
+            )
+        shapes = [
+            sp.local_shape(self.parallel, self.tp_rank, self.tp_size, self.in_features, n)
+            for sp, n in zip(self._slice_specs(name), self.output_sizes)
+        ]
+        if spec.output_dim is None:
+            return shapes[0]
+        out = list(shapes[0])
+        out[spec.output_dim] = sum(s[spec.output_dim] for s in shapes)
+        return tuple(out)
+
     def shard_index(self, shard: int | str) -> int:
         if isinstance(shard, int):
             if not 0 <= shard < len(self.output_sizes):
@@ -371,8 +212,34 @@ class QuantLinear(nn.Module):
         return self.shard_names[i] if self.shard_names else str(i)
 
     def load(self, name: str, tensor: torch.Tensor, shard: int | str | None = None) -> None:
-        """Load one checkpoint tensor (full size; this rank's part is taken)."""
-        self.method.load(self, name, tensor, shard)
+        """Fill parameter ``name`` from a full (unsharded) checkpoint tensor; this rank's part is taken.
+
+        ``shard`` names the slice of a fused layer the tensor belongs to (an index, or a
+        name from ``shard_names``); None loads a tensor that covers the whole layer.
+        """
+        if name == "bias":
+            return self.load_bias(tensor, shard)
+        if name not in self.tensor_specs:
+            raise ShardError(
+                f"{self.prefix}: unexpected tensor {name!r}; this layer ({self.scheme}) "
+                f"stores {sorted(self.tensor_specs)}"
+            )
+        param: nn.Parameter = getattr(self, name)
+        spec = self.tensor_specs[name]
+        where = f"{self.prefix}.{name}" if self.prefix else name
+        tensor = _as_dtype(tensor, spec.dtype, where)
+        if spec.per_slice and shard is None and tensor.numel() == spec.shape[0] and tensor.dim() != 1:
+            tensor = tensor.reshape(spec.shape)  # per-tensor scales stored as [] or [1, 1] by some tools
+        if shard is None:
+            if len(self.output_sizes) == 1:
+                part = spec.shard(
+                    tensor, self.parallel, self.tp_rank, self.tp_size, self.in_features, self.out_features
+                )
+                _fill(param, part)
+                self._loaded.setdefault(name, set()).add(0)
+                return
+            return self._load_fused_whole(name, tensor)
+        self._load_slice(name, tensor, self.shard_index(shard))
 
     def load_canonical(
         self, weight: CanonicalWeight, shard: int | str | None = None, bias: torch.Tensor | None = None
@@ -385,14 +252,120 @@ class QuantLinear(nn.Module):
         if bias is not None:
             self.load("bias", bias, shard)
 
+    def _load_fused_whole(self, name: str, tensor: torch.Tensor) -> None:
+        """One tensor covering every slice of a fused layer, loaded slice by slice."""
+        spec = self.tensor_specs[name]
+        if spec.per_slice:
+            if tensor.numel() == 1:
+                tensor = tensor.reshape(1).expand(len(self.output_sizes)).clone()
+            spec.check_shape(tensor)
+            for i in range(len(self.output_sizes)):
+                self._load_slice(name, tensor[i : i + 1], i)
+            return
+        spec.check_shape(tensor, f"{self.prefix}.{name}")
+        if spec.output_dim is None:
+            for i in range(len(self.output_sizes)):
+                self._load_slice(name, tensor, i)
+            return
+        start = 0
+        for i, n in enumerate(self.output_sizes):
+            lo, hi = spec.index_range(spec.output_dim, start, start + n, self.out_features)
+            self._load_slice(name, tensor.narrow(spec.output_dim, lo, hi - lo), i)
+            start += n
+
+    def _load_slice(self, name: str, tensor: torch.Tensor, idx: int) -> None:
+        param: nn.Parameter = getattr(self, name)
+        full = self.tensor_specs[name]
+        where = f"{self.prefix}.{name}[slice {idx}]"
+        if full.per_slice:
+            if tensor.numel() != 1:
+                raise ShardError(f"{where}: expected one value per slice, found shape {list(tensor.shape)}")
+            param.data[idx] = tensor.reshape(())
+            self._loaded.setdefault(name, set()).add(idx)
+            return
+        slice_specs = self._slice_specs(name)
+        sspec = slice_specs[idx]
+        sspec.check_shape(tensor, where)
+        n = self.output_sizes[idx]
+        part = sspec.shard(tensor, self.parallel, self.tp_rank, self.tp_size, self.in_features, n)
+        if full.output_dim is None:  # replicated along N: every slice must agree
+            if self._loaded.get(name) and not torch.equal(param.data, part.to(param.device)):
+                raise ShardError(
+                    f"{where}: differs from the value another slice loaded; fused slices "
+                    f"must share it to share one kernel"
+                )
+            param.data.copy_(part)
+        else:
+            d = full.output_dim
+            sizes = [
+                sp.local_shape(self.parallel, self.tp_rank, self.tp_size, self.in_features, m)[d]
+                for sp, m in zip(slice_specs, self.output_sizes)
+            ]
+            offset = sum(sizes[:idx])
+            S = len(self.output_sizes)
+            local = self.adapter.tensor_specs(self.scheme, self.N_part, self.K_part, S)[name]
+            p_start = sum(self.output_sizes_part[:idx])
+            lo, _ = local.index_range(d, p_start, p_start + self.output_sizes_part[idx], self.N_part)
+            if lo != offset:
+                raise ShardError(
+                    f"{where}: fused slices do not line up in this layout (slice starts at "
+                    f"stored index {offset}, the fused layout needs {lo})"
+                )
+            param.data.narrow(d, offset, sizes[idx]).copy_(part)
+        self._loaded.setdefault(name, set()).add(idx)
+
+    def load_bias(self, tensor: torch.Tensor, shard: int | str | None = None) -> None:
+        """Fill the bias from a full one (``shard`` None) or one slice's (rank 0 adds it under row split)."""
+        if self.bias is None:
+            raise ShardError(f"{self.prefix}: a bias was loaded but the layer was built with bias=False")
+        spec: TensorSpec = self.bias.spec  # type: ignore[attr-defined]
+        tensor = tensor.to(self.act_dtype)
+        if shard is None:
+            part = spec.shard(
+                tensor, self.parallel, self.tp_rank, self.tp_size, self.in_features, self.out_features
+            )
+            self.bias.data.copy_(part)
+            self._loaded["bias"] = set(range(len(self.output_sizes)))
+            return
+        idx = self.shard_index(shard)
+        n = self.output_sizes[idx]
+        if tuple(tensor.shape) != (n,):
+            raise ShardError(
+                f"{self.prefix}.bias[slice {idx}]: expected shape [{n}], found {list(tensor.shape)}"
+            )
+        sub = TensorSpec("bias", (n,), self.act_dtype, output_dim=0, row="replicate")
+        part = sub.shard(tensor, self.parallel, self.tp_rank, self.tp_size, self.in_features, n)
+        off = sum(self.output_sizes_part[:idx])
+        self.bias.data[off : off + part.shape[0]].copy_(part)
+        self._loaded.setdefault("bias", set()).add(idx)
+
     def process_weights_after_loading(self, overrides: Overrides | None = None) -> QuantLinear:
-        self.method.process_weights_after_loading(self, overrides)
+        """Check everything arrived, convert to canonical, pick the kernel, prepare it."""
+        S = len(self.output_sizes)
+        for name in [*self.tensor_specs, *(["bias"] if self.has_bias else [])]:
+            got = self._loaded.get(name, set())
+            spec = self.tensor_specs.get(name)
+            need = (
+                set(range(S))
+                if spec is None or spec.per_slice or spec.output_dim is not None
+                else {min(got, default=0)}
+            )
+            if not got:
+                raise ShardError(f"{self.prefix or 'layer'}: tensor {name!r} was never loaded")
+            if need - got:
+                missing = ", ".join(self.shard_label(i) for i in sorted(need - got))
+                raise ShardError(f"{self.prefix or 'layer'}: tensor {name!r} is missing slice(s) {missing}")
+        tensors = {name: getattr(self, name).data for name in self.tensor_specs}
+        weight = self.adapter.to_canonical(
+            tensors, self.scheme, self.N_part, self.K_part, self.output_sizes_part
+        )
+        self.attach(weight, overrides)
         return self
 
     def attach(self, weight: CanonicalWeight, overrides: Overrides | None = None) -> None:
         """Dispatch on the canonical weight, prepare the kernel and drop the loading parameters."""
         spec = self.layer_spec()
-        kernel, sel = build(spec, device_of(self.device), overrides)
+        kernel, sel = build(spec, self.plan_device, overrides)
         state = kernel.prepare(weight.to(self.device), spec)
         self._kernel, self._state, self.selection = kernel, state, sel
         for name in list(self.tensor_specs):
@@ -400,7 +373,6 @@ class QuantLinear(nn.Module):
         self._bias = None
         if self.bias is not None and not (self.parallel == "row" and self.tp_rank > 0):
             self._bias = self.bias.data
-        self._apply = kernel.apply
 
     def layer_spec(self) -> LayerSpec:
         return LayerSpec(
@@ -423,15 +395,14 @@ class QuantLinear(nn.Module):
     def has_row_dequant(self) -> bool:
         """Whether the kernel can give back rows of the weight exactly (``dequant_rows``), so a tied
         embedding can look tokens up in this layer's prepared state instead of a second copy."""
-        return self._kernel is not None and callable(getattr(self._kernel, "dequant_rows", None))
+        return self._state is not None and self._state.rows is not None
 
     def dequant_rows(self, n0: int, n1: int) -> torch.Tensor:
         """Rows [n0, n1) of this rank's weight, dequantized from the prepared state."""
         if not self.has_row_dequant:
             raise RuntimeError(f"{self.prefix or 'layer'}: kernel {self.kernel_name} keeps no row access")
-        return self._kernel.dequant_rows(self._state, n0, n1)
+        return self._state.dequant_rows(n0, n1)
 
-    # -- running ---------------------------------------------------------------------------
     @property
     def kernel_name(self) -> str:
         if self._kernel is None:
@@ -446,7 +417,7 @@ class QuantLinear(nn.Module):
         x2 = x.reshape(-1, x.shape[-1])
         if x2.shape[0] == 0:
             return x.new_empty(*lead, self.N_part, dtype=self.out_dtype or x.dtype)
-        y = self._apply(self._state, x2, self._bias, None if out is None else out.view(-1, self.N_part))
+        y = self._state(x2, self._bias, None if out is None else out.view(-1, self.N_part))
         return y.view(*lead, self.N_part)
 
     def extra_repr(self) -> str:
@@ -477,12 +448,7 @@ class QuantLinear(nn.Module):
             device=device,
             **kw,
         )
-        for name, t in weight.tensors.items():
-            if name in PER_LAYER_ACTIVATION_SCALES and len(weight.output_sizes) > 1:
-                t = t.reshape(-1)[:1]
-            layer.load(name, t)
-        if bias is not None:
-            layer.load("bias", bias)
+        layer.load_canonical(weight, bias=bias)
         return layer.process_weights_after_loading(overrides)
 
 
