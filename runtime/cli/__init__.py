@@ -76,10 +76,10 @@ def _main(argv: Sequence[str] | None) -> int:
         "-v", "--verbose", action="count", default=0, help="log dispatch decisions (-vv: debug)"
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    from . import bench, explain, inspect, probe, run
+    from . import bench, explain, inspect, probe, run, verify
 
     verbose = _verbose_parent()
-    for mod in (probe, inspect, explain, run, bench):
+    for mod in (probe, inspect, explain, run, bench, verify):
         p = sub.add_parser(mod.NAME, help=mod.HELP, description=mod.__doc__, parents=[verbose])
         p.add_argument("--json", action="store_true", help="print machine-readable JSON on stdout")
         mod.add_arguments(p)
