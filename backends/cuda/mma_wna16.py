@@ -23,7 +23,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -567,49 +567,43 @@ def dense_expr(act: torch.dtype, code: int, gpc: int) -> str:
     return f"wna16_dequant<{CT[act]}, {code}, {gpc}>"
 
 
-class CudaMmaW4A16(Kernel):
-    """int4 weight-only on tensor cores; weights repacked so each lane loads its fragments whole."""
+class CudaMmaInt(Kernel):
+    """The integer weight-only family on tensor cores (weights repacked so each lane loads its
+    fragments whole); a kernel of it declares only its name and ``bits``. Not registered itself."""
 
+    bits: ClassVar[int] = 0
+
+    @classmethod
+    def can_implement(cls, spec: LayerSpec, caps: Any) -> Verdict:
+        return int_conditions(spec, caps, cls.bits)
+
+    @classmethod
+    def operands(cls, weight: CanonicalWeight, group: int | None, act: torch.dtype) -> Operands:
+        return int_operands(weight, group, act, cls.bits)
+
+    @classmethod
+    def tile_rows(cls, table: dict[str, Any]) -> list[dict[str, Any]]:
+        return int_rows(table, cls.bits)
+
+    def prepare(self, weight: CanonicalWeight, spec: LayerSpec) -> Prepared:
+        return prepare_mma(
+            self,
+            weight,
+            spec,
+            bits=self.bits,
+            code=self.bits,
+            operands=self.operands,
+            tile_rows=self.tile_rows,
+        )
+
+
+class CudaMmaW4A16(CudaMmaInt):
     name = "cuda.mma_w4a16"
+    bits = 4
     description = "CUDA int4 weight-only on tensor cores (mma.sync, lane-order repack); cuBLAS on dequantized slices for large M"
 
-    @classmethod
-    def can_implement(cls, spec: LayerSpec, caps: Any) -> Verdict:
-        return int_conditions(spec, caps, 4)
 
-    @classmethod
-    def operands(cls, weight: CanonicalWeight, group: int | None, act: torch.dtype) -> Operands:
-        return int_operands(weight, group, act, 4)
-
-    @classmethod
-    def tile_rows(cls, table: dict[str, Any]) -> list[dict[str, Any]]:
-        return int_rows(table, 4)
-
-    def prepare(self, weight: CanonicalWeight, spec: LayerSpec) -> Prepared:
-        return prepare_mma(
-            self, weight, spec, bits=4, code=4, operands=self.operands, tile_rows=self.tile_rows
-        )
-
-
-class CudaMmaW8A16(Kernel):
-    """int8 weight-only on tensor cores; weights repacked so each lane loads its fragments whole."""
-
+class CudaMmaW8A16(CudaMmaInt):
     name = "cuda.mma_w8a16"
+    bits = 8
     description = "CUDA int8 weight-only on tensor cores (mma.sync, lane-order repack); cuBLAS on dequantized slices for large M"
-
-    @classmethod
-    def can_implement(cls, spec: LayerSpec, caps: Any) -> Verdict:
-        return int_conditions(spec, caps, 8)
-
-    @classmethod
-    def operands(cls, weight: CanonicalWeight, group: int | None, act: torch.dtype) -> Operands:
-        return int_operands(weight, group, act, 8)
-
-    @classmethod
-    def tile_rows(cls, table: dict[str, Any]) -> list[dict[str, Any]]:
-        return int_rows(table, 8)
-
-    def prepare(self, weight: CanonicalWeight, spec: LayerSpec) -> Prepared:
-        return prepare_mma(
-            self, weight, spec, bits=8, code=8, operands=self.operands, tile_rows=self.tile_rows
-        )
