@@ -58,16 +58,18 @@ def layers(
     return out
 
 
-def timed(built: list[tuple[QuantLinear, int]], m: int, patch: dict[str, Any]) -> float:
-    """Geometric-mean microseconds of the lut4 layers at batch m, each rebuilt over its layout with
-    ``patch`` applied (launch shapes, bounds)."""
+def timed(built: list[tuple[QuantLinear, int]], m: int, patch: dict[str, Any], module: Any = None) -> float:
+    """Geometric-mean microseconds of the layers at batch m, each rebuilt over its layout with
+    ``patch`` applied (launch shapes, bounds) by ``module.build`` (the lut4 kernels' by default;
+    ``triton_gguf`` for the GGUF ones)."""
     from quantrt.backends.cuda import triton_lut4
 
+    module = module or triton_lut4
     times = []
     for layer, K in built:
         saved = layer._state
         layout = dataclasses.replace(saved.layout, **patch)
-        layer._state = triton_lut4.build(layer._kernel, layout, layer.layer_spec())
+        layer._state = module.build(layer._kernel, layout, layer.layer_spec())
         try:
             x = torch.randn(m, K, device="cuda", dtype=torch.bfloat16)
             times.append(median_us(lambda layer=layer, x=x: layer(x)))
@@ -155,25 +157,8 @@ def gguf_candidates(m: int) -> list[dict[str, int]]:
     return out
 
 
-def gguf_timed(built: list[tuple[QuantLinear, int]], m: int, patch: dict[str, Any]) -> float:
-    """Geometric-mean microseconds of the ``cuda.triton_gguf`` layers at batch m, each rebuilt on its
-    layout with the fields ``patch`` replaced."""
-    from quantrt.backends.cuda import triton_gguf
-
-    times = []
-    for layer, K in built:
-        saved = layer._state
-        layout = dataclasses.replace(saved.layout, **patch)
-        layer._state = triton_gguf.build(layer._kernel, layout, layer.layer_spec())
-        try:
-            x = torch.randn(m, K, device="cuda", dtype=torch.bfloat16)
-            times.append(median_us(lambda layer=layer, x=x: layer(x)))
-        finally:
-            layer._state = saved
-    return geomean(times)
-
-
 def tune_gguf(shapes: list[tuple[int, int]], budget: float, log: Any) -> dict[str, Any]:
+    from quantrt.backends.cuda import triton_gguf
     from quantrt.backends.triton.gguf import GGUFConfig
 
     doc = tile_table.load("gguf", "default")
@@ -193,9 +178,8 @@ def tune_gguf(shapes: list[tuple[int, int]], budget: float, log: Any) -> dict[st
                     log(f"gguf {t} {bound}: budget spent")
                     break
                 try:
-                    t_us = gguf_timed(
-                        built, m, {"configs": ((1 << 30, GGUFConfig(**c)),), "gemv_max_m": 1 << 30}
-                    )
+                    patch = {"configs": ((1 << 30, GGUFConfig(**c)),), "gemv_max_m": 1 << 30}
+                    t_us = timed(built, m, patch, triton_gguf)
                 except Exception as e:  # a shape that does not compile is skipped, not fatal
                     log(f"gguf {t} {c}: {type(e).__name__}: {e}")
                     continue
