@@ -341,6 +341,11 @@ class QuantLinear(nn.Module):
 
     def process_weights_after_loading(self, overrides: Overrides | None = None) -> QuantLinear:
         """Check everything arrived, convert to canonical, pick the kernel, prepare it."""
+        self.attach(self.canonical(), overrides)
+        return self
+
+    def canonical(self) -> CanonicalWeight:
+        """This rank's part in canonical tensors, once every tensor (and slice) has arrived."""
         S = len(self.output_sizes)
         for name in [*self.tensor_specs, *(["bias"] if self.has_bias else [])]:
             got = self._loaded.get(name, set())
@@ -356,11 +361,9 @@ class QuantLinear(nn.Module):
                 missing = ", ".join(self.shard_label(i) for i in sorted(need - got))
                 raise ShardError(f"{self.prefix or 'layer'}: tensor {name!r} is missing slice(s) {missing}")
         tensors = {name: getattr(self, name).data for name in self.tensor_specs}
-        weight = self.adapter.to_canonical(
+        return self.adapter.to_canonical(
             tensors, self.scheme, self.N_part, self.K_part, self.output_sizes_part
         )
-        self.attach(weight, overrides)
-        return self
 
     def attach(self, weight: CanonicalWeight, overrides: Overrides | None = None) -> None:
         """Dispatch on the canonical weight, prepare the kernel and drop the loading parameters."""

@@ -18,6 +18,8 @@ from typing import Any
 
 def register(registry: Any) -> None:
     """Entry point of the ``quantrt.backends`` group."""
+    from quantrt.moe import experts_loop
+
     from .amx import AmxGGUF, AmxLut, AmxWint
     from .dense_native import make_dense_linear
     from .gguf_native import CpuNativeGGUF
@@ -25,18 +27,18 @@ def register(registry: Any) -> None:
     from .torch_packed import CpuInt4Pack, CpuInt8Pack, CpuIntMM
     from .wint_native import NativeW8A8Int8, NativeWint
 
-    registry.register_ordered(
-        [
-            AmxWint,  # CPUs with AMX bf16 tiles: the native layouts, large batches on the tiles
-            AmxLut,
-            AmxGGUF,
-            CpuNativeGGUF,  # the native C++ kernels (AVX-512 VNNI, AVX2, scalar)
-            NativeWint,
-            NativeW8A8Int8,
-            NativeLut,
-            CpuInt4Pack,  # torch's packed CPU ops, where no native kernel can be built
-            CpuInt8Pack,
-            CpuIntMM,
-        ]
-    )
+    linear = [
+        AmxWint,  # CPUs with AMX bf16 tiles: the native layouts, large batches on the tiles
+        AmxLut,
+        AmxGGUF,
+        CpuNativeGGUF,  # the native C++ kernels (AVX-512 VNNI, AVX2, scalar)
+        NativeWint,
+        NativeW8A8Int8,
+        NativeLut,
+        CpuInt4Pack,  # torch's packed CPU ops, where no native kernel can be built
+        CpuInt8Pack,
+        CpuIntMM,
+    ]
+    # MoE experts: each expert on the same kernels, in the same order, its tokens gathered
+    registry.register_ordered([*linear, *(experts_loop(k) for k in linear)])
     registry.register_dense("cpu", make_dense_linear)

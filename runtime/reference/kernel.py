@@ -16,7 +16,8 @@ the fused slices a chunk overlaps (the chunk gets its own ``output_sizes``), and
 K not a multiple of its blocksize: blocks straddle rows) runs as one chunk, the whole weight:
 correct, not bounded, and the strategy's name says so. Activations are quantized once
 per call exactly as the reference does, and every output column is the same fp32 dot product as in
-:func:`quantrt.reference.linear`.
+:func:`quantrt.reference.linear`. MoE experts (``op="grouped"``) run one expert at a time on this
+same path (:func:`quantrt.moe.loop.prepare_loop`).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ import torch
 from ..canonical import CanonicalWeight, canonical_specs
 from ..errors import ShardError
 from ..kernels import Kernel, Verdict
-from ..prepared import ALL_M, Prepared, Strategy
+from ..prepared import ALL_M, Strategy
 from ..schemes import Scheme
 from ..specs import LayerSpec, TensorSpec
 from . import dequantize, quantize_activations
@@ -147,6 +148,7 @@ class ReferenceKernel(Kernel):
     """The fallback of every device kind (``Registry.set_fallback``), tried after every list."""
 
     name = "reference"
+    ops = ("linear", "grouped")
     act_dtypes = FLOATS
     out_dtypes = FLOATS
     description = "pure-torch dequantize-then-matmul in fp32 (the test oracle)"
@@ -160,7 +162,11 @@ class ReferenceKernel(Kernel):
     def can_implement(cls, spec: LayerSpec, caps: Any) -> Verdict:
         return Verdict.yes()
 
-    def prepare(self, weight: CanonicalWeight, spec: LayerSpec) -> Prepared:
+    def prepare(self, weight: Any, spec: LayerSpec) -> Any:
+        if spec.op == "grouped":  # MoE experts: each expert as a linear layer, its tokens gathered
+            from ..moe.loop import prepare_loop
+
+            return prepare_loop(self, weight, spec)
         plan = plan_chunks(weight.scheme, weight.N, weight.K, weight.output_sizes, self.scratch_bytes)
         if len(plan.bounds) == 1:
             chunks = [(0, weight.N, weight)]

@@ -20,6 +20,7 @@ BACKEND_API = (
     "quantrt.schemes",
     "quantrt.capability",
     "quantrt.canonical",
+    "quantrt.moe",
     "quantrt.specs",
     "quantrt.torchops",
     "quantrt.backends.triton",
