@@ -75,6 +75,8 @@ class Selection:
             "K_part": s.K_part,
             "N_part": s.N_part,
             "act_dtype": str(s.act_dtype).replace("torch.", ""),
+            "op": s.op,
+            "num_experts": s.num_experts,
             "device": self.device.torch_device,
             "device_name": self.device.name,
             "arch": self.device.arch,

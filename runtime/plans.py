@@ -28,14 +28,51 @@ def layer_spec(
     tp_size: int = 1,
     parallel: str | None = None,
     bias: bool = False,
+    num_experts: int = 1,
+    output_sizes: tuple[int, ...] = (),
 ) -> LayerSpec:
-    """The LayerSpec of a plain (unfused) layer, optionally as one tensor-parallel rank."""
+    """The LayerSpec of a layer (a grouped one of ``num_experts`` experts when above 1, fused from
+    ``output_sizes`` when given), optionally as one tensor-parallel rank."""
     s = parse_scheme(scheme) if isinstance(scheme, str) else scheme
     K_part = K // tp_size if parallel == "row" else K
     N_part = N // tp_size if parallel == "column" else N
+    sizes = tuple(n // tp_size for n in output_sizes) if parallel == "column" else tuple(output_sizes)
     return LayerSpec(
-        s, K, N, K_part, N_part, act_dtype=act_dtype, bias=bias, parallel=parallel, tp_size=tp_size
+        s,
+        K,
+        N,
+        K_part,
+        N_part,
+        act_dtype=act_dtype,
+        bias=bias,
+        parallel=parallel,
+        tp_size=tp_size,
+        op="grouped" if num_experts > 1 else "linear",
+        num_experts=num_experts,
+        output_sizes=sizes,
     )
+
+
+def experts_specs(
+    entry: Any, *, act_dtype: torch.dtype = torch.bfloat16, tp_size: int = 1
+) -> dict[str, LayerSpec]:
+    """The grouped LayerSpec of each projection :class:`~quantrt.moe.QuantExperts` builds for a
+    checkpoint's MoE layer: gate and up fused into one [2I] projection when their schemes agree,
+    column-parallel under tensor parallelism, down row-parallel."""
+    E, H, Inter = entry.num_experts, entry.hidden_size, entry.intermediate_size
+    col = "column" if tp_size > 1 else None
+    row = "row" if tp_size > 1 else None
+    common = dict(act_dtype=act_dtype, tp_size=tp_size, bias=entry.has_bias(), num_experts=E)
+    out: dict[str, LayerSpec] = {}
+    if entry.scheme("gate") == entry.scheme("up"):
+        out["gate_up"] = layer_spec(
+            entry.scheme("gate"), H, 2 * Inter, parallel=col, output_sizes=(Inter, Inter), **common
+        )
+    else:
+        for proj in ("gate", "up"):
+            out[proj] = layer_spec(entry.scheme(proj), H, Inter, parallel=col, **common)
+    out["down"] = layer_spec(entry.scheme("down"), Inter, H, parallel=row, **common)
+    return out
 
 
 def explain(

@@ -179,7 +179,8 @@ class LayerSpec:
             if (self.K_part, self.N_part) != (self.K, self.N)
             else ""
         )
+        experts = f" x {self.num_experts} experts" if self.op == "grouped" else ""
         return (
-            f"{self.scheme} K={self.K} N={self.N}{extra} act={str(self.act_dtype).replace('torch.', '')}"
+            f"{self.scheme} K={self.K} N={self.N}{experts}{extra} act={str(self.act_dtype).replace('torch.', '')}"
             + (" bias" if self.bias else "")
         )

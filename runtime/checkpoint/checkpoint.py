@@ -120,12 +120,16 @@ class Checkpoint:
         config: dict[str, Any] | None,
         files: list[SafetensorsFile],
         weight_map: dict[str, str] | None,
+        quantization: str | None = None,
     ) -> None:
         self.path, self.directory, self.config = path, directory, config
         self.index = TensorIndex(files, weight_map)
         self.qconfig, self.qconfig_source = find_quant_config(directory, config)
+        if quantization is not None:
+            self.qconfig, self.qconfig_source = _online(quantization, self.qconfig, self.qconfig_source, path)
         self.reader = reader_for(self.qconfig, self.index, self.qconfig_source)
         self._layers: dict[str, LayerEntry] | None = None
+        self._experts: dict[str, Any] | None = None
 
     @classmethod
     def from_parts(cls, path: Path, index: Any, reader: Any) -> Checkpoint:
@@ -135,6 +139,7 @@ class Checkpoint:
         ck.index, ck.reader = index, reader
         ck.qconfig, ck.qconfig_source = reader.qconfig, reader.source
         ck._layers = None
+        ck._experts = None
         return ck
 
     @property
@@ -149,6 +154,32 @@ class Checkpoint:
             self._check_quantized_tensors_read(layers)
             self._layers = layers
         return self._layers
+
+    @property
+    def experts(self) -> dict[str, Any]:
+        """The MoE layers, by prefix: each experts module's per-expert weights grouped into one
+        :class:`~quantrt.checkpoint.experts.ExpertsEntry` (see :mod:`quantrt.checkpoint.experts`)."""
+        if self._experts is None:
+            from .experts import find_experts
+
+            self._experts = find_experts(self.layers, str(self.path))
+        return self._experts
+
+    def expert_prefixes(self) -> set[str]:
+        """Every per-expert layer prefix some MoE layer groups."""
+        return {e.prefix for x in self.experts.values() for p in x.projections.values() for e in p.values()}
+
+    def experts_layer(self, key: str, **kw: Any) -> nn.Module:
+        """A ready :class:`~quantrt.moe.QuantExperts` for MoE layer ``key`` (a key of :attr:`experts`);
+        keywords as :func:`quantrt.checkpoint.experts.build_experts` takes them."""
+        from .experts import build_experts
+
+        entry = self.experts.get(key)
+        if entry is None:
+            near = ", ".join(list(self.experts)[:5]) or "none"
+            raise CheckpointError(f"{self.path}: no MoE layer {key!r}; MoE layers: {near}")
+        kw.setdefault("act_dtype", self.default_act_dtype)
+        return build_experts(self, entry, **kw)
 
     def _check_quantized_tensors_read(self, layers: dict[str, LayerEntry]) -> None:
         """A tensor whose name says it belongs to a quantized weight (``qweight``, ``scales``,
@@ -230,11 +261,14 @@ class Checkpoint:
         entries = [self.layer(p) for p in prefixes]
         act = act_dtype or self.default_act_dtype
         first = entries[0]
-        experts = [e.prefix for e in entries if e.kind == "expert"]
+        from .experts import is_expert_name
+
+        experts = [e.prefix for e in entries if e.kind == "expert" or is_expert_name(e.prefix)]
         if experts:
             raise CheckpointError(
-                f"{self.path}: {experts[0]} is an MoE expert weight: running experts arrives with MoE "
-                "support (grouped kernels); weights() lists it and dequantize() works on it"
+                f"{self.path}: {experts[0]} is an MoE expert weight: experts run together as one MoE layer "
+                "(Checkpoint.experts lists them, experts_layer(key) builds one); weights() lists it and "
+                "dequantize() works on it"
             )
         if any(e.K != first.K for e in entries):
             found = ", ".join(f"{e.prefix}: K={e.K}" for e in entries)
@@ -376,9 +410,26 @@ class Checkpoint:
         }
 
 
-def open_checkpoint(path: str | Path) -> Checkpoint:
+def _online(
+    quantization: str, qconfig: dict[str, Any] | None, source: str, path: Path
+) -> tuple[dict[str, Any], str]:
+    """The quantization config of ``quantization=`` (a dense checkpoint quantized at load)."""
+    from ..formats import ONLINE
+
+    if quantization not in ONLINE:
+        raise CheckpointError(f"quantization={quantization!r}: expected one of {', '.join(ONLINE)}")
+    if qconfig is not None:
+        raise CheckpointError(
+            f"{path}: quantization={quantization!r} applies to dense checkpoints, but this one is quantized "
+            f"already ({source})"
+        )
+    return {"quant_method": quantization}, f"quantization={quantization!r}"
+
+
+def open_checkpoint(path: str | Path, *, quantization: str | None = None) -> Checkpoint:
     """Open a checkpoint directory (config.json + *.safetensors, with or without an index) or one
-    .safetensors file. Only headers and configs are read."""
+    .safetensors file. Only headers and configs are read. ``quantization``: quantize a dense
+    checkpoint at load (``"experts_int8"``: its MoE experts, int8 per channel)."""
     p = Path(path)
     if not p.exists():
         raise CheckpointError(f"{p}: no such file or directory")
@@ -386,6 +437,11 @@ def open_checkpoint(path: str | Path) -> Checkpoint:
         regular_file(p)  # a FIFO or a device is refused before anything reads it
         if p.suffix == ".gguf":
             from ..formats.gguf import open_gguf
+
+            if quantization is not None:
+                raise CheckpointError(
+                    f"{p}: quantization={quantization!r} applies to dense checkpoints, not GGUF"
+                )
 
             index, reader = open_gguf(p)
             return Checkpoint.from_parts(p, index, reader)
@@ -403,7 +459,7 @@ def open_checkpoint(path: str | Path) -> Checkpoint:
         config = read_json(cfg_path)
         if not isinstance(config, dict):
             raise CheckpointError(f"{cfg_path}: expected a JSON object")
-    return Checkpoint(p, directory, config, files, weight_map)
+    return Checkpoint(p, directory, config, files, weight_map, quantization)
 
 
 def _find_files(directory: Path) -> tuple[list[SafetensorsFile], dict[str, str] | None]:

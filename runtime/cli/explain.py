@@ -47,6 +47,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--tp", type=positive_int, default=1, help="tensor-parallel size (plan one rank)")
     p.add_argument("--parallel", choices=("column", "row"), help="how the layer is split under --tp")
+    p.add_argument(
+        "--experts",
+        type=positive_int,
+        default=1,
+        help="plan a grouped MoE projection of this many experts (each KxN) instead of a linear layer",
+    )
 
 
 def parse_shape(text: str) -> tuple[int, int]:
@@ -101,6 +107,7 @@ def handle(args: argparse.Namespace) -> int:
         overrides=ov_quiet,
         tp_size=args.tp,
         parallel=args.parallel,
+        num_experts=args.experts,
     )
     if args.json:
         emit(sel.to_json())
@@ -140,7 +147,7 @@ def _explain_order(args: argparse.Namespace) -> int:
 def _explain_checkpoint(args: argparse.Namespace, caps: Any, ov: Overrides) -> int:
     from ..checkpoint import open_checkpoint
     from ..dispatch import REJECTED, select
-    from ..plans import layer_spec
+    from ..plans import experts_specs, layer_spec
     from . import emit
 
     ckpt = open_checkpoint(args.path)
@@ -148,7 +155,34 @@ def _explain_checkpoint(args: argparse.Namespace, caps: Any, ov: Overrides) -> i
     dev = args.device or caps.default_device.torch_device
     quiet = Overrides(ov.backend, ov.kernel, ov.kernel_by_scheme, ov.disabled, ov.capabilities, "allow")
     rows, cases = [], {}
+    grouped = ckpt.expert_prefixes()
+    for prefix, x in ckpt.experts.items():
+        if not x.quantized:
+            rows.append(
+                {"layer": f"{prefix} ({x.num_experts} experts)", "scheme": None, "kind": "experts",
+                 "kernel": "transformers' experts (unquantized)", "label": "dense"}
+            )  # fmt: skip
+            continue
+        for proj, spec in experts_specs(x, act_dtype=act, tp_size=args.tp).items():
+            sel = select(spec, dev, caps, quiet)
+            cases.setdefault((str(spec.scheme), spec.K, spec.N, spec.num_experts), sel)
+            rows.append(
+                {
+                    "layer": f"{prefix} {proj} ({x.num_experts} experts)",
+                    "kind": "experts",
+                    "scheme": str(spec.scheme),
+                    "K": spec.K,
+                    "N": spec.N,
+                    "experts": spec.num_experts,
+                    "kernel": sel.kernel.name,
+                    "label": sel.label,
+                    "fallback": sel.fallback,
+                    "candidates": [c.to_json() for c in sel.candidates],
+                }
+            )
     for prefix, e in ckpt.layers.items():
+        if prefix in grouped:
+            continue
         if not e.quantized:
             rows.append(
                 {"layer": prefix, "scheme": None, "kernel": "torch F.linear (unquantized)", "label": "dense"}
@@ -160,8 +194,7 @@ def _explain_checkpoint(args: argparse.Namespace, caps: Any, ov: Overrides) -> i
             caps,
             quiet,
         )
-        key = (str(e.scheme), e.K, e.N)
-        cases.setdefault(key, sel)
+        cases.setdefault((str(e.scheme), e.K, e.N, 1), sel)
         rows.append(
             {
                 "layer": prefix,
@@ -194,10 +227,10 @@ def _explain_checkpoint(args: argparse.Namespace, caps: Any, ov: Overrides) -> i
     width = max((len(r["layer"]) for r in rows), default=5)
     for r in rows:
         print(f"  {r['layer']:<{width}}  {r['scheme'] or 'dense':<26} -> {r['kernel']} ({r['label']})")
-    for (scheme, k, n), sel in cases.items():
+    for (scheme, k, n, experts), sel in cases.items():
         rejected = [c for c in sel.candidates if c.status == REJECTED]
         if rejected:
-            print(f"why not, for {scheme} K={k} N={n}:")
+            print(f"why not, for {scheme} K={k} N={n}" + (f" x {experts} experts:" if experts > 1 else ":"))
             for c in rejected:
                 print(f"  {c.name}: {c.verdict.reason}")
     return 0

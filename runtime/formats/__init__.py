@@ -18,6 +18,7 @@ from .base import FormatReader, LayerEntry, TensorIndex
 from .bnb import BitsandbytesReader
 from .compressed_tensors import CompressedTensorsReader
 from .dense import DenseReader
+from .experts_int8 import ExpertsInt8Reader
 from .fp8 import FbgemmFP8Reader, FP8Reader
 from .gptq import GPTQReader
 from .modelopt import ModelOptReader
@@ -37,7 +38,10 @@ READERS: dict[str, type[FormatReader]] = {
     "mxfp4": GptOssMXFP4Reader,
     "quark": QuarkReader,
     "torchao": TorchAOReader,
+    "experts_int8": ExpertsInt8Reader,
 }
+#: quantization a dense checkpoint can be given at load (``open_checkpoint(path, quantization=...)``)
+ONLINE = ("experts_int8",)
 ALIASES = {
     "compressed_tensors": "compressed-tensors",
     "intel/auto-round": "auto-round",

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import re
 import sys
 import time
 from collections import Counter
@@ -164,15 +165,12 @@ class ModelLoader:
     # -- linear layers and embeddings ----------------------------------------------------------
     def _layers(self) -> None:
         layers = self.ckpt.layers
-        experts = sorted(p for p, e in layers.items() if e.kind == "expert")
-        if experts:
-            raise CheckpointError(
-                f"{self.ckpt.path}: the checkpoint stores MoE experts ({len(experts)}: {_names(experts)}), "
-                "which quantrt models cannot run yet (quantized MoE arrives with grouped expert kernels)"
-            )
+        self._experts()
+        grouped = self.ckpt.expert_prefixes()
+        by_model_name = {self._renamed(p): e for p, e in layers.items() if p not in grouped}
         cuts = plan(self.model, self.full_config, self.tp)
         for name, module in list(self.model.named_modules()):
-            entry = layers.get(name)
+            entry = by_model_name.get(name)
             if entry is None or (self.quantized_only and not entry.quantized):
                 continue
             if isinstance(module, nn.Embedding):
@@ -181,6 +179,115 @@ class ModelLoader:
                 continue
             if isinstance(module, nn.Linear):
                 self._linear(name, module, entry, cuts.get(name, NONE))
+
+    # -- MoE experts --------------------------------------------------------------------------
+    def _renamed(self, name: str) -> str:
+        """A checkpoint name as transformers renames it for this model (Mixtral's
+        ``block_sparse_moe`` is the model's ``mlp``); unchanged for GGUF, whose names are mapped apart."""
+        if self.ckpt.format == "gguf":
+            return name
+        if not hasattr(self, "_renames"):
+            from transformers.conversion_mapping import get_checkpoint_conversion_mapping
+            from transformers.core_model_loading import WeightRenaming
+
+            mapping = get_checkpoint_conversion_mapping(getattr(self.full_config, "model_type", "")) or []
+            self._renames = [t for t in mapping if type(t) is WeightRenaming]
+        for t in self._renames:
+            name = t.rename_source_key(name)[0]
+        return name
+
+    def _experts(self) -> None:
+        """Each experts module of the model (transformers' ``experts(hidden, ids, weights)`` with
+        stacked ``gate_up_proj``/``down_proj``) becomes a QuantExperts over the checkpoint's MoE layer,
+        or, where the checkpoint stores the experts dense, takes their stacked tensors."""
+        found = self.ckpt.experts
+        if not found:
+            return
+        modules = {n: m for n, m in self.model.named_modules() if _is_experts(m)}
+        by_name: dict[str, Any] = {}
+        for prefix, x in found.items():
+            name = self._experts_module(prefix, x, modules)
+            if name in by_name:
+                raise CheckpointError(
+                    f"{self.ckpt.path}: MoE layers {by_name[name].prefix} and {prefix} both map to {name}"
+                )
+            by_name[name] = x
+        for name, x in by_name.items():
+            module = modules[name]
+            if (module.num_experts, _hidden(module)) != (x.num_experts, x.hidden_size):
+                raise CheckpointError(
+                    f"{self.ckpt.path}: MoE layer {x.prefix}: the config makes {name} {module.num_experts} "
+                    f"experts of hidden size {_hidden(module)}, the checkpoint stores {x.num_experts} of "
+                    f"{x.hidden_size}"
+                )
+            if not x.quantized:
+                if not self.quantized_only:
+                    self._dense_experts(name, module, x)
+                continue
+            layer = self.ckpt.experts_layer(
+                x.prefix,
+                device=self.device,
+                act_dtype=self.dtype,
+                activation=_activation_of(module, self.full_config),
+                tp_rank=self.tp.rank,
+                tp_size=self.tp.world,
+                group=self.tp.group if self.tp.world > 1 else None,
+                overrides=self.overrides,
+                prefix=name,
+            )
+            self.model.set_submodule(name, layer)
+            self.report.kernels[name] = "+".join(dict.fromkeys(layer.kernel_names.values()))
+            self._consume(x.stored_names())
+
+    def _experts_module(self, prefix: str, x: Any, modules: dict[str, nn.Module]) -> str:
+        if x.layer is not None:  # GGUF: blk.<L>
+            want = [n for n in modules if re.search(rf"(^|\.)layers\.{x.layer}\.", n)]
+        else:
+            renamed = self._renamed(prefix)
+            want = [renamed] if renamed in modules else []
+        if len(want) != 1:
+            have = ", ".join(list(modules)[:4]) or "none"
+            raise CheckpointError(
+                f"{self.ckpt.path}: MoE layer {prefix} matches no experts module of the model its config "
+                f"describes ({have})"
+            )
+        return want[0]
+
+    def _dense_experts(self, name: str, module: nn.Module, x: Any) -> None:
+        """Unquantized per-expert weights stacked into the model's own experts parameters."""
+        E = x.num_experts
+
+        def weight(proj: str, e: int) -> torch.Tensor:
+            le = x.projections[proj][e]
+            return self._read(le.tensors["weight"])
+
+        gate_up = [
+            weight("gate_up", e) if x.fused else torch.cat([weight("gate", e), weight("up", e)])
+            for e in range(E)
+        ]
+        down = [weight("down", e) for e in range(E)]
+        gu, dn = torch.stack(gate_up), torch.stack(down)
+        if module.gate_up_proj.shape != gu.shape:  # gpt-oss keeps its experts [E, in, out]
+            gu, dn = gu.transpose(1, 2), dn.transpose(1, 2)
+        for pname, t in (("gate_up_proj", gu), ("down_proj", dn)):
+            p = getattr(module, pname)
+            if tuple(p.shape) != tuple(t.shape):
+                raise CheckpointError(
+                    f"{self.ckpt.path}: MoE layer {x.prefix}: expected {pname} {list(p.shape)} for {name}, "
+                    f"found {list(t.shape)}"
+                )
+            module._parameters[pname] = nn.Parameter(t.to(self.device, p.dtype), requires_grad=False)
+        if x.has_bias():
+            raise CheckpointError(
+                f"{self.ckpt.path}: MoE layer {x.prefix}: dense experts with biases are not read"
+            )
+
+    def _consume(self, names: list[str]) -> None:
+        for n in names:
+            if n not in self.consumed:
+                self.consumed.add(n)
+                self.report.bytes_read += self.ckpt.index.info[n].nbytes
+                self._bar.update(self.ckpt.index.info[n].nbytes)
 
     def _check_shape(self, name: str, module: nn.Module, entry: Any, cut: LayerCut) -> None:
         # a gathered column-parallel layer (the output projection) keeps its full width in the model
@@ -224,11 +331,7 @@ class ModelLoader:
             layer = GatherColumns(layer, self.tp.group, cut.tp_size)
         self.model.set_submodule(name, layer)
         self.report.kernels[name] = kernel_label(layer)
-        for n in entry.stored_names():
-            if n not in self.consumed:
-                self.consumed.add(n)
-                self.report.bytes_read += self.ckpt.index.info[n].nbytes
-                self._bar.update(self.ckpt.index.info[n].nbytes)
+        self._consume(entry.stored_names())
 
     def _quant_embedding(self, name: str, module: nn.Embedding, entry: Any) -> None:
         from ..checkpoint.checkpoint import QuantizedWeight
@@ -284,7 +387,7 @@ class ModelLoader:
         names mapped as transformers maps them, from the skeleton before any layer was replaced)."""
         index = self.ckpt.index
         if self.ckpt.format != "gguf":
-            return {n: n for n in index.names()}
+            return {self._renamed(n): n for n in index.names()}
         from ..formats.gguf_arch import hf_tensor_names
 
         to_hf = hf_tensor_names(self.model, self.ckpt.reader.architecture)
@@ -418,6 +521,41 @@ class ModelLoader:
                 self.report.ignored[n] = why
 
 
+def _is_experts(module: nn.Module) -> bool:
+    """transformers' experts modules: ``num_experts`` experts stacked in 3-D ``gate_up_proj`` and
+    ``down_proj`` parameters, called as ``experts(hidden, top_k_index, top_k_weights)``."""
+    gu, dn = getattr(module, "gate_up_proj", None), getattr(module, "down_proj", None)
+    return (
+        isinstance(gu, torch.Tensor)
+        and isinstance(dn, torch.Tensor)
+        and gu.dim() == 3
+        and dn.dim() == 3
+        and isinstance(getattr(module, "num_experts", None), int)
+    )
+
+
+def _hidden(module: nn.Module) -> int:
+    for attr in ("hidden_dim", "hidden_size"):
+        v = getattr(module, attr, None)
+        if isinstance(v, int):
+            return v
+    return int(module.down_proj.shape[1])
+
+
+def _activation_of(module: nn.Module, config: Any) -> Any:
+    """The gated activation an experts module applies: gpt-oss's clamped SwiGLU (its module keeps
+    alpha and limit), else the config's ``hidden_act``."""
+    from ..moe import Activation, activation_of
+
+    if hasattr(module, "limit") and hasattr(module, "alpha"):
+        return Activation("swigluoai", alpha=float(module.alpha), limit=float(module.limit))
+    act = getattr(config, "hidden_act", "silu")
+    try:
+        return activation_of(act)
+    except ValueError:
+        raise CheckpointError(f"the experts' activation {act!r} is not one quantrt runs") from None
+
+
 def _device(device: Any, tp: TensorParallel) -> torch.device:
     if device is None:
         if torch.cuda.is_available():
@@ -456,6 +594,7 @@ def from_pretrained(
     tp: int | TensorParallel | None = None,
     overrides: Any = None,
     progress: bool | None = None,
+    quantization: str | None = None,
 ) -> nn.Module:
     """A ready transformers model (``PreTrainedModel``: ``generate`` works) from a checkpoint folder
     (any format quantrt reads; sharded or not) or a ``.gguf`` file, with quantrt's layers.
@@ -464,14 +603,15 @@ def from_pretrained(
     unquantized tensors (default: the checkpoint's own, bfloat16 for GGUF). ``tp``: tensor
     parallelism, a rank count with torch.distributed initialised or a :class:`TensorParallel`
     (quantrt runs the all-reduce and all-gather). ``overrides``: dispatch overrides (default:
-    the QUANTRT_* environment). ``model.quantrt`` holds the :class:`LoadReport`.
+    the QUANTRT_* environment). ``quantization``: quantize a dense checkpoint at load
+    (``"experts_int8"``). ``model.quantrt`` holds the :class:`LoadReport`.
     """
     from ..checkpoint import open_checkpoint
     from .config import model_config
 
     par = _tp(tp)
     dev = _device(device, par)
-    ckpt = open_checkpoint(path)
+    ckpt = open_checkpoint(path, quantization=quantization)
     config = model_config(ckpt)
     act = _dtype(dtype, ckpt)
     config._name_or_path = str(path)

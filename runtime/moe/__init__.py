@@ -21,7 +21,7 @@ _LAZY = {
     "Router": ".routing",
     "route": ".routing",
     "Activation": ".activation",
-    "activation": ".activation",
+    "activation_of": ".activation",
     "CanonicalExperts": ".canonical",
     "ExpertBatch": ".batch",
     "PreparedExperts": ".prepared",

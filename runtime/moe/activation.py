@@ -61,7 +61,7 @@ class Activation:
         return f"swigluoai(alpha={self.alpha}, limit={self.limit})" if self.kind == "swigluoai" else self.kind
 
 
-def activation(name: str | Activation) -> Activation:
+def activation_of(name: str | Activation) -> Activation:
     """An :class:`Activation` from ours or transformers' name."""
     if isinstance(name, Activation):
         return name

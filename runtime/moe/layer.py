@@ -35,7 +35,7 @@ from ..errors import ShardError
 from ..layers import QuantLinear
 from ..schemes import Scheme, parse_scheme
 from ..specs import LayerSpec
-from .activation import Activation, activation
+from .activation import Activation, activation_of
 from .batch import ExpertBatch
 from .canonical import CanonicalExperts
 from .prepared import PreparedExperts
@@ -385,10 +385,6 @@ class QuantExperts(nn.Module):
             f"schemes={ {k: str(v) for k, v in self.schemes.items()} }, act={self.act.describe()}, kernels={kern}"
             + (", " + ", ".join(par) if par else "")
         )
-
-
-def activation_of(act: str | Activation) -> Activation:
-    return activation(act)
 
 
 class QuantMoE(nn.Module):

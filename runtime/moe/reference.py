@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import torch
 
 from .. import reference
-from .activation import Activation, activation
+from .activation import Activation, activation_of
 from .canonical import CanonicalExperts
 
 
@@ -34,7 +34,7 @@ def experts_reference(
     concatenate. ``expert_map``: global id -> local expert (-1: held elsewhere, contributes 0).
     """
     parts = [gate_up] if isinstance(gate_up, CanonicalExperts) else list(gate_up)
-    fn = activation(act)
+    fn = activation_of(act)
     M, H = x.shape[0], down.N
     x32 = x.to(torch.float32)
     out = torch.zeros(M, H, dtype=torch.float32)
