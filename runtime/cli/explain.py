@@ -228,7 +228,10 @@ def _explain_checkpoint(args: argparse.Namespace, caps: Any, ov: Overrides) -> i
     for r in rows:
         print(f"  {r['layer']:<{width}}  {r['scheme'] or 'dense':<26} -> {r['kernel']} ({r['label']})")
     for (scheme, k, n, experts), sel in cases.items():
-        rejected = [c for c in sel.candidates if c.status == REJECTED]
+        # kernels for the other op (linear vs grouped) say so in --json; the text keeps real reasons
+        rejected = [
+            c for c in sel.candidates if c.status == REJECTED and not c.verdict.predicate.startswith("op in")
+        ]
         if rejected:
             print(f"why not, for {scheme} K={k} N={n}" + (f" x {experts} experts:" if experts > 1 else ":"))
             for c in rejected:

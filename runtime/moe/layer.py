@@ -341,8 +341,9 @@ class QuantExperts(nn.Module):
         (this rank's part; summed over ranks when a ``group`` is set)."""
         lead = hidden_states.shape[:-1]
         x = hidden_states.reshape(-1, self.hidden_size)
-        ids = topk_ids.reshape(x.shape[0], -1)
-        w = topk_weights.reshape(x.shape[0], -1)
+        k = topk_ids.shape[-1]
+        ids = topk_ids.reshape(x.shape[0], k)
+        w = topk_weights.reshape(x.shape[0], k)
         if torch.compiler.is_compiling():
             y = torch.ops.quantrt.experts(x, ids, w, self.id)
         else:

@@ -31,7 +31,8 @@ def experts_reference(
     """``sum_j w[m, j] * down_e(act(gate_up_e(x[m])))`` with ``e = ids[m, j]``, for each token m.
 
     ``gate_up``: one projection of [2I] rows (gate then up), or its parts (gate, up) to
-    concatenate. ``expert_map``: global id -> local expert (-1: held elsewhere, contributes 0).
+    concatenate (all ``E`` experts, by global id). ``expert_map``: global id -> local expert, -1 where
+    another rank holds it (those assignments contribute 0).
     """
     parts = [gate_up] if isinstance(gate_up, CanonicalExperts) else list(gate_up)
     fn = activation_of(act)
@@ -39,8 +40,8 @@ def experts_reference(
     x32 = x.to(torch.float32)
     out = torch.zeros(M, H, dtype=torch.float32)
     ids = topk_ids.long().cpu()
-    if expert_map is not None:
-        ids = expert_map.long().cpu()[ids]
+    if expert_map is not None:  # experts held elsewhere contribute nothing; held ones keep their ids
+        ids = torch.where(expert_map.long().cpu()[ids] >= 0, ids, -1)
     w = topk_weights.to(torch.float32).cpu()
     for e in sorted({int(v) for v in ids.reshape(-1).tolist() if 0 <= v < down.E}):
         m, j = torch.nonzero(ids == e, as_tuple=True)
