@@ -396,12 +396,26 @@ class Checkpoint:
             }
             for attn, v in self.kv_cache_scales().items()
         }
+        moe = [
+            {
+                "layer": key,
+                "experts": x.num_experts,
+                "hidden_size": x.hidden_size,
+                "intermediate_size": x.intermediate_size,
+                "schemes": {p: str(x.scheme(p)) if x.quantized else None for p in ("gate", "up", "down")},
+                "stored": "gate_up" if x.fused else "gate, up",
+                "bias": x.has_bias(),
+                "notes": x.notes,
+            }
+            for key, x in self.experts.items()
+        ]
         return {
             "path": str(self.path),
             "format": self.format,
             "quantization_config": self.qconfig_source,
             "files": [str(f.path.name) for f in self.index.files],
             "layers": rows,
+            "moe_layers": moe,
             "quantized_layers": len(quant),
             "unquantized_layers": len(rows) - len(quant),
             "quantized_bytes": sum(r["bytes"] for r in quant),

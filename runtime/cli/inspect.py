@@ -39,6 +39,12 @@ def handle(args: argparse.Namespace) -> int:
             f"{r['layer']:<{width}}  {scheme:<28} {r['out_features']:>6}x{r['in_features']:<6} "
             f"{_mib(r['bytes']):>12} {r['ratio']:>8.3f}x"
         )
+    for m in doc["moe_layers"]:
+        schemes = ", ".join(f"{p} {s or 'dense'}" for p, s in m["schemes"].items())
+        print(
+            f"moe         {m['layer']}: {m['experts']} experts, hidden {m['hidden_size']}, "
+            f"intermediate {m['intermediate_size']} ({schemes})"
+        )
     for attn, kv in doc["kv_cache"].items():
         print(f"kv cache    {attn}: {kv['scheme']} k_scale {kv['k_scale']} v_scale {kv['v_scale']}")
     q, d = doc["quantized_bytes"], doc["quantized_dense_16bit_bytes"]
