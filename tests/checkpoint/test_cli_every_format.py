@@ -32,7 +32,15 @@ def test_inspect_and_explain(path: str, capsys: pytest.CaptureFixture[str]) -> N
     assert all(r["bytes"] > 0 for r in doc["layers"])
     code, out = run(capsys, "explain", path, "--as", "h100", "--json")
     plan = json.loads(out)
-    assert code == 0 and len(plan["layers"]) == len(doc["layers"])
+    # an MoE layer is planned as one row per projection (gate_up or gate and up, down), not per expert
+    experts = sum(m["experts"] * (2 if m["stored"] == "gate_up" else 3) for m in doc["moe_layers"])
+    planned = sum(1 for r in plan["layers"] if r.get("kind") == "experts")
+    want = (
+        len(doc["layers"])
+        - experts
+        + sum(2 if m["schemes"]["gate"] == m["schemes"]["up"] else 3 for m in doc["moe_layers"])
+    )
+    assert code == 0 and len(plan["layers"]) == want and planned == want - len(doc["layers"]) + experts
     for row in plan["layers"]:
         assert row["kernel"]
         if row.get("candidates"):
