@@ -39,8 +39,6 @@ _PROJ = {
     "w2": "down",
     "gate_up_proj": "gate_up",
 }
-#: GGUF: ``blk.<L>.ffn_<proj>_exps.<e>``
-_GGUF = re.compile(r"^(?P<base>blk\.(?P<layer>\d+))\.ffn_(?P<proj>gate|up|down)_exps\.(?P<e>\d+)$")
 #: most experts one MoE layer may list (DeepSeek-V3 has 256; a header claiming more is refused)
 MAX_EXPERTS = 1 << 14
 
@@ -89,9 +87,18 @@ class ExpertsEntry:
         return [n for p in self.projections.values() for e in p.values() for n in e.stored_names()]
 
 
+def _gguf(prefix: str) -> tuple[int, str, int] | None:
+    """(layer, projection, expert) of a GGUF expert ``blk.<L>.ffn_<proj>_exps.<e>``."""
+    from ..formats.gguf_arch import expert_stack
+
+    stem, _, e = prefix.rpartition(".")
+    found = expert_stack(stem) if e.isdigit() else None
+    return None if found is None else (found[0], found[1], int(e))
+
+
 def is_expert_name(prefix: str) -> bool:
     """Whether a layer prefix names one expert's projection, in either naming."""
-    return _PER_EXPERT.match(prefix) is not None or _GGUF.match(prefix) is not None
+    return _PER_EXPERT.match(prefix) is not None or _gguf(prefix) is not None
 
 
 def find_experts(layers: Mapping[str, LayerEntry], where: str) -> dict[str, ExpertsEntry]:
@@ -104,13 +111,14 @@ def find_experts(layers: Mapping[str, LayerEntry], where: str) -> dict[str, Expe
             base, e, proj = m["base"], int(m["e"]), m["proj"]
             proj = _PROJ[proj]
         else:
-            m = _GGUF.match(prefix)
-            if m is None:
+            g = _gguf(prefix)
+            if g is None:
                 if entry.kind == "expert":
                     raise CheckpointError(f"{where}: expert weight {prefix!r} does not name its MoE layer")
                 continue
-            base, e, proj = f"{m['base']}.ffn_exps", int(m["e"]), m["proj"]
-            gguf_layer[base] = int(m["layer"])
+            layer, proj, e = g
+            base = f"blk.{layer}.ffn_exps"
+            gguf_layer[base] = layer
         if e >= MAX_EXPERTS:
             raise CheckpointError(f"{where}: {prefix}: expert index {e} exceeds the bound of {MAX_EXPERTS}")
         found.setdefault(base, {}).setdefault(proj, {})[e] = entry

@@ -92,10 +92,17 @@ PLAIN_TYPES: dict[str, torch.dtype] = {
     "I64": torch.int64,
 }
 
-#: readable type name -> (elements per block, bytes per block): plain types and quantrt's GGUF schemes
+#: block types read as another scheme's canonical tensors (not kept as native GGUF blocks):
+#: MXFP4, 32 elements in 17 bytes (an e8m0 exponent byte, then 16 bytes of e2m1 nibbles), read as
+#: canonical ``mxfp4`` (see quantrt.formats.gguf)
+CONVERTED_TYPES: dict[str, tuple[int, int]] = {"MXFP4": (32, 17)}
+
+#: readable type name -> (elements per block, bytes per block): plain types, quantrt's GGUF schemes
+#: and the converted block types
 TYPE_BLOCKS: dict[str, tuple[int, int]] = {
     **{name: (1, dt.itemsize) for name, dt in PLAIN_TYPES.items()},
     **{t.upper(): (b, n) for t, (b, n, _) in GGUF_TYPES.items()},
+    **CONVERTED_TYPES,
 }
 
 #: metadata value types: id -> (name, struct format or None, smallest encoded size in bytes)

@@ -11,6 +11,16 @@ down_proj as Q6_K). F16/BF16/F32 tensors are dense layers of that dtype. A 3-D t
 experts (``blk.N.ffn_up_exps``): each expert is listed as ``<stem>.<e>`` (kind ``expert``) and
 reads only its own rows.
 
+MXFP4 (ggml type 39) is read as quantrt's ``w4a16-mxfp4`` scheme, not kept in GGUF blocks: each
+32-element block is 17 bytes, an e8m0 exponent ``E`` then 16 bytes whose low nibbles are elements
+0..15 and high nibbles 16..31, and llama.cpp decodes it as ``kvalues[code] * 2^(E-128)`` with the
+doubled e2m1 table, which is exactly ``e2m1(code) * 2^(E-127)``, canonical mxfp4's value. The
+conversion (:class:`GGUFMXFP4Adapter`) moves the exponent bytes into ``scales`` [N, K/32] and the
+nibbles into canonical order (two codes per byte, low nibble = even k), with code 8 (-0) written
+as code 0 (+0), so dequantization equals ``gguf.quants.dequantize`` bit for bit. Exponent byte
+255 is refused: GGUF's decoder reads it as the finite 2^127, canonical mxfp4 as NaN, and
+llama.cpp never writes it.
+
 Row order. llama.cpp's converter permutes the rows of a llama model's Q and K projections for
 its rope kernel; transformers undoes it when it reads GGUF, and so does quantrt, in
 :class:`GGUFIndex`: reading ``blk.N.attn_q``/``attn_k`` (weight or bias) through the index returns
@@ -24,6 +34,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -35,10 +46,22 @@ from ..errors import CheckpointError
 from ..reference.gguf import BLOCK, finite_blocks
 from ..schemes import Scheme, parse_scheme
 from ..specs import TensorSpec
-from .base import FLOAT_DTYPES, FormatReader, LayerEntry, TensorIndex, natural_key
+from .base import (
+    CHUNK_ROWS,
+    FLOAT_DTYPES,
+    FormatReader,
+    LayerEntry,
+    Stored,
+    TensorIndex,
+    by_rows,
+    natural_key,
+    stored_specs,
+)
 
 #: architectures whose tensors take Hugging Face prefixes (the ones quantrt runs as models)
-HF_ARCHITECTURES = frozenset({"llama", "qwen2", "qwen3", "gemma2", "gemma3", "phi3"})
+HF_ARCHITECTURES = frozenset(
+    {"llama", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "qwen2moe", "qwen3moe", "gpt-oss"}
+)
 #: architectures whose attn_q/attn_k rows llama.cpp's converter permuted (as transformers undoes)
 ROPE_PERMUTED = frozenset({"llama"})
 
@@ -53,8 +76,24 @@ BLOCK_NAMES = {
     "ffn_down": "mlp.down_proj",
     "attn_qkv": "self_attn.qkv_proj",
 }
+#: the MoE blocks' 2-D tensors: the router (transformers 5's ``...TopKRouter``, whose ``weight``
+#: is the GGUF ``ffn_gate_inp``) and qwen2moe's shared expert; the 3-D expert stacks keep their
+#: GGUF stems (``blk.N.ffn_up_exps.<e>``), since transformers fuses them into 3-D parameters
+_QWEN_MOE_NAMES = {
+    "ffn_gate_inp": "mlp.gate",
+    "ffn_gate_shexp": "mlp.shared_expert.gate_proj",
+    "ffn_up_shexp": "mlp.shared_expert.up_proj",
+    "ffn_down_shexp": "mlp.shared_expert.down_proj",
+}
 #: per architecture, block tensors whose Hugging Face module differs from BLOCK_NAMES'
-ARCH_BLOCK_NAMES = {"phi3": {"ffn_up": "mlp.gate_up_proj"}}
+ARCH_BLOCK_NAMES = {
+    "phi3": {"ffn_up": "mlp.gate_up_proj"},
+    "qwen2moe": _QWEN_MOE_NAMES,
+    "qwen3moe": {"ffn_gate_inp": "mlp.gate"},
+    "gpt-oss": {"ffn_gate_inp": "mlp.router"},
+}
+#: GGUF block types read as another canonical scheme: type name -> scheme
+CONVERTED_SCHEMES = {"MXFP4": "w4a16-mxfp4"}
 #: GGUF's standard embedding tensor names (any architecture)
 EMBEDDING_NAMES = frozenset({"token_embd", "position_embd", "token_types"})
 
@@ -206,6 +245,74 @@ class GGUFAdapter:
         return CanonicalWeight(scheme, N, K, {"qweight": q.contiguous()}, output_sizes)
 
 
+class GGUFMXFP4Adapter:
+    """GGUF MXFP4 blocks -> canonical ``mxfp4`` (see the module docstring).
+
+    Stored: ``qweight`` uint8 [N, K/32*17], each row K/32 blocks of (e8m0 byte, 16 nibble bytes).
+    ``where`` names the file and tensor in errors (the checkpoint adds its path and layer); in a
+    fused layer (several ``output_sizes``) an error also names the slice of the bad row.
+    """
+
+    name = "gguf-mxfp4"
+    BLOCK_ELEMS, BLOCK_BYTES = 32, 17
+
+    def __init__(self, where: str = "qweight") -> None:
+        self.where = where
+
+    def tensor_specs(self, scheme: Scheme, N: int, K: int, num_slices: int = 1) -> dict[str, TensorSpec]:
+        _mxfp4_scheme(scheme)
+        layout = {"qweight": Stored("qweight", packing=Fraction(self.BLOCK_ELEMS, self.BLOCK_BYTES))}
+        # the e8m0 scales sit inside the blocks: one stored tensor holds both canonical ones
+        return stored_specs(canonical_specs(scheme, N, K, num_slices), N, K, layout, drop=("scales",))
+
+    def to_canonical(
+        self, tensors: dict[str, torch.Tensor], scheme: Scheme, N: int, K: int, output_sizes: tuple[int, ...]
+    ) -> CanonicalWeight:
+        _mxfp4_scheme(scheme)
+        B, T = self.BLOCK_ELEMS, self.BLOCK_BYTES
+        q = tensors["qweight"]
+        want = (N, K // B * T)
+        if q.dtype != torch.uint8 or tuple(q.shape) != want or K % B:
+            raise CheckpointError(
+                f"{self.where}: MXFP4 for N={N}, K={K} must be uint8 {list(want)} ({K // B} blocks of {T} "
+                f"bytes per row), found {str(q.dtype).replace('torch.', '')} {list(q.shape)}"
+            )
+        nb = K // B
+        bad, first = 0, -1
+        for s in range(0, N, CHUNK_ROWS):  # checked a slab of rows at a time, as it is converted
+            nan = q[s : s + CHUNK_ROWS].reshape(-1, nb, T)[..., 0] == 255
+            n = int(nan.sum())
+            if n and first < 0:
+                first = s * nb + int(nan.flatten().nonzero()[0])
+            bad += n
+        if bad:
+            r, b = divmod(first, nb)
+            row = f"row {r}"
+            if len(output_sizes) > 1:  # a fused layer: say which slice the row belongs to
+                k = next(i for i in range(len(output_sizes)) if r < sum(output_sizes[: i + 1]))
+                row += f" (row {r - sum(output_sizes[:k])} of slice {k})"
+            raise CheckpointError(
+                f"{self.where}: {bad} MXFP4 block(s) have exponent byte 255, first at {row}, block {b} "
+                f"(elements {b * B}..{b * B + B - 1}): expected an e8m0 exponent 0..254, found 255 "
+                "(GGUF's decoder reads 255 as 2^127, canonical mxfp4 as NaN; llama.cpp never writes it)"
+            )
+
+        def codes(s: int, e: int) -> torch.Tensor:
+            qs = q[s:e].reshape(e - s, nb, T)[..., 1:]
+            c = torch.cat([qs & 0xF, qs >> 4], dim=-1)  # [rows, nb, 32]: element order
+            c = torch.where(c == 8, 0, c)  # -0 -> +0: llama.cpp's table holds +0 for both
+            return (c[..., 0::2] | (c[..., 1::2] << 4)).reshape(e - s, K // 2)
+
+        qweight = by_rows(N, codes)
+        scales = by_rows(N, lambda s, e: q[s:e].reshape(e - s, nb, T)[..., 0].contiguous())
+        return CanonicalWeight(scheme, N, K, {"qweight": qweight, "scales": scales}, output_sizes)
+
+
+def _mxfp4_scheme(scheme: Scheme) -> None:
+    if scheme.family != "mxfp4":
+        raise CheckpointError(f"the GGUF MXFP4 adapter needs an mxfp4 scheme, found {scheme}")
+
+
 def _gguf_type(scheme: Scheme) -> str:
     if scheme.weight != "gguf" or scheme.gguf_type not in BLOCK:
         raise CheckpointError(f"the gguf adapter needs a gguf-<type> scheme, found {scheme}")
@@ -247,7 +354,11 @@ class GGUFReader(FormatReader):
             if not name.endswith(".weight") or len(dims) not in (2, 3):
                 continue
             tname, info = f.ggml_types[name], f.tensors[name]
-            if tname.lower() not in BLOCK and info.dtype not in FLOAT_DTYPES:
+            if (
+                tname.lower() not in BLOCK
+                and tname not in CONVERTED_SCHEMES
+                and info.dtype not in FLOAT_DTYPES
+            ):
                 continue
             stem = name[: -len(".weight")]
             if 0 in dims:  # a count no byte backs: 2^40 experts of nothing would be 2^40 layers
@@ -281,6 +392,13 @@ class GGUFReader(FormatReader):
         select = {} if expert is None else {"bias": expert} if bias else {}
         if tname.lower() in BLOCK:
             role, scheme, adapter, dtype = "qweight", parse_scheme(f"gguf-{tname.lower()}"), ADAPTER, None
+        elif tname in CONVERTED_SCHEMES:
+            where = f"{f.path.name}: tensor {name!r}" + (f" (expert {expert})" if expert is not None else "")
+            role, scheme, dtype = "qweight", parse_scheme(CONVERTED_SCHEMES[tname]), None
+            adapter = GGUFMXFP4Adapter(where)
+            notes.append(
+                "GGUF MXFP4 blocks read as canonical mxfp4 (nibbles reordered, e8m0 scales split out)"
+            )
         else:
             role, scheme, adapter, dtype = "weight", None, None, f.tensors[name].dtype
         if expert is not None:

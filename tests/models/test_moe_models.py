@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -168,3 +169,56 @@ def test_a_missing_expert_is_named(tiny: tuple[str, Path], tmp_path: Path) -> No
         quantrt.CheckpointError, match=r"has experts 0, 2-\d+, expected 0\.\.\d+ \(missing 1\)"
     ):
         quantrt.from_pretrained(tmp_path, device="cpu", quantization="experts_int8", progress=False)
+
+
+def _gguf_files() -> Any:
+    """The helper module that writes MoE GGUF files, loaded by path (tests run in importlib mode)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "gguf_moe_files", Path(__file__).with_name("gguf_moe_files.py")
+    )
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.parametrize("expert_type", ["Q8_0", "MXFP4"])
+@pytest.mark.parametrize("arch", ["qwen3moe", "qwen2moe", "gpt-oss"])
+def test_gguf_moe_matches_transformers_gguf_loader(arch: str, expert_type: str, tmp_path: Path) -> None:
+    """GGUF MoE files written by gguf-py's writer: quantrt's model against transformers' own GGUF
+    model of the file (gpt-oss's experts and sinks, which transformers' GGUF path leaves unset, filled
+    from gguf-py's dequantization by the helper)."""
+    pytest.importorskip("gguf")
+    files = _gguf_files()
+    write = {
+        "qwen3moe": files.write_qwen3moe,
+        "qwen2moe": files.write_qwen2moe,
+        "gpt-oss": files.write_gpt_oss,
+    }
+    path = tmp_path / f"{arch}-{expert_type}.gguf"
+    write[arch](path, expert_type=expert_type)
+    model = quantrt.from_pretrained(path, device="cpu", dtype=torch.float32, progress=False)
+    experts = [m for m in model.modules() if type(m).__name__ == "QuantExperts"]
+    assert len(experts) == 2
+    ids = prompt(model.config.vocab_size, 3)
+    with torch.no_grad():
+        got, want = model(ids).logits, files.transformers_model(path, dtype=torch.float32).eval()(ids).logits
+    if expert_type == "MXFP4":
+        assert rel(got, want) < 1e-5, rel(got, want)
+        return
+    # the native GGUF kernels quantize activations to 8-bit blocks, as llama.cpp does: held at 1e-2
+    # against transformers, and tightly against quantrt's reference-kernel model of the same file
+    from quantrt.env import Overrides
+
+    assert rel(got, want) < 1e-2, rel(got, want)
+    ref = quantrt.from_pretrained(
+        path,
+        device="cpu",
+        dtype=torch.float32,
+        progress=False,
+        overrides=Overrides(backend="reference", fallback="allow"),
+    )
+    with torch.no_grad():
+        assert rel(ref(ids).logits, want) < 1e-5
