@@ -57,10 +57,12 @@ def _run(
     out: torch.Tensor | None,
     ws: Any,
 ) -> torch.Tensor:
-    order, _ = batch.sorted()
-    counts = batch.counts()
     N = states[0].N if states else 0
     y = out if out is not None else x.new_empty((batch.A, N), dtype=states[0].out_dtype)
+    if batch.M == 1:  # decode: each expert serves one row, written in place (no sort, gather or scatter)
+        return _one_token(states, x, batch, weighted, bias, y)
+    order, _ = batch.sorted()
+    counts = batch.counts()
     if sum(counts) < batch.A:  # assignments to experts another rank holds give zero rows
         y.zero_()
     start = 0
@@ -75,6 +77,27 @@ def _run(
             assert batch.weights is not None
             ye = (ye.to(torch.float32) * batch.weights.index_select(0, a).unsqueeze(1)).to(y.dtype)
         y.index_copy_(0, a, ye.to(y.dtype))
+    return y
+
+
+def _one_token(
+    states: list[Prepared],
+    x: torch.Tensor,
+    batch: ExpertBatch,
+    weighted: bool,
+    bias: torch.Tensor | None,
+    y: torch.Tensor,
+) -> torch.Tensor:
+    """One token's ``top_k`` assignments, each expert run on its row with ``out=`` its output row."""
+    for a, e in enumerate(batch.ids.tolist()):
+        row = x[0:1] if x.shape[0] == 1 else x[a : a + 1]
+        if e >= len(states):
+            y[a].zero_()
+        else:
+            states[e](row, None if bias is None else bias[e], y[a : a + 1])
+    if weighted:
+        assert batch.weights is not None
+        y.copy_(y.to(torch.float32) * batch.weights.unsqueeze(1))
     return y
 
 
