@@ -8,6 +8,12 @@ next; the Triton fp8 (W8A8 per tensor/channel, block fp8, weight-only) and int8 
 q4_k/q6_k ahead of it (``gguf_gemv.py``) and q4_k and q8_0 on the tensor-core kernel ahead of both (``mma_gguf.py``); W4A4 NVFP4 on Blackwell's fp4
 units through torch (``torch_fp4.py``); then torch's own ops (tinygemm int4, cuBLASLt fp8 and int8). Launch shapes
 come from ``tunings/``.
+
+MoE experts (``op="grouped"``): the fused Triton grouped GEMMs (``triton_moe.py``: tokens sorted by
+expert, one launch per projection over every expert, dequantization in the K loop) for int4/int8
+weight-only, fp8 W8A8 (tensor, channel, block), int8 W8A8 and NVFP4/MXFP4 weight-only; every other
+scheme runs per expert on the linear kernels above, in the same order (``experts_loop``: one host
+synchronisation per call, so those layers do not capture into CUDA graphs).
 """
 
 from __future__ import annotations
@@ -17,6 +23,8 @@ from typing import Any
 
 def register(registry: Any) -> None:
     """Entry point of the ``quantrt.backends`` group."""
+    from quantrt.moe import experts_loop
+
     from .gguf_gemv import CudaGemvGGUF
     from .mma_codebook import CudaMmaBnb4, CudaMmaFp4
     from .mma_gguf import CudaMmaGGUF, CudaMmaGGUFQ8
@@ -25,30 +33,32 @@ def register(registry: Any) -> None:
     from .torch_ops import CudaIntMM, CudaScaledMMFp8, CudaTinygemm
     from .triton_gguf import CudaTritonGGUF
     from .triton_lut4 import CudaTritonBnb4, CudaTritonFp4
+    from .triton_moe import FUSED_MOE_KERNELS
     from .triton_w4a16 import CudaTritonW4A16, CudaTritonW8A16
     from .triton_w8a8 import CudaTritonBlockFp8, CudaTritonFp8, CudaTritonFp8WeightOnly, CudaTritonInt8
 
-    registry.register_ordered(
-        [
-            CudaMmaW4A16,  # tensor-core CUDA C++ (CuPy): int4/int8 weight-only, the fastest where it runs
-            CudaMmaW8A16,
-            CudaScaledMMNvfp4,  # W4A4 NVFP4 on Blackwell's fp4 units
-            CudaMmaFp4,  # NVFP4/MXFP4 and bitsandbytes 4-bit weight-only on the tensor-core kernel
-            CudaMmaBnb4,
-            CudaMmaGGUF,  # GGUF q4_k and q8_0 on the tensor-core kernel
-            CudaMmaGGUFQ8,
-            CudaGemvGGUF,  # GGUF q4_k/q6_k: a CUDA GEMV for small batches, then the Triton GGUF paths
-            CudaTritonW4A16,  # portable Triton: every W4A16/W8A16 layout (act-order, any group)
-            CudaTritonW8A16,
-            CudaTritonFp4,
-            CudaTritonBnb4,
-            CudaTritonGGUF,  # all ten GGUF types
-            CudaTritonFp8,  # W8A8 fp8, per tensor/channel, and block fp8
-            CudaTritonBlockFp8,
-            CudaTritonInt8,
-            CudaTritonFp8WeightOnly,  # fp8 weights decoded by bit tricks, on GPUs without fp8 units
-            CudaScaledMMFp8,  # torch's ops: cuBLASLt fp8 and int8, tinygemm int4
-            CudaIntMM,
-            CudaTinygemm,
-        ]
-    )
+    linear = [
+        CudaMmaW4A16,  # tensor-core CUDA C++ (CuPy): int4/int8 weight-only, the fastest where it runs
+        CudaMmaW8A16,
+        CudaScaledMMNvfp4,  # W4A4 NVFP4 on Blackwell's fp4 units
+        CudaMmaFp4,  # NVFP4/MXFP4 and bitsandbytes 4-bit weight-only on the tensor-core kernel
+        CudaMmaBnb4,
+        CudaMmaGGUF,  # GGUF q4_k and q8_0 on the tensor-core kernel
+        CudaMmaGGUFQ8,
+        CudaGemvGGUF,  # GGUF q4_k/q6_k: a CUDA GEMV for small batches, then the Triton GGUF paths
+        CudaTritonW4A16,  # portable Triton: every W4A16/W8A16 layout (act-order, any group)
+        CudaTritonW8A16,
+        CudaTritonFp4,
+        CudaTritonBnb4,
+        CudaTritonGGUF,  # all ten GGUF types
+        CudaTritonFp8,  # W8A8 fp8, per tensor/channel, and block fp8
+        CudaTritonBlockFp8,
+        CudaTritonInt8,
+        CudaTritonFp8WeightOnly,  # fp8 weights decoded by bit tricks, on GPUs without fp8 units
+        CudaScaledMMFp8,  # torch's ops: cuBLASLt fp8 and int8, tinygemm int4
+        CudaIntMM,
+        CudaTinygemm,
+    ]
+    fused_moe_kernels = list(FUSED_MOE_KERNELS)  # MoE experts: one fused grouped GEMM per projection
+    # then every linear kernel looped over the experts, for the schemes no fused kernel takes
+    registry.register_ordered([*linear, *fused_moe_kernels, *(experts_loop(k) for k in linear)])

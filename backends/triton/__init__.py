@@ -9,5 +9,8 @@ registers kernels itself and never imports a vendor folder.
 - ``fp8_mm``: fp8 W8A8 GEMM/GEMV with row-wise or block scales
 - ``fp8_weight_only``: fp8 weights decoded by bit tricks (no fp8 hardware needed), 16-bit activations
 - ``int8_mm``: int8 W8A8 GEMM with the scales in the epilogue
+- ``moe``: the grouped GEMM of MoE experts (tokens sorted by expert, one launch over every expert,
+  int4/int8, fp8/int8 W8A8 incl. block scales, NVFP4/MXFP4 decoded in the K loop)
+- ``lut4``, ``gguf``, ``gguf_gemm``: 4-bit code books and GGUF's block types
 - ``common``: the tile configuration, argument checks, output buffers and shared jit helpers
 """

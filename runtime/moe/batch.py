@@ -54,7 +54,10 @@ class ExpertBatch:
         int64 [E + 2] offsets, expert ``e``'s assignments being ``order[offsets[e]:offsets[e+1]]``."""
         if self._sorted is None:
             order = torch.argsort(self.ids, stable=True)
-            counts = torch.bincount(self.ids, minlength=self.E + 1)
+            # scatter_add, not bincount: CUDA's bincount reads min/max back to the host (a sync that
+            # a CUDA graph cannot capture)
+            counts = torch.zeros(self.E + 1, dtype=torch.int64, device=self.ids.device)
+            counts.scatter_add_(0, self.ids, torch.ones_like(self.ids))
             offsets = torch.zeros(self.E + 2, dtype=torch.int64, device=self.ids.device)
             offsets[1:] = torch.cumsum(counts, 0)
             self._sorted = (order, offsets)

@@ -1,0 +1,532 @@
+"""Fused MoE experts on NVIDIA GPUs: the portable Triton grouped GEMM (``backends/triton/moe.py``)
+with NVIDIA's tiles, one launch per projection over every expert.
+
+- ``cuda.triton_moe_wna16``: int4/int8 weight-only, group or channel scales, symmetric or with
+  zero-points, codes as canonical (nothing repacked), dequantized in the K loop;
+- ``cuda.triton_moe_fp8``: W8A8 fp8 e4m3 with tensor or channel weight scales (activations per token,
+  or per tensor, static or dynamic) and block fp8 (bn x bk weight blocks, 1 x bk activation groups);
+- ``cuda.triton_moe_int8``: W8A8 int8, channel or tensor weight scales, the same activation modes;
+- ``cuda.triton_moe_fp4``: NVFP4 / MXFP4 weight-only with 16-bit activations (a W4A4 NVFP4
+  checkpoint runs as a labelled weight-only substitute).
+
+One layout per weight, prepared once: canonical codes, scales in the scheme's exact storage dtype
+(fp16/bf16) or fp32, per-tensor scales expanded to one per output row, int8 codes made signed.
+Per-tensor activation scales (static, or dynamic) are per expert, as a linear layer per expert would
+find them: calibrated ``input_scale`` per expert, or the amax of the rows routed to that expert. Those
+activations are quantized once per assignment (:func:`quantize_per_expert`); per-token and per-group
+ones once per input row.
+
+Tiles come from a table keyed by rows per expert (``A / E``, A = M * top_k assignments), not by M:
+decode (one row per active expert) and prefill need different tiles at the same M depending on E
+and top_k. The table is ``tunings/moe_<arch>.json`` when a sweep wrote one (``bench/gpu_moe.py
+--sweep``), else :data:`DEFAULT_TABLE` (hand-set after vLLM's fused_moe defaults, not measured).
+``split_k_target``: programs to aim for in small buckets; K is split (fp32 atomics) when the active
+tiles times N/block_n fall short of it. A call compares ``A`` with the bucket bounds; nothing tunes
+at run time and nothing synchronises, so a whole MoE layer captures into a CUDA graph.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import torch
+
+from quantrt.kernels import Kernel, Verdict
+from quantrt.moe import CanonicalExperts, ExpertBatch, ExpertsStrategy, PreparedExperts
+from quantrt.prepared import ALL_M
+from quantrt.specs import LayerSpec
+
+from . import tile_table
+
+Condition = tuple  # (holds, predicate, values) or (holds, predicate, values, note)
+
+#: rows-per-expert bounds of the table's buckets (the keys of tile_table.KEYS)
+ROWS_PER_EXPERT = (1, 16, 64, 256, 1 << 62)
+KEYS = tile_table.KEYS
+
+#: hand-set tiles per rows-per-expert bucket (vLLM's fused_moe defaults as the guide: BM 16 while
+#: experts get a few rows, 64 with GROUP_M 8 beyond; K tiles of 128 for 8-bit and 4-bit codes)
+DEFAULT_TABLE: dict[str, Any] = {
+    "_note": (
+        "Hand-set, not measured on a GPU. Buckets: assignments per expert (A / E). Sections: weight_only "
+        "(int4/int8/fp4 dequantized in the K loop), w8a8 (fp8/int8 codes, rowwise scales), fp8_block."
+    ),
+    "weight_only": {
+        "1": dict(block_m=16, block_n=64, block_k=128, group_m=1, num_warps=4, num_stages=4, split_k_target=264),
+        "16": dict(block_m=16, block_n=128, block_k=128, group_m=1, num_warps=4, num_stages=4, split_k_target=264),
+        "64": dict(block_m=32, block_n=128, block_k=64, group_m=8, num_warps=4, num_stages=4),
+        "256": dict(block_m=64, block_n=128, block_k=64, group_m=8, num_warps=8, num_stages=3),
+        "large": dict(block_m=128, block_n=128, block_k=64, group_m=8, num_warps=8, num_stages=3),
+    },
+    "w8a8": {
+        "1": dict(block_m=16, block_n=64, block_k=128, group_m=1, num_warps=4, num_stages=4, split_k_target=264),
+        "16": dict(block_m=16, block_n=128, block_k=128, group_m=1, num_warps=4, num_stages=4, split_k_target=264),
+        "64": dict(block_m=32, block_n=128, block_k=128, group_m=8, num_warps=4, num_stages=4),
+        "256": dict(block_m=64, block_n=128, block_k=128, group_m=8, num_warps=4, num_stages=3),
+        "large": dict(block_m=128, block_n=128, block_k=128, group_m=8, num_warps=8, num_stages=3),
+    },
+    "fp8_block": {
+        "1": dict(block_m=16, block_n=64, block_k=128, group_m=1, num_warps=4, num_stages=4, split_k_target=264),
+        "16": dict(block_m=16, block_n=128, block_k=128, group_m=1, num_warps=4, num_stages=4, split_k_target=264),
+        "64": dict(block_m=32, block_n=128, block_k=128, group_m=8, num_warps=4, num_stages=4),
+        "256": dict(block_m=64, block_n=128, block_k=128, group_m=8, num_warps=4, num_stages=3),
+        "large": dict(block_m=128, block_n=128, block_k=128, group_m=8, num_warps=8, num_stages=3),
+    },
+}  # fmt: skip
+
+#: the largest split of K a small batch may take
+MAX_SPLIT_K = 8
+
+
+def load_table(arch: str) -> dict[str, Any]:
+    """``tunings/moe_<arch>.json`` section by section over :data:`DEFAULT_TABLE`."""
+    table = copy.deepcopy(DEFAULT_TABLE)
+    try:
+        found = tile_table.load("moe", arch)
+    except FileNotFoundError:
+        return table
+    for name, section in found.items():
+        if isinstance(section, dict):
+            table.setdefault(name, {}).update({k: v for k, v in section.items() if k in KEYS})
+    return table
+
+
+def _pow2_floor(v: int) -> int:
+    return 1 << (max(1, v).bit_length() - 1)
+
+
+def _next_pow2(v: int) -> int:
+    return 1 if v <= 1 else 1 << (v - 1).bit_length()
+
+
+@dataclass
+class MoeLayout:
+    """One projection's experts as the grouped GEMM reads them, and how a call runs them."""
+
+    weights: Any  # backends.triton.moe.MoeWeights
+    tiles: tuple[Any, ...]  # MoeTile per rows-per-expert bucket
+    targets: tuple[int, ...]  # split_k_target per bucket (0: never split)
+    bounds: tuple[int, ...]  # assignment bounds of the buckets: A <= bounds[i] -> tiles[i]
+    act: str  # "none" | "token" | "group" | "expert"
+    act_kind: str  # "fp8" | "int8" (quantized activations)
+    in_scale: torch.Tensor | None  # fp32 [E]: static per-expert activation scales
+    out_dtype: torch.dtype
+    matmul: Any  # moe_matmul, bound at load so a call imports nothing
+    quant: Any  # (per_token, per_token_group, per_expert) quantizers
+    _split: dict[tuple[int, int], Any] = field(default_factory=dict)
+
+    def tile(self, A: int) -> Any:
+        """The tile for ``A`` assignments: its bucket's, K split when the active tiles (at most
+        ``min(A, E)`` experts have rows) leave the GPU short of the bucket's target."""
+        i = 0
+        for b in self.bounds:
+            if A <= b:
+                break
+            i += 1
+        t = self.tiles[i]
+        target = self.targets[i]
+        if not target:
+            return t
+        w = self.weights
+        programs = min(A, w.E) * (-(-w.N // t.block_n))
+        split = min(MAX_SPLIT_K, -(-w.K // t.block_k), target // max(1, programs))
+        if split <= 1:
+            return t
+        got = self._split.get((i, split))
+        if got is None:
+            from dataclasses import replace
+
+            got = self._split[(i, split)] = replace(t, split_k=split)
+        return got
+
+
+def _run(
+    lay: MoeLayout,
+    x: torch.Tensor,
+    batch: ExpertBatch,
+    gather: bool,
+    weighted: bool,
+    bias: torch.Tensor | None,
+    out: torch.Tensor | None,
+    ws: Any,
+) -> torch.Tensor:
+    """The one strategy: quantize activations as the scheme says, then one grouped launch."""
+    A = batch.A
+    tile = lay.tile(A)
+    sid, bexp, npad = batch.aligned(tile.block_m)
+    order, offsets = batch.sorted()
+    row_div = batch.top_k if gather else 1
+    xs, mode = None, "none"
+    act = lay.act
+    if act == "token":
+        x, xs = lay.quant[0](x, lay.act_kind)
+        mode = "row"
+    elif act == "group":
+        x, xs = lay.quant[1](x, lay.weights.block[1])
+    elif act == "expert":
+        x, xs = lay.quant[2](x, batch.ids, lay.weights.E, row_div, lay.act_kind, lay.in_scale)
+        row_div, mode = 1, "expert"
+    return lay.matmul(
+        x, lay.weights, sid, bexp, npad, order, offsets, A, row_div, tile, lay.out_dtype,
+        x_scale=xs, act_scale_mode=mode, topk_weights=batch.weights if weighted else None, bias=bias, out=out,
+    )  # fmt: skip
+
+
+def _describe(lay: MoeLayout) -> str:
+    parts = []
+    for key, t, tgt in zip(KEYS, lay.tiles, lay.targets):
+        name = "<=" + key if key != "large" else ">256"
+        parts.append(
+            f"{name}: BM{t.block_m} BN{t.block_n} BK{t.block_k} G{t.group_m}" + (" splitk" if tgt else "")
+        )
+    quant = {"none": "", "token": "token quant + ", "group": "group quant + ", "expert": "expert quant + "}
+    return f"{quant[lay.act]}triton grouped GEMM (rows/expert {'; '.join(parts)})"
+
+
+def _check(*conditions: Condition) -> Verdict:
+    """The first failing condition as a Verdict (a 4th element is the note), else yes."""
+    for c in conditions:
+        if not c[0]:
+            return Verdict.no(c[1], c[3] if len(c) > 3 else "", **c[2])
+    return Verdict.yes()
+
+
+def _device(caps: Any) -> list[Condition]:
+    return [
+        ((caps.sm or 0) >= 80, "sm >= 80", {"sm": caps.sm}),
+        (
+            "triton" in caps.libraries,
+            "triton importable (it builds the kernel)",
+            {"libraries": caps.libraries},
+        ),
+    ]
+
+
+def _per_row(scales: torch.Tensor, weight: CanonicalExperts, granularity: str) -> torch.Tensor:
+    """Tensor (per slice) or channel scales as fp32 [E, N]."""
+    s = scales.float()
+    if granularity == "tensor":
+        sizes = torch.tensor(weight.output_sizes, device=s.device)
+        idx = torch.repeat_interleave(torch.arange(len(weight.output_sizes), device=s.device), sizes)
+        return s.reshape(weight.E, -1)[:, idx].contiguous()
+    return s.reshape(weight.E, weight.N).contiguous()
+
+
+class CudaTritonMoe(Kernel):
+    """The fused MoE family (its kernels differ in the schemes they take and how they prepare)."""
+
+    ops = ("grouped",)
+    #: the table section of the kernel's tiles
+    section: ClassVar[str] = "weight_only"
+
+    def _prepared(
+        self,
+        weights: Any,
+        spec: LayerSpec,
+        act: str = "none",
+        act_kind: str = "fp8",
+        in_scale: Any = None,
+        section: str | None = None,
+    ) -> PreparedExperts:
+        from quantrt.backends.triton import act_quant
+        from quantrt.backends.triton.moe import MoeTile, moe_matmul, quantize_per_expert
+
+        table = load_table(tile_table.arch_of(weights.w))[section or self.section]
+        min_bk = weights.min_block_k()
+        tiles, targets = [], []
+        for key in KEYS:
+            c = dict(table[key])
+            targets.append(int(c.pop("split_k_target", 0)))
+            bn = max(16, min(c["block_n"], _next_pow2(weights.N)))
+            bk = max(min_bk, min(c["block_k"], _next_pow2(weights.K)))
+            if weights.kind == "int" and weights.group:
+                bk = tile_table.fit(bk, weights.group)
+            if weights.kind == "block":
+                bn = tile_table.fit(bn, weights.block[0])
+                bk = tile_table.fit(bk, weights.block[1])
+            c.update(block_n=bn, block_k=bk)
+            t = MoeTile(**c)
+            t.check(min_bk)
+            tiles.append(t)
+        E = weights.E
+        layout = MoeLayout(
+            weights, tuple(tiles), tuple(targets), tuple(b * E for b in ROWS_PER_EXPERT[:-1]), act, act_kind,
+            in_scale, spec.output_dtype, moe_matmul,
+            (act_quant.quantize_per_token, act_quant.quantize_per_token_group, quantize_per_expert),
+        )  # fmt: skip
+        # the launcher also runs fp32 activations (IEEE dots): a layer prepared for them takes them
+        # (the interpreter tests), though planning never picks these kernels for fp32
+        extra = () if spec.act_dtype in self.act_dtypes else (spec.act_dtype,)
+        return PreparedExperts(
+            layout,
+            [ExpertsStrategy(ALL_M, _describe(layout), _run)],
+            E=E,
+            K=spec.K_part,
+            N=spec.N_part,
+            out_dtype=spec.output_dtype,
+            act_dtypes=(*self.act_dtypes, *extra),
+            device=weights.w.device,
+            kernel=self.name,
+        )
+
+
+# -- integer weight-only ---------------------------------------------------------------------------
+
+
+def _scale_dtype(scheme: Any, act: torch.dtype) -> torch.dtype:
+    """Scales kept in the dtype the scheme stores them in (exact), fp32 otherwise or for fp32 layers."""
+    if act == torch.float32:
+        return torch.float32
+    return {"fp16": torch.float16, "bf16": torch.bfloat16}.get(scheme.scale_dtype, torch.float32)
+
+
+class CudaTritonMoeWNA16(CudaTritonMoe):
+    name = "cuda.triton_moe_wna16"
+    description = (
+        "fused MoE int4/int8 weight-only: sorted tokens, grouped Triton GEMM dequantizing in the K loop"
+    )
+
+    @classmethod
+    def can_implement(cls, spec: LayerSpec, caps: Any) -> Verdict:
+        s = spec.scheme
+        G = s.group_size if s.granularity == "group" else None
+        unit = 32 if s.bits == 4 else 16
+        return _check(
+            *_device(caps),
+            (
+                s.weight == "int" and s.bits in (4, 8),
+                "4- or 8-bit integer weights",
+                {"weight": s.weight, "bits": s.bits},
+            ),
+            (s.weight_only, "weight-only scheme", {"act": s.act}),
+            (
+                s.granularity in ("group", "channel"),
+                "group or channel scales",
+                {"granularity": s.granularity},
+            ),
+            (
+                not s.act_order,
+                "no act-order",
+                {"act_order": s.act_order},
+                "the grouped kernel reads K in order; act-order experts run per expert on the linear "
+                "kernels' loop (cuda.triton_w4a16_experts)",
+            ),
+            (
+                G is None or G % unit == 0,
+                f"group size a multiple of {unit} (a K tile inside one group)",
+                {"G": G},
+            ),
+        )
+
+    def prepare(self, weight: CanonicalExperts, spec: LayerSpec) -> PreparedExperts:
+        from quantrt.backends.triton.moe import MoeWeights
+
+        s = weight.scheme
+        E, N, K = weight.E, weight.N, weight.K
+        sdt = _scale_dtype(s, spec.act_dtype)
+        grouped = s.granularity == "group"
+        scales = weight["scales"].to(sdt)
+        zeros = weight.get("zeros")
+        if not grouped:
+            scales = scales.reshape(E, N)
+            zeros = None if zeros is None else zeros.reshape(E, N)
+        w = MoeWeights(
+            "int", weight["qweight"].contiguous(), scales.contiguous(), E, N, K,
+            zeros=None if zeros is None else zeros.to(sdt).contiguous(), bits=s.bits,
+            group=s.group_size if grouped else 0,
+        )  # fmt: skip
+        return self._prepared(w, spec)
+
+
+# -- fp8 and int8 W8A8 -----------------------------------------------------------------------------
+
+
+def _fp8_units(caps: Any) -> Condition:
+    return (
+        (caps.sm or 0) >= 89 and "fp8_e4m3" in caps.matrix_types,
+        "fp8 matrix units (sm >= 89)",
+        {"sm": caps.sm, "arch": caps.arch},
+    )
+
+
+def _act_mode(scheme: Any) -> str:
+    if scheme.act_granularity == "token_group":
+        return "group"
+    if scheme.act_granularity == "token":
+        return "token"
+    return "expert"  # per tensor, static or dynamic: one scale per expert
+
+
+def _static_scales(weight: CanonicalExperts) -> torch.Tensor | None:
+    """Each expert's static activation scale, fp32 [E] (the max over fused slices, as the reference)."""
+    s = weight.get("input_scale")
+    if s is None or weight.scheme.act_dynamic:
+        return None
+    return s.float().reshape(weight.E, -1).amax(1).contiguous()
+
+
+class CudaTritonMoeFp8(CudaTritonMoe):
+    name = "cuda.triton_moe_fp8"
+    section = "w8a8"
+    description = (
+        "fused MoE fp8 W8A8 (tensor/channel/block weight scales): Triton activation quantization, grouped "
+        "fp8 GEMM with the scales in the epilogue or per k-block"
+    )
+
+    @classmethod
+    def can_implement(cls, spec: LayerSpec, caps: Any) -> Verdict:
+        s = spec.scheme
+        block = s.block or (16, 32)
+        conds: list[Condition] = [
+            *_device(caps),
+            _fp8_units(caps),
+            (s.weight == "fp8_e4m3", "fp8 e4m3 weights", {"weight": s.weight}),
+            (s.act == "fp8_e4m3", "fp8 activations", {"act": s.act}),
+            (
+                s.granularity in ("tensor", "channel", "block"),
+                "tensor, channel or block scales",
+                {"granularity": s.granularity},
+            ),
+        ]
+        if s.granularity == "block":
+            conds += [
+                (
+                    s.act_granularity == "token_group" and s.act_group == block[1],
+                    "activation groups as wide as a weight block",
+                    {"act_granularity": s.act_granularity, "act_group": s.act_group, "block": s.block},
+                ),
+                (
+                    block[0] % 16 == 0 and block[1] % 32 == 0,
+                    "blocks of multiples of 16 rows and 32 inputs",
+                    {"block": s.block},
+                ),
+                (
+                    spec.K_part % block[1] == 0 or spec.k_full,
+                    "this rank's K cut on block boundaries",
+                    {"K_part": spec.K_part, "block": s.block},
+                ),
+            ]
+        else:
+            conds.append(
+                (
+                    s.act_granularity in ("token", "tensor"),
+                    "activations per token or per tensor",
+                    {"act_granularity": s.act_granularity},
+                )
+            )
+        return _check(*conds)
+
+    def prepare(self, weight: CanonicalExperts, spec: LayerSpec) -> PreparedExperts:
+        from quantrt.backends.triton.moe import MoeWeights
+
+        s = weight.scheme
+        E, N, K = weight.E, weight.N, weight.K
+        q = weight["qweight"].contiguous()
+        if s.granularity == "block":
+            w = MoeWeights("block", q, weight["scales"].float().contiguous(), E, N, K, block=tuple(s.block))
+            return self._prepared(w, spec, "group", section="fp8_block")
+        w = MoeWeights("rowwise", q, _per_row(weight["scales"], weight, s.granularity), E, N, K)
+        return self._prepared(w, spec, _act_mode(s), "fp8", _static_scales(weight))
+
+
+class CudaTritonMoeInt8(CudaTritonMoe):
+    name = "cuda.triton_moe_int8"
+    section = "w8a8"
+    description = (
+        "fused MoE int8 W8A8: Triton activation quantization, grouped int8 GEMM, scales in the epilogue"
+    )
+
+    @classmethod
+    def can_implement(cls, spec: LayerSpec, caps: Any) -> Verdict:
+        s = spec.scheme
+        return _check(
+            *_device(caps),
+            ("int8" in caps.matrix_types, "int8 matrix units", {"arch": caps.arch}),
+            (
+                s.weight == "int" and s.bits == 8 and s.symmetric,
+                "symmetric int8 weights",
+                {"weight": s.weight, "bits": s.bits, "symmetric": s.symmetric},
+            ),
+            (s.act == "int8", "int8 activations", {"act": s.act}),
+            (
+                s.granularity in ("tensor", "channel"),
+                "tensor or channel scales",
+                {"granularity": s.granularity},
+            ),
+            (
+                s.act_granularity in ("token", "tensor"),
+                "activations per token or per tensor",
+                {"act_granularity": s.act_granularity},
+            ),
+        )
+
+    def prepare(self, weight: CanonicalExperts, spec: LayerSpec) -> PreparedExperts:
+        from quantrt.backends.triton.moe import MoeWeights
+
+        s = weight.scheme
+        q = (weight["qweight"].to(torch.int16) - 128).to(torch.int8).contiguous()  # canonical offset 128
+        w = MoeWeights(
+            "rowwise",
+            q,
+            _per_row(weight["scales"], weight, s.granularity),
+            weight.E,
+            weight.N,
+            weight.K,
+            bits=8,
+        )
+        return self._prepared(w, spec, _act_mode(s), "int8", _static_scales(weight))
+
+
+# -- NVFP4 / MXFP4 weight-only ---------------------------------------------------------------------
+
+
+class CudaTritonMoeFp4(CudaTritonMoe):
+    name = "cuda.triton_moe_fp4"
+    description = (
+        "fused MoE NVFP4/MXFP4 weight-only: e2m1 codes and e4m3/e8m0 scales decoded in the K loop of a grouped "
+        "Triton GEMM"
+    )
+
+    @classmethod
+    def is_substitute(cls, spec: LayerSpec) -> bool:
+        return spec.scheme.act is not None
+
+    @classmethod
+    def can_implement(cls, spec: LayerSpec, caps: Any) -> Verdict:
+        s = spec.scheme
+        G = s.group_size or 16
+        return _check(
+            *_device(caps),
+            (s.family in ("nvfp4", "mxfp4"), "NVFP4 or MXFP4 weights", {"weight": s.weight}),
+            (spec.K_part % G == 0, "K a multiple of the scale group", {"K_part": spec.K_part, "G": G}),
+        )
+
+    def prepare(self, weight: CanonicalExperts, spec: LayerSpec) -> PreparedExperts:
+        from quantrt.backends.triton.moe import MoeWeights
+
+        s = weight.scheme
+        nv = s.family == "nvfp4"
+        scales = weight["scales"]
+        if nv:
+            scales = scales.view(torch.uint8)
+            bad, what = scales.eq(0x7F) | scales.eq(0xFF), "e4m3 scale codes 0x7F/0xFF are NaN"
+        else:
+            bad, what = scales.eq(255), "e8m0 scale code 255 is NaN"
+        nbad = int(bad.sum())  # load time: one synchronisation per layer
+        if nbad:
+            raise ValueError(f"{s.name}: {what} ({nbad} of {scales.numel()} scales)")
+        row = None
+        if nv:
+            row = _per_row(weight["global_scale"], weight, "tensor")
+        G = s.group_size
+        assert G is not None
+        w = MoeWeights(
+            "fp4", weight["qweight"].contiguous(), scales.contiguous(), weight.E, weight.N, weight.K,
+            row_scale=row, group=G, scale_kind="e4m3" if nv else "e8m0",
+        )  # fmt: skip
+        return self._prepared(w, spec)
+
+
+FUSED_MOE_KERNELS = (CudaTritonMoeWNA16, CudaTritonMoeFp8, CudaTritonMoeInt8, CudaTritonMoeFp4)

@@ -1,0 +1,521 @@
+"""Fused MoE grouped GEMM in Triton, portable across GPU vendors: one launch per projection over
+every expert, the weights dequantized inside the K loop.
+
+The routing comes sorted by expert and padded per expert to tiles of ``block_m`` assignments
+(:meth:`quantrt.moe.ExpertBatch.aligned`): ``sorted_ids`` int32 [P] (the sentinel ``A`` pads),
+``block_expert`` int32 [P / block_m] and ``num_padded`` int32 [1]. Program ``(tile, n-tile, k-split)``
+computes ``block_m`` assignments of one expert times ``block_n`` output columns::
+
+    y[a, n] = (x[row(a)] . W[e, n] + bias[e, n]) * (topk_weight[a] if weighted else 1)
+
+``row(a) = a // row_div`` (``row_div`` = top_k when the first projection gathers token rows, 1 when
+the input holds one row per assignment). Tiles at or past ``num_padded`` return at once; sentinel
+rows are neither read (their row index is clamped to 0) nor stored. The grid holds a bound on the
+used tiles known without reading the ids, ``cdiv(A + min(E, A) * (block_m - 1), block_m)``: at most
+``min(E, A)`` experts have assignments, each wasting under one tile.
+
+Rows of assignments to experts this rank does not hold (id ``E``) are zero. They sit at the tail of
+the expert-sorted order (``order[offsets[E]:]``), so ``cdiv(N, block_n)`` extra programs store
+zeros into exactly those rows, looping from ``offsets[E]`` to ``A``: nothing to do (one load) without
+expert parallelism, and no output memset ever (``out`` may hold anything).
+
+Weight kinds (``MoeWeights.kind``), all with an fp32 accumulator, bias and routing weight in the
+epilogue, masked stores:
+
+* ``int``: integer weight-only, 4 or 8 bits, codes as canonical (uint8 [E, N, ceil(K*b/8)], even k in
+  the low nibble), symmetric (implicit zero 2^(b-1)) or with zero-points. Group scales [E, N, K/G]:
+  ``block_k`` divides G and each K tile is dequantized ``(q - z) * s`` to x's dtype before its dot(s).
+  Channel scales [E, N]: the tile holds ``q - z`` (exact small integers) and the scale multiplies the
+  accumulator once. int4 runs two dots per K tile over the even and odd k (no nibble interleave).
+* ``fp4``: NVFP4 / MXFP4 weight-only, codes uint8 [E, N, K/2], 1-byte scales [E, N, K/G] (e4m3 bits,
+  e8m0 exponents), NVFP4's global scale as an fp32 row scale [E, N]; the K step is
+  :func:`.lut4._tile_step` (exact bit-trick decode) on the expert's rows.
+* ``rowwise``: W8A8 fp8 (or int8) codes [E, N, K] with one weight scale per row [E, N] and activation
+  scales per input row (``act_scale_mode`` "row") or per expert ("expert": x holds one row per
+  assignment, quantized with its expert's scale by :func:`quantize_per_expert`); both scales in the
+  epilogue. fp8 partial sums are promoted to fp32 every K tile (``max_num_imprecise_acc``).
+* ``block``: DeepSeek-style fp8 with (bn, bk) weight-scale blocks [E, ceil(N/bn), ceil(K/bk)] and
+  per-token-group activation scales [rows, ceil(K/bk)]; every K tile's dot is scaled before it is
+  accumulated (``block_n`` divides bn, ``block_k`` divides bk).
+
+``split_k`` > 1 spreads the K tiles over programs that add fp32 partial sums with atomics into a
+zeroed fp32 buffer, cast into the output afterwards (small batches of long K, where the tiles alone
+cannot fill the GPU). Nothing here synchronises with the host or autotunes; every launch shape comes
+from the caller's :class:`MoeTile`, so a call captures into a CUDA graph.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from . import act_quant
+from .act_quant import _dynamic_scale, _encode
+from .launch import Launcher, cdiv, next_power_of_2
+from .lut4 import SCALE_KINDS, _tile_step
+
+#: MoeWeights.kind -> the kernel's KIND constexpr
+KINDS = {"int": 0, "fp4": 1, "rowwise": 2, "block": 3}
+#: activation-scale modes of the rowwise kind -> the kernel's ACT constexpr
+ACT_SCALE_MODES = {"none": 0, "row": 1, "expert": 2}
+
+
+@dataclass(frozen=True)
+class MoeTile:
+    """One launch shape: ``block_m`` assignments (all of one expert) x ``block_n`` columns per program,
+    ``block_k`` inputs per K step, ``group_m`` M-tiles sweeping N together (L2 reuse of a weight tile),
+    ``split_k`` programs per tile splitting K (fp32 atomics when > 1)."""
+
+    block_m: int
+    block_n: int
+    block_k: int
+    group_m: int = 1
+    split_k: int = 1
+    num_warps: int = 4
+    num_stages: int = 3
+
+    def check(self, min_block_k: int) -> None:
+        for name, lo in (("block_m", 16), ("block_n", 16), ("block_k", min_block_k)):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v < lo or v & (v - 1):
+                raise ValueError(f"MoeTile: {name} must be a power of two >= {lo}, found {v!r}")
+        for name in ("group_m", "split_k", "num_warps", "num_stages"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v < 1:
+                raise ValueError(f"MoeTile: {name} must be a positive integer, found {v!r}")
+
+
+@dataclass(frozen=True)
+class MoeWeights:
+    """Every expert of one projection in the layout the kernel reads (see the module docstring).
+
+    ``w``: codes [E, N, Kw] with unit stride along K; ``scales``: int group [E, N, K/G] or channel
+    [E, N] (the activation dtype or fp32), fp4 uint8 [E, N, K/G], rowwise fp32 [E, N], block fp32
+    [E, ceil(N/bn), ceil(K/bk)]; ``zeros``: like the int scales (asymmetric int only);
+    ``row_scale``: fp32 [E, N] (NVFP4's global scale) or None.
+    """
+
+    kind: str
+    w: torch.Tensor
+    scales: torch.Tensor
+    E: int
+    N: int
+    K: int
+    zeros: torch.Tensor | None = None
+    row_scale: torch.Tensor | None = None
+    bits: int = 4
+    group: int = 0  # int: the scale group along K (0: channel scales); fp4: 16 or 32
+    block: tuple[int, int] = (0, 0)  # block kind: (bn, bk)
+    scale_kind: str = "e4m3"  # fp4: "e4m3" (NVFP4) or "e8m0" (MXFP4)
+
+    def min_block_k(self) -> int:
+        """tl.dot needs K >= 16 per dot: int4 and fp4 run two dots over block_k / 2; 8-bit operands
+        want K >= 32 on NVIDIA."""
+        return 16 if self.kind == "int" and self.bits == 8 else 32
+
+
+# -- the grouped GEMM ----------------------------------------------------------------------------
+
+
+@triton.jit
+def _swizzle(pid, num_m, num_n, GM: tl.constexpr):
+    """Grouped tile order: GM M-tiles sweep N together, so each weight tile is reused from L2."""
+    per_group = GM * num_n
+    first_m = (pid // per_group) * GM
+    rows = tl.minimum(num_m - first_m, GM)
+    pid_m = first_m + (pid % per_group) % rows
+    pid_n = (pid % per_group) // rows
+    return pid_m, pid_n
+
+
+@triton.jit
+def _int_step(
+    acc, x_rows, w_cols, s_cols, z_cols, t, K, stride_xk,
+    G: tl.constexpr, BITS: tl.constexpr, BK: tl.constexpr, GROUPED: tl.constexpr, HAS_Z: tl.constexpr,
+    EVEN_K: tl.constexpr, IEEE: tl.constexpr,
+):  # fmt: skip
+    """K tile ``t`` of integer codes: acc += x . dequant(W) (group scales), or x . (q - z) (channel
+    scales, applied by the caller after the loop). w_cols/s_cols/z_cols: [1, BN] row pointers."""
+    if GROUPED:
+        g = (t * BK) // G  # BK divides G: one scale (and zero) per column for the whole tile
+        s = tl.load(s_cols + g).to(tl.float32)
+        if HAS_Z:
+            z = tl.load(z_cols + g).to(tl.float32)
+        else:
+            z = tl.full(s.shape, 2.0 ** (BITS - 1), tl.float32)
+    else:
+        s = tl.full(w_cols.shape, 1.0, tl.float32)
+        if HAS_Z:
+            z = tl.load(z_cols).to(tl.float32)
+        else:
+            z = tl.full(w_cols.shape, 2.0 ** (BITS - 1), tl.float32)
+    if BITS == 4:
+        kb = t * (BK // 2) + tl.arange(0, BK // 2)
+        k_even = 2 * kb
+        if EVEN_K:
+            w = tl.load(w_cols + kb[:, None])
+            x_even = tl.load(x_rows + k_even[None, :] * stride_xk)
+            x_odd = tl.load(x_rows + (k_even + 1)[None, :] * stride_xk)
+        else:
+            w = tl.load(w_cols + kb[:, None], mask=(k_even < K)[:, None], other=0)
+            x_even = tl.load(x_rows + k_even[None, :] * stride_xk, mask=(k_even < K)[None, :], other=0.0)
+            x_odd = tl.load(
+                x_rows + (k_even + 1)[None, :] * stride_xk, mask=(k_even + 1 < K)[None, :], other=0.0
+            )
+        lo = (w & 0xF).to(tl.float32)
+        hi = (w >> 4).to(tl.float32)
+        w_lo = ((lo - z) * s).to(x_even.dtype)
+        w_hi = ((hi - z) * s).to(x_even.dtype)
+        if IEEE:
+            acc = tl.dot(x_even, w_lo, acc, input_precision="ieee")
+            acc = tl.dot(x_odd, w_hi, acc, input_precision="ieee")
+        else:
+            acc = tl.dot(x_even, w_lo, acc)
+            acc = tl.dot(x_odd, w_hi, acc)
+    else:
+        kk = t * BK + tl.arange(0, BK)
+        if EVEN_K:
+            w = tl.load(w_cols + kk[:, None])
+            xk = tl.load(x_rows + kk[None, :] * stride_xk)
+        else:
+            w = tl.load(w_cols + kk[:, None], mask=(kk < K)[:, None], other=0)
+            xk = tl.load(x_rows + kk[None, :] * stride_xk, mask=(kk < K)[None, :], other=0.0)
+        wq = ((w.to(tl.float32) - z) * s).to(xk.dtype)
+        if IEEE:
+            acc = tl.dot(xk, wq, acc, input_precision="ieee")
+        else:
+            acc = tl.dot(xk, wq, acc)
+    return acc
+
+
+@triton.jit
+def _codes_step(x_rows, w_cols, t, K, stride_xk, BK: tl.constexpr, EVEN_K: tl.constexpr):
+    """K tile ``t`` of 8-bit codes: x [BM, BK] and W read transposed as [BK, BN]."""
+    kk = t * BK + tl.arange(0, BK)
+    if EVEN_K:
+        a = tl.load(x_rows + kk[None, :] * stride_xk)
+        b = tl.load(w_cols + kk[:, None])
+    else:
+        a = tl.load(x_rows + kk[None, :] * stride_xk, mask=(kk < K)[None, :], other=0.0)
+        b = tl.load(w_cols + kk[:, None], mask=(kk < K)[:, None], other=0.0)
+    return a, b
+
+
+@triton.jit
+def _moe_kernel(
+    X, XS, W, S, Z, R, B, TW, SID, BEXP, NPAD, ORDER, OFFS, Y,
+    A, N, K, E, num_m, row_div,
+    stride_xm, stride_xk, stride_xsm, stride_xsk, stride_we, stride_wn, stride_se, stride_sn, stride_sk,
+    stride_ze, stride_zn, stride_re, stride_be, stride_ym,
+    KIND: tl.constexpr, BITS: tl.constexpr, G: tl.constexpr, GT: tl.constexpr, QN: tl.constexpr,
+    QK: tl.constexpr, SKIND: tl.constexpr, GROUPED: tl.constexpr, HAS_Z: tl.constexpr, ACT: tl.constexpr,
+    INT_DOT: tl.constexpr, HAS_R: tl.constexpr, HAS_B: tl.constexpr, WEIGHTED: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GM: tl.constexpr, SPLIT_K: tl.constexpr,
+    EVEN_K: tl.constexpr, ATOMIC: tl.constexpr, IEEE: tl.constexpr,
+):  # fmt: skip
+    pid = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    num_n = tl.cdiv(N, BN)
+    n_gemm = num_m * num_n
+    if pid >= n_gemm:
+        # zero the rows of assignments to experts held elsewhere: order[offsets[E]:A]
+        offs_n = (pid - n_gemm) * BN + tl.arange(0, BN)
+        held = tl.load(OFFS + E).to(tl.int32)
+        for r0 in range(held, A, BM):
+            idx = r0 + tl.arange(0, BM)
+            a_z = tl.load(ORDER + idx, mask=idx < A, other=0).to(tl.int64)
+            ptrs = Y + a_z[:, None] * stride_ym + offs_n[None, :]
+            zero = tl.zeros((BM, BN), dtype=Y.dtype.element_ty)
+            tl.store(ptrs, zero, mask=(idx < A)[:, None] & (offs_n < N)[None, :])
+        return
+    pid_m, pid_n = _swizzle(pid, num_m, num_n, GM)
+    if pid_m * BM >= tl.load(NPAD):
+        return
+    a = tl.load(SID + pid_m * BM + tl.arange(0, BM))
+    mask_m = a < A
+    a = tl.where(mask_m, a, 0).to(tl.int64)
+    rows = a // row_div  # sentinel rows read row 0 and are never stored
+    e = tl.load(BEXP + pid_m).to(tl.int64)
+    offs_n = pid_n * BN + tl.arange(0, BN)
+    mask_n = offs_n < N
+    rn = tl.minimum(offs_n, N - 1)  # clamped: unmasked loads, masked stores
+    x_rows = X + rows[:, None] * stride_xm
+    w_cols = W + e * stride_we + rn[None, :] * stride_wn
+    n_k = tl.cdiv(K, BK)
+    if KIND == 0:  # integer weight-only
+        s_cols = S + e * stride_se + rn[None, :] * stride_sn
+        z_cols = Z + e * stride_ze + rn[None, :] * stride_zn
+        acc = tl.zeros((BM, BN), dtype=tl.float32)
+        for t in range(pid_k, n_k, SPLIT_K):
+            acc = _int_step(acc, x_rows, w_cols, s_cols, z_cols, t, K, stride_xk, G, BITS, BK, GROUPED, HAS_Z,
+                            EVEN_K, IEEE)  # fmt: skip
+        if not GROUPED:
+            acc = acc * tl.load(S + e * stride_se + rn * stride_sn).to(tl.float32)[None, :]
+    elif KIND == 1:  # fp4 weight-only
+        s_cols = S + e * stride_se + rn[None, :] * stride_sn
+        acc = tl.zeros((BM, BN), dtype=tl.float32)
+        n_full = K // BK
+        for t in range(pid_k, n_full, SPLIT_K):
+            acc = _tile_step(
+                acc, x_rows, w_cols, s_cols, S, t, K, stride_xk, G, GT, BK, SKIND, True, IEEE, False
+            )
+        if not EVEN_K:
+            if pid_k == n_full % SPLIT_K:
+                acc = _tile_step(
+                    acc, x_rows, w_cols, s_cols, S, n_full, K, stride_xk, G, GT, BK, SKIND, True, IEEE, True
+                )
+    elif KIND == 2:  # rowwise W8A8: both scales in the epilogue
+        if INT_DOT:
+            acc_i = tl.zeros((BM, BN), dtype=tl.int32)
+            for t in range(pid_k, n_k, SPLIT_K):
+                xa, wb = _codes_step(x_rows, w_cols, t, K, stride_xk, BK, EVEN_K)
+                acc_i = tl.dot(xa, wb, acc_i, out_dtype=tl.int32)
+            acc = acc_i.to(tl.float32)
+        else:
+            acc = tl.zeros((BM, BN), dtype=tl.float32)
+            for t in range(pid_k, n_k, SPLIT_K):
+                xa, wb = _codes_step(x_rows, w_cols, t, K, stride_xk, BK, EVEN_K)
+                # promote the tensor cores' reduced-precision fp8 sums into fp32 every K tile
+                acc = tl.dot(xa, wb, acc, max_num_imprecise_acc=BK)
+        w_s = tl.load(S + e * stride_se + rn * stride_sn)
+        if ACT == 1:
+            x_s = tl.load(XS + rows * stride_xsm)
+        else:
+            x_s = tl.full((BM,), 1.0, tl.float32) * tl.load(XS + e)
+        acc = acc * x_s[:, None] * w_s[None, :]
+    else:  # block fp8: every K tile's dot scaled by its activation-group and weight-block scales
+        nb = (pid_n * BN) // QN  # BN divides QN: the n-tile lies in one weight-scale row
+        acc = tl.zeros((BM, BN), dtype=tl.float32)
+        for t in range(pid_k, n_k, SPLIT_K):
+            xa, wb = _codes_step(x_rows, w_cols, t, K, stride_xk, BK, EVEN_K)
+            kb = (t * BK) // QK  # BK divides QK: the k-tile lies in one scale column
+            x_s = tl.load(XS + rows * stride_xsm + kb * stride_xsk)
+            w_s = tl.load(S + e * stride_se + nb * stride_sn + kb * stride_sk)
+            acc += tl.dot(xa, wb) * (x_s * w_s)[:, None]
+    if HAS_R:
+        acc = acc * tl.load(R + e * stride_re + rn)[None, :]
+    if HAS_B:
+        if pid_k == 0:
+            acc += tl.load(B + e * stride_be + rn).to(tl.float32)[None, :]
+    if WEIGHTED:
+        acc = acc * tl.load(TW + a, mask=mask_m, other=0.0)[:, None]
+    y_ptrs = Y + a[:, None] * stride_ym + offs_n[None, :]
+    mask = mask_m[:, None] & mask_n[None, :]
+    if ATOMIC:
+        tl.atomic_add(y_ptrs, acc, mask=mask)
+    else:
+        tl.store(y_ptrs, acc.to(Y.dtype.element_ty), mask=mask)
+
+
+_moe_launch = Launcher(_moe_kernel)
+
+
+def grid_tiles(A: int, E: int, block_m: int) -> int:
+    """M-tiles the grid holds: a bound on the tiles ``aligned(block_m)`` can use, from A and E alone."""
+    return cdiv(A + min(E, A) * (block_m - 1), block_m)
+
+
+def moe_matmul(
+    x: torch.Tensor,
+    weights: MoeWeights,
+    sorted_ids: torch.Tensor,
+    block_expert: torch.Tensor,
+    num_padded: torch.Tensor,
+    order: torch.Tensor,
+    offsets: torch.Tensor,
+    A: int,
+    row_div: int,
+    tile: MoeTile,
+    out_dtype: torch.dtype,
+    *,
+    x_scale: torch.Tensor | None = None,
+    act_scale_mode: str = "none",
+    topk_weights: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``y`` [A, N] in ``out_dtype`` (written into ``out`` when given: [A, N], unit column stride).
+
+    x: [rows, K] (fp16/bf16/fp32 for the weight-only kinds, fp8/int8 codes for rowwise and block),
+    any strides; ``row(a) = a // row_div``. ``sorted_ids``/``block_expert``/``num_padded``: the
+    routing aligned to ``tile.block_m``; ``order``/``offsets``: the expert-sorted order and int64
+    [E + 2] offsets (unheld assignments from ``offsets[E]``). ``x_scale``: rowwise "row" fp32 [rows]
+    or [rows, 1], rowwise "expert" fp32 [>= E], block [rows, ceil(K/bk)]. ``topk_weights``: fp32 [A]
+    contiguous (the routing weight multiplies each row). ``bias``: [E, N]. No host synchronisation.
+    """
+    E, N, K = weights.E, weights.N, weights.K
+    if x.dim() != 2 or x.shape[1] != K:
+        raise ValueError(f"moe_matmul: x must be [rows, {K}], found {list(x.shape)}")
+    if block_expert.shape[0] * tile.block_m != sorted_ids.shape[0]:
+        raise ValueError(
+            f"moe_matmul: routing aligned to {sorted_ids.shape[0] // max(1, block_expert.shape[0])}-row "
+            f"tiles, the tile has block_m={tile.block_m}"
+        )
+    kind = KINDS[weights.kind]
+    if weights.kind == "int" and weights.group and weights.group % tile.block_k:
+        raise ValueError(f"moe_matmul: block_k={tile.block_k} must divide the group size {weights.group}")
+    if weights.kind == "block" and (weights.block[0] % tile.block_n or weights.block[1] % tile.block_k):
+        raise ValueError(
+            f"moe_matmul: block_n={tile.block_n} and block_k={tile.block_k} must divide the scale block "
+            f"{weights.block}"
+        )
+    atomic = tile.split_k > 1
+    result = out if out is not None else torch.empty(A, N, dtype=out_dtype, device=x.device)
+    if A == 0 or N == 0:
+        return result
+    y = torch.zeros(A, N, dtype=torch.float32, device=x.device) if atomic else result
+    num_m = min(grid_tiles(A, E, tile.block_m), block_expert.shape[0])
+    num_n = cdiv(N, tile.block_n)
+    s = weights.scales
+    z = weights.zeros
+    r = weights.row_scale
+    BK = tile.block_k
+    grouped = weights.kind == "int" and weights.group > 0
+    if weights.kind == "block":
+        sn, sk = s.stride(1), s.stride(2)
+    elif weights.kind in ("int", "fp4") and s.dim() == 3:
+        sn, sk = s.stride(1), s.stride(2)
+    else:
+        sn, sk = s.stride(1), 0
+    xs = x_scale if x_scale is not None else s
+    if weights.kind == "block":
+        xsm, xsk = xs.stride(0), xs.stride(1)
+    else:
+        xsm, xsk = xs.stride(0), 0
+    even_k = K % BK == 0
+    G = weights.group if weights.kind in ("int", "fp4") else 0
+    grid = (num_m * num_n + (0 if atomic else num_n), tile.split_k)
+    _moe_launch(grid,
+        x, xs, weights.w, s, z if z is not None else s, r if r is not None else s,
+        bias if bias is not None else s, topk_weights if topk_weights is not None else s,
+        sorted_ids, block_expert, num_padded, order, offsets, y,
+        A, N, K, E, num_m, row_div,
+        x.stride(0), x.stride(1), xsm, xsk, weights.w.stride(0), weights.w.stride(1), s.stride(0), sn, sk,
+        z.stride(0) if z is not None else 0, z.stride(1) if z is not None else 0,
+        r.stride(0) if r is not None else 0, bias.stride(0) if bias is not None else 0, y.stride(0),
+        KIND=kind, BITS=weights.bits, G=max(G, 1), GT=min(max(G, 1), BK),
+        QN=weights.block[0] or 1, QK=weights.block[1] or 1, SKIND=SCALE_KINDS[weights.scale_kind],
+        GROUPED=grouped, HAS_Z=z is not None, ACT=ACT_SCALE_MODES[act_scale_mode],
+        INT_DOT=weights.w.dtype == torch.int8, HAS_R=r is not None, HAS_B=bias is not None,
+        WEIGHTED=topk_weights is not None,
+        BM=tile.block_m, BN=tile.block_n, BK=BK, GM=tile.group_m, SPLIT_K=tile.split_k,
+        EVEN_K=even_k, ATOMIC=atomic, IEEE=x.dtype == torch.float32,
+        num_warps=tile.num_warps, num_stages=tile.num_stages,
+    )  # fmt: skip
+    if y is not result:
+        result.copy_(y)
+    return result
+
+
+# -- activations quantized per expert (per-tensor scales: static, or dynamic over the expert's rows) -
+
+
+@triton.jit
+def _expert_amax_kernel(
+    X, IDS, AMAX, A, K, E, row_div, stride_xm, stride_xk,
+    BA: tl.constexpr, BK: tl.constexpr,
+):  # fmt: skip
+    """BA assignments per program: max |x[row(a)]| over K, atomically maxed into AMAX[e(a)]."""
+    offs_a = tl.program_id(0) * BA + tl.arange(0, BA)
+    mask_a = offs_a < A
+    e = tl.load(IDS + offs_a, mask=mask_a, other=E)
+    rows = (tl.where(mask_a, offs_a, 0) // row_div).to(tl.int64)
+    acc = tl.zeros((BA, BK), dtype=tl.float32)
+    for k0 in range(0, K, BK):
+        kk = k0 + tl.arange(0, BK)
+        m = mask_a[:, None] & (kk < K)[None, :]
+        v = tl.load(X + rows[:, None] * stride_xm + kk[None, :] * stride_xk, mask=m, other=0.0)
+        acc = tl.maximum(acc, tl.abs(v.to(tl.float32)))
+    tl.atomic_max(AMAX + e, tl.max(acc, axis=1), mask=mask_a & (e < E))
+
+
+_expert_amax_launch = Launcher(_expert_amax_kernel)
+
+
+@triton.jit
+def _expert_quant_kernel(
+    X, IDS, SC, SO, Q, A, K, E, row_div, stride_xm, stride_xk, qmax,
+    DYNAMIC: tl.constexpr, BA: tl.constexpr, BK: tl.constexpr,
+    INT8: tl.constexpr, HW_FP8: tl.constexpr, FMAX: tl.constexpr, MANT: tl.constexpr, EMIN: tl.constexpr,
+    NAN: tl.constexpr, NEG_ZERO: tl.constexpr, QTY: tl.constexpr,
+):  # fmt: skip
+    """Program (BA assignments, K block): codes of x[row(a)] with expert e(a)'s scale, into row a of Q.
+    DYNAMIC: SC holds each expert's amax, the scale is made here as act_quant does and written to
+    SO[e] by the K block 0 programs (every writer stores the same value); else SC holds the static
+    scales. Unheld assignments are skipped (their rows are never read)."""
+    offs_a = tl.program_id(0) * BA + tl.arange(0, BA)
+    e = tl.load(IDS + offs_a, mask=offs_a < A, other=E)
+    held = e < E
+    ec = tl.where(held, e, 0)
+    if DYNAMIC:
+        s = _dynamic_scale(tl.load(SC + ec, mask=held, other=0.0), qmax, 1.0)
+        if tl.program_id(1) == 0:
+            tl.store(SO + ec, s, mask=held)
+    else:
+        s = tl.load(SC + ec, mask=held, other=1.0).to(tl.float32)
+    kk = tl.program_id(1) * BK + tl.arange(0, BK)
+    rows = (tl.where(held, offs_a, 0) // row_div).to(tl.int64)
+    mask = held[:, None] & (kk < K)[None, :]
+    x = tl.load(X + rows[:, None] * stride_xm + kk[None, :] * stride_xk, mask=mask, other=0.0)
+    q = _encode(x.to(tl.float32), s[:, None], INT8, HW_FP8, FMAX, MANT, EMIN, NAN, NEG_ZERO, QTY)
+    tl.store(Q + offs_a.to(tl.int64)[:, None] * K + kk[None, :], q, mask=mask)
+
+
+_expert_quant_launch = Launcher(_expert_quant_kernel)
+
+
+def quantize_per_expert(
+    x: torch.Tensor,
+    ids: torch.Tensor,
+    E: int,
+    row_div: int,
+    kind: str,
+    static_scale: torch.Tensor | None = None,
+    *,
+    fp8_dtype: torch.dtype = torch.float8_e4m3fn,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Activations with one scale per expert, one row per assignment: ``(codes [A, K], scales)``.
+
+    Row ``a`` holds ``x[a // row_div]`` quantized with expert ``ids[a]``'s scale: ``static_scale``
+    fp32 [E] (calibrated), or, when None, the dynamic per-tensor scale of the rows routed to that
+    expert (``amax / qmax``, 1 for an all-zero expert, as a linear layer fed only those rows would
+    find it). ``ids``: int64 [A], ``E`` for assignments this rank does not hold (rows left unwritten).
+    ``scales``: fp32 [E + 1] (dynamic; the last slot unused) or ``static_scale``. ``kind``: "fp8" or "int8". The codes
+    are exactly act_quant's (and the reference's). No host synchronisation.
+    """
+    A = ids.shape[0]
+    K = x.shape[1]
+    if kind == "int8":
+        q = torch.empty(A, K, dtype=torch.int8, device=x.device)
+        meta = dict(INT8=True, HW_FP8=False, FMAX=127.0, MANT=0, EMIN=0, NAN=0, NEG_ZERO=False, QTY=tl.int8)
+        qmax, out = act_quant.INT8_QMAX, q
+    else:
+        fmt = act_quant.FP8_FORMATS[fp8_dtype]
+        q = torch.empty(A, K, dtype=fp8_dtype, device=x.device)
+        hw = act_quant._use_hw_fp8_cast(x, fp8_dtype)
+        meta = dict(
+            INT8=False, HW_FP8=hw, FMAX=fmt.fmax, MANT=fmt.mant, EMIN=fmt.emin, NAN=fmt.nan,
+            NEG_ZERO=fmt.neg_zero, QTY=fmt.tl_dtype,
+        )  # fmt: skip
+        qmax, out = act_quant.SCHEME_FP8_MAX, (q if hw else q.view(torch.uint8))
+    if static_scale is None:  # [amax, scale] per expert (and one slot for unheld assignments)
+        buf = torch.zeros(2, E + 1, dtype=torch.float32, device=x.device)
+        sc, so = buf[0], buf[1]
+    else:
+        sc = so = static_scale
+    if A == 0 or K == 0:
+        return q, so
+    BK = min(next_power_of_2(K), 1024)
+    BA = max(1, 4096 // BK)  # from K only: one compile per K
+    if static_scale is None:
+        _expert_amax_launch(
+            (cdiv(A, BA),), x, ids, sc, A, K, E, row_div, x.stride(0), x.stride(1), BA=BA, BK=BK, num_warps=4
+        )
+    _expert_quant_launch((cdiv(A, BA), cdiv(K, BK)),
+        x, ids, sc, so, out, A, K, E, row_div, x.stride(0), x.stride(1), float(qmax),
+        DYNAMIC=static_scale is None, BA=BA, BK=BK, num_warps=4, **meta,
+    )  # fmt: skip
+    return q, so
