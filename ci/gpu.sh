@@ -6,7 +6,7 @@
 # Usage (device tool): bash ci/gpu.sh            (bench off: QUANTRT_GPU_BENCH=0; sweep the CUDA
 # W4A16 launch shapes first and use them: QUANTRT_GPU_TUNE=1; the Triton W8A8 tiles:
 # QUANTRT_GPU_TUNE_W8A8=1; the FP4/NF4 and GGUF kernels: QUANTRT_GPU_TUNE_LUT=1; the CUDA GGUF GEMV:
-# QUANTRT_GPU_TUNE_GGUF_GEMV=1; bench schemes:
+# QUANTRT_GPU_TUNE_GGUF_GEMV=1; the MoE bench (bench/gpu_moe.py): QUANTRT_GPU_MOE_BENCH=1; bench schemes:
 # QUANTRT_BENCH_SCHEMES, shapes: QUANTRT_BENCH_SHAPES, batch sizes: QUANTRT_BENCH_MS; test paths: QUANTRT_GPU_TESTS)
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -74,6 +74,13 @@ if [ "${QUANTRT_GPU_TUNE_GGUF_GEMV:-0}" = 1 ] && [ "$status" = 0 ]; then
   [ -f "$OUT/gguf_gemv_${arch}.json" ] && cp "$OUT/gguf_gemv_${arch}.json" "backends/cuda/tunings/gguf_gemv_${arch}.json"
   python3 -m pytest -q -p no:cacheprovider tests/gpu/test_cuda_lut_gguf.py -k gguf 2>&1 | tee "$OUT/gpu-tests-gguf.log" | tail -n 2
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+fi
+if [ "${QUANTRT_GPU_MOE_BENCH:-0}" = 1 ]; then
+  # the fused MoE kernels beside the bf16 grouped baseline and dequant + baseline (Mixtral-8x7B and
+  # Qwen3-30B-A3B layer shapes, M = 1..1024), bounded to a few minutes
+  ( cd /tmp && python3 "$ROOT/bench/gpu_moe.py" --out "$OUT/moe.json" ) > "$OUT/moe-bench.log" 2>&1 \
+    || { tail -n 20 "$OUT/moe-bench.log"; status=1; }
+  tail -n 40 "$OUT/moe-bench.log"
 fi
 if [ "${QUANTRT_GPU_BENCH:-1}" = 1 ]; then
   schemes="${QUANTRT_BENCH_SCHEMES:-w4a16-int-g128-asym,w8a16-int-ch-sym,w8a8-fp8-ch,w8a8-fp8-block128,w8a8-int-ch-sym}"
