@@ -128,6 +128,9 @@ class QuantrtHfQuantizer(HfQuantizer):
         ignore = set(model._keys_to_ignore_on_load_unexpected or [])
         ignore.update(f"^{re.escape(n)}$" for n in loader.consumed)
         ignore.update(f"^{re.escape(n)}$" for n in ckpt.reader.ignored())
+        # transformers renames per-expert tensors to the experts module's fused names before it
+        # checks them: every name under an experts module quantrt replaced was read by quantrt
+        ignore.update(f"^{re.escape(n)}\\." for n in loader.replaced_experts)
         model._keys_to_ignore_on_load_unexpected = ignore
         return model
 

@@ -124,6 +124,8 @@ class ModelLoader:
         self.progress = sys.stderr.isatty() if progress is None else progress
         self.report = LoadReport(str(ckpt.path), ckpt.format, str(device), str(dtype).replace("torch.", ""))
         self.consumed: set[str] = set()
+        #: experts modules replaced by QuantExperts (transformers' loader must not look for their tensors)
+        self.replaced_experts: list[str] = []
         self._bar: Any = None
 
     # -- the pass ------------------------------------------------------------------------------
@@ -179,6 +181,24 @@ class ModelLoader:
                 continue
             if isinstance(module, nn.Linear):
                 self._linear(name, module, entry, cuts.get(name, NONE))
+            elif entry.quantized and _bare_weight(module, entry):
+                self._dequantized_weight(name, module, entry)
+
+    def _dequantized_weight(self, name: str, module: nn.Module, entry: Any) -> None:
+        """A quantized weight whose module is not a linear layer but reads ``self.weight`` itself (an
+        MoE router, ``mlp.gate``, that bitsandbytes quantizes by default): it is small ([E, H]) and
+        the module's own code multiplies by it, so it is dequantized once, here, and held as a plain
+        tensor (outside the state dict, so transformers' loader neither fills nor re-creates it)."""
+        from ..checkpoint.checkpoint import QuantizedWeight
+
+        w = QuantizedWeight(name, entry, self.ckpt).dequantize()
+        dtype = module.weight.dtype
+        del module._parameters["weight"]
+        module.weight = w.to(self.device, dtype if dtype.is_floating_point else self.dtype)
+        module._is_hf_initialized = True
+        self.report.kernels[name] = f"dequantized at load ({entry.scheme}; the module reads its weight)"
+        prefix = entry.prefix + "."
+        self._consume([*entry.stored_names(), *(n for n in self.ckpt.index.names() if n.startswith(prefix))])
 
     # -- MoE experts --------------------------------------------------------------------------
     def _renamed(self, name: str) -> str:
@@ -236,6 +256,7 @@ class ModelLoader:
                 prefix=name,
             )
             self.model.set_submodule(name, layer)
+            self.replaced_experts.append(name)
             self.report.kernels[name] = "+".join(dict.fromkeys(layer.kernel_names.values()))
             self._consume(x.stored_names())
 
@@ -519,6 +540,12 @@ class ModelLoader:
             if n in index and n not in self.consumed:
                 log.warning("%s: %s not read: %s", self.ckpt.path, n, why)
                 self.report.ignored[n] = why
+
+
+def _bare_weight(module: nn.Module, entry: Any) -> bool:
+    """A module that is no linear layer but holds the entry's [N, K] weight as a parameter."""
+    w = module._parameters.get("weight")
+    return w is not None and tuple(w.shape) == (entry.N, entry.K) and not hasattr(module, "in_features")
 
 
 def _is_experts(module: nn.Module) -> bool:
