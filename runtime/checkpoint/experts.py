@@ -210,6 +210,7 @@ def build_experts(
     tp_size: int = 1,
     ep_rank: int = 0,
     ep_size: int = 1,
+    reduce: bool = False,
     group: Any = None,
     overrides: Any = None,
     prefix: str | None = None,
@@ -242,6 +243,7 @@ def build_experts(
         adapter=entry.first(gate_key).adapter,
         down_adapter=entry.first("down").adapter,
         prefix=prefix or entry.prefix,
+        reduce=reduce,
         group=group,
     )
     for e in layer.local:

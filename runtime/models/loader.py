@@ -251,7 +251,8 @@ class ModelLoader:
                 activation=_activation_of(module, self.full_config),
                 tp_rank=self.tp.rank,
                 tp_size=self.tp.world,
-                group=self.tp.group if self.tp.world > 1 else None,
+                reduce=self.tp.world > 1,
+                group=self.tp.group,
                 overrides=self.overrides,
                 prefix=name,
             )

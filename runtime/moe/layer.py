@@ -103,6 +103,7 @@ class QuantExperts(nn.Module):
         down_adapter: Any = None,
         prefix: str = "",
         m_hint: int | None = None,
+        reduce: bool = False,
         group: Any = None,
     ) -> None:
         super().__init__()
@@ -130,7 +131,8 @@ class QuantExperts(nn.Module):
         self.act = activation_of(activation)
         self.act_dtype, self.has_bias, self.prefix, self.m_hint = act_dtype, bias, prefix, m_hint
         self.device, self.plan_device = torch_device_of(device), device_of(device)
-        self.group = group
+        #: sum the ranks' outputs (all_reduce over ``group``; None: torch.distributed's default group)
+        self.reduce, self.group = reduce and (tp_size > 1 or ep_size > 1), group
         base = _scheme(scheme)
         self.schemes = {
             "gate": _scheme(gate_scheme) if gate_scheme is not None else base,
@@ -338,7 +340,7 @@ class QuantExperts(nn.Module):
         self, hidden_states: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
     ) -> torch.Tensor:
         """``sum_j topk_weights[m, j] * expert_{topk_ids[m, j]}(hidden[m])`` for every token m
-        (this rank's part; summed over ranks when a ``group`` is set)."""
+        (this rank's part; summed over the ranks when built with ``reduce=True``)."""
         lead = hidden_states.shape[:-1]
         x = hidden_states.reshape(-1, self.hidden_size)
         k = topk_ids.shape[-1]
@@ -348,7 +350,7 @@ class QuantExperts(nn.Module):
             y = torch.ops.quantrt.experts(x, ids, w, self.id)
         else:
             y = self.run(x, ids, w)
-        if self.group is not None and (self.tp_size > 1 or self.ep_size > 1):
+        if self.reduce:
             import torch.distributed as dist
 
             dist.all_reduce(y, group=self.group)

@@ -1,6 +1,7 @@
 """Tensor parallelism for real: two processes (torch.distributed, gloo, CPU) each load their half of
 a checkpoint (column-parallel q/k/v/gate/up, row-parallel o/down with quantrt's all-reduce, the
-output projection gathered) and their logits must equal the single-process model's.
+output projection gathered; an MoE model's experts cut the same way inside QuantExperts) and their
+logits must equal the single-process model's.
 
 The GGUF file's layers run on ``cpu.native_gguf``, which quantizes activations per 32-wide block:
 a row-parallel rank's half of K starts on a block boundary, so each rank quantizes the same blocks
@@ -28,12 +29,15 @@ CASES = {
     "gguf-q8_0": FIXTURES / "gguf" / "tiny-llama-Q8_0.gguf",
     "gguf-q4_0": FIXTURES / "gguf" / "tiny-llama-Q4_0.gguf",
     "gptq-kv-replicated": FIXTURES / "interop" / "gptqmodel-gptq-w4g128-asym-v2",
+    # a Qwen3-MoE by compressed-tensors: each rank holds half of every expert (gate/up by columns of
+    # I, down by rows) and QuantExperts sums the ranks' outputs
+    "moe-int4": FIXTURES / "interop_moe" / "ct-moe-w4a16-g32-asym",
 }
 WORLD = 2
 #: the GGUF kernels quantize each layer's input to 8-bit blocks: a row-parallel layer's sum, added
 #: up in another order across ranks, can differ in its last bit and move one code of the next
 #: layer's input by a step; weight-only kernels (gptq) see only the summation order
-TOLERANCE = {"gguf-q8_0": 2e-3, "gguf-q4_0": 2e-3, "gptq-kv-replicated": 1e-5}
+TOLERANCE = {"gguf-q8_0": 2e-3, "gguf-q4_0": 2e-3, "gptq-kv-replicated": 1e-5, "moe-int4": 1e-5}
 
 
 def _free_port() -> int:
@@ -74,5 +78,7 @@ def test_two_ranks_equal_one(case: str, tmp_path: Path) -> None:
         assert got["config"]["num_attention_heads"] == heads // WORLD  # each rank runs half the heads
         assert got["kinds"]["model.layers.0.self_attn.o_proj"] == "RowParallel"
         assert got["kinds"]["lm_head"] == "GatherColumns"
+        if case.startswith("moe"):
+            assert got["kinds"]["model.layers.0.mlp.experts"] == "QuantExperts"
         err = float((got["logits"] - want).norm() / want.norm())
         assert err <= TOLERANCE[case], (case, r, err)
