@@ -441,20 +441,11 @@ class CudaTritonMoeInt8(CudaTritonMoe):
     @classmethod
     def can_implement(cls, spec: LayerSpec, caps: Any) -> Verdict:
         s = spec.scheme
+        from .triton_w8a8 import int8_w8a8_conditions
+
         return _check(
             *_device(caps),
-            ("int8" in caps.matrix_types, "int8 matrix units", {"arch": caps.arch}),
-            (
-                s.weight == "int" and s.bits == 8 and s.symmetric,
-                "symmetric int8 weights",
-                {"weight": s.weight, "bits": s.bits, "symmetric": s.symmetric},
-            ),
-            (s.act == "int8", "int8 activations", {"act": s.act}),
-            (
-                s.granularity in ("tensor", "channel"),
-                "tensor or channel scales",
-                {"granularity": s.granularity},
-            ),
+            *int8_w8a8_conditions(s, caps),
             (
                 s.act_granularity in ("token", "tensor"),
                 "activations per token or per tensor",

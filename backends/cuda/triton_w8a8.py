@@ -36,6 +36,20 @@ from .tile_table import BUCKETS, arch_of, describe, load, tile_configs
 Condition = tuple[bool, str, dict[str, Any]]
 
 
+def int8_w8a8_conditions(s: Any, caps: Any) -> tuple[tuple[bool, str, dict[str, Any]], ...]:
+    """What the int8 W8A8 kernels (linear and MoE) need of the scheme and the device."""
+    return (
+        ("int8" in caps.matrix_types, "int8 matrix units", {"arch": caps.arch}),
+        (
+            s.weight == "int" and s.bits == 8 and s.symmetric,
+            "symmetric int8 weights",
+            {"weight": s.weight, "bits": s.bits, "symmetric": s.symmetric},
+        ),
+        (s.act == "int8", "int8 activations", {"act": s.act}),
+        (s.granularity in ("tensor", "channel"), "tensor or channel scales", {"granularity": s.granularity}),
+    )
+
+
 def _common(caps: Any) -> list[Condition]:
     return [
         ((caps.sm or 0) >= 80, "sm >= 80", {"sm": caps.sm}),
@@ -285,18 +299,7 @@ class CudaTritonInt8(Kernel):
         s = spec.scheme
         return check(
             *_common(caps),
-            ("int8" in caps.matrix_types, "int8 matrix units", {"arch": caps.arch}),
-            (
-                s.weight == "int" and s.bits == 8 and s.symmetric,
-                "symmetric int8 weights",
-                {"weight": s.weight, "bits": s.bits, "symmetric": s.symmetric},
-            ),
-            (s.act == "int8", "int8 activations", {"act": s.act}),
-            (
-                s.granularity in ("tensor", "channel"),
-                "tensor or channel scales",
-                {"granularity": s.granularity},
-            ),
+            *int8_w8a8_conditions(s, caps),
             (
                 s.act_granularity == "token" or not s.act_dynamic,
                 "activations per token or with a static scale",
