@@ -3,8 +3,10 @@
 The model comes from the checkpoint's config (for GGUF, rebuilt from its metadata). Every
 linear module the checkpoint stores becomes the layer :meth:`Checkpoint.linear` builds (a
 QuantLinear whose kernel dispatch chose, or a dense layer), a quantized embedding a
-:class:`QuantEmbedding`; every other parameter is read from its tensor. Nothing is ever dense
-that the file stores quantized, so host memory stays near the file's size.
+:class:`QuantEmbedding`, each MoE experts module a :class:`~quantrt.moe.QuantExperts` over the
+checkpoint's MoE layer; every other parameter is read from its tensor. Nothing is dense that the
+file stores quantized, so host memory stays near the file's size, save an MoE router ([E, H]),
+which transformers' router multiplies by itself and is dequantized at load.
 
 Everything is checked: a layer whose stored shape disagrees with the config, a parameter no
 tensor fills, a tensor nothing reads (unless the format knows it is harmless: then a warning
