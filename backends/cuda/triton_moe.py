@@ -39,6 +39,7 @@ from quantrt.prepared import ALL_M
 from quantrt.specs import LayerSpec
 
 from . import tile_table
+from .triton_w8a8 import int8_w8a8_conditions
 
 Condition = tuple  # (holds, predicate, values) or (holds, predicate, values, note)
 
@@ -441,8 +442,6 @@ class CudaTritonMoeInt8(CudaTritonMoe):
     @classmethod
     def can_implement(cls, spec: LayerSpec, caps: Any) -> Verdict:
         s = spec.scheme
-        from .triton_w8a8 import int8_w8a8_conditions
-
         return _check(
             *_device(caps),
             *int8_w8a8_conditions(s, caps),

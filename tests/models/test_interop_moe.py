@@ -92,29 +92,27 @@ def test_the_variants_are_here() -> None:
 
 
 # -- (a) dequantization ---------------------------------------------------------------------------
-@pytest.mark.parametrize("variant", VARIANTS)
-def test_dequantization_equals_compressed_tensors(variant: str) -> None:
+def assert_dequantization_equals_the_tool(variant: str) -> dict[str, quantrt.QuantizedWeight]:
+    """Every quantized layer of ``variant`` dequantizes to the tool's own reference, bit for bit
+    (the tools return bf16, fp16 or fp32; quantrt's fp32 value rounds to it exactly when it is the
+    same product: no variant needs slack). Shared with test_interop_moe_more.py."""
     refs = references(variant)
     got = dict(quantrt.open_checkpoint(ROOT / variant).weights())
     assert set(got) == set(refs) == set(meta(variant)["layers"])
-    assert sum(".mlp.experts." in p for p in got) == 3 * E
     for prefix, qw in got.items():
         ref = refs[prefix]
         w = qw.dequantize()
         assert w.shape == ref.shape, prefix
-        # compressed-tensors returns bf16; quantrt's fp32 value rounds to it exactly when it is the
-        # same product (bit-exact, not within an ulp: no variant needs slack)
         same = w.to(ref.dtype) == ref
         assert bool(same.all()), f"{prefix}: {int((~same).sum())} of {same.numel()} differ"
+    return got
 
 
-# -- (b) the MoE layers of the checkpoint -----------------------------------------------------------
-@pytest.mark.parametrize("variant", VARIANTS)
-def test_experts_are_grouped_per_decoder_layer(variant: str) -> None:
+def assert_experts_grouped(variant: str, want: quantrt.Scheme) -> None:
+    """One MoE layer per decoder layer, E experts, every projection in ``want``."""
     ck = quantrt.open_checkpoint(ROOT / variant)
     cfg = json.loads((ROOT / variant / "config.json").read_text())
     assert list(ck.experts) == [f"model.layers.{i}.mlp.experts" for i in range(cfg["num_hidden_layers"])]
-    want = quantrt.parse_scheme(SCHEMES[variant])
     for entry in ck.experts.values():
         assert entry.num_experts == E and not entry.fused and entry.quantized
         assert (entry.hidden_size, entry.intermediate_size) == (
@@ -124,9 +122,22 @@ def test_experts_are_grouped_per_decoder_layer(variant: str) -> None:
         for proj in ("gate", "up", "down"):
             assert entry.scheme(proj) == want, (proj, entry.scheme(proj))
             assert sorted(entry.projections[proj]) == list(range(E))
-    for prefix, qw in ck.weights():
-        assert qw.scheme == want, prefix
     assert ck.expert_prefixes() == {p for p in ck.layers if ".mlp.experts." in p}
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_dequantization_equals_compressed_tensors(variant: str) -> None:
+    got = assert_dequantization_equals_the_tool(variant)
+    assert sum(".mlp.experts." in p for p in got) == 3 * E
+
+
+# -- (b) the MoE layers of the checkpoint -----------------------------------------------------------
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_experts_are_grouped_per_decoder_layer(variant: str) -> None:
+    want = quantrt.parse_scheme(SCHEMES[variant])
+    assert_experts_grouped(variant, want)
+    for prefix, qw in quantrt.open_checkpoint(ROOT / variant).weights():
+        assert qw.scheme == want, prefix
 
 
 # -- (c), (d) the whole model -----------------------------------------------------------------------
