@@ -68,14 +68,9 @@ DEFAULT_TABLE: dict[str, Any] = {
         "256": dict(block_m=64, block_n=128, block_k=128, group_m=8, num_warps=4, num_stages=3),
         "large": dict(block_m=128, block_n=128, block_k=128, group_m=8, num_warps=8, num_stages=3),
     },
-    "fp8_block": {
-        "1": dict(block_m=16, block_n=64, block_k=128, group_m=1, num_warps=4, num_stages=4, split_k_target=264),
-        "16": dict(block_m=16, block_n=128, block_k=128, group_m=1, num_warps=4, num_stages=4, split_k_target=264),
-        "64": dict(block_m=32, block_n=128, block_k=128, group_m=8, num_warps=4, num_stages=4),
-        "256": dict(block_m=64, block_n=128, block_k=128, group_m=8, num_warps=4, num_stages=3),
-        "large": dict(block_m=128, block_n=128, block_k=128, group_m=8, num_warps=8, num_stages=3),
-    },
 }  # fmt: skip
+#: block fp8 starts from the same tiles as row-wise W8A8 (a sweep may give it its own section)
+DEFAULT_TABLE["fp8_block"] = copy.deepcopy(DEFAULT_TABLE["w8a8"])
 
 #: the largest split of K a small batch may take
 MAX_SPLIT_K = 8
