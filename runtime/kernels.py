@@ -240,6 +240,9 @@ class Registry:
         #: device kind -> factory(weight, bias, act_dtype) -> nn.Module for dense (unquantized)
         #: linears; a backend with a faster dense path than torch's registers one
         self.dense_linear: dict[str, Callable[..., Any]] = {}
+        #: device kind -> KV-cache kernels (quantize-on-write and decode attention), best first;
+        #: each a :class:`quantrt.kv.kernels.KVKernels`; torch's is tried after them everywhere
+        self.kv: dict[str, list[Any]] = {}
         #: the kernel every device kind falls back to (the reference), tried after every list
         self.fallback: type[Kernel] | None = None
         self._loading: str | None = None  # the entry point whose register() is running
@@ -249,6 +252,14 @@ class Registry:
         if kind in self.dense_linear and self.dense_linear[kind] is not factory:
             raise ValueError(f"a dense linear factory for {kind!r} is registered twice")
         self.dense_linear[kind] = factory
+
+    def register_kv(self, kind: str, kernels: Any) -> None:
+        """Serve KV caches on ``kind`` devices with ``kernels`` (a ``quantrt.kv.KVKernels``),
+        after those registered before it."""
+        mine = self.kv.setdefault(kind, [])
+        if any(k.name == kernels.name for k in mine):
+            raise ValueError(f"KV kernels {kernels.name!r} are registered twice for {kind!r}")
+        mine.append(kernels)
 
     def register_ordered(
         self,

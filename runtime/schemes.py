@@ -456,6 +456,7 @@ def format_scheme(s: Scheme) -> str:
 
 _KV_TYPES = {"fp8": "fp8_e4m3", "fp8e4m3": "fp8_e4m3", "fp8e5m2": "fp8_e5m2", "int8": "int8"}
 _KV_CANON = {"fp8_e4m3": "fp8", "fp8_e5m2": "fp8e5m2", "int8": "int8"}
+_KV_GRANULARITY = ("tensor", "head", "token", "group")
 
 
 @dataclass(frozen=True)
@@ -463,42 +464,156 @@ class KVCacheScheme:
     """How the KV cache stores keys and values: element type and scale granularity.
 
     Scales are multipliers: the cache stores ``q = sat(round(x / scale))`` and reads ``q * scale``.
-    ``granularity`` is ``tensor`` (one scale for K, one for V) or ``head`` (one per KV head).
+    ``granularity``: ``tensor`` (one scale for K, one for V, per layer) or ``head`` (one per KV head):
+    static, from the checkpoint or calibrated on the first prefill; ``token`` (one per token and KV
+    head) or ``group`` (one per ``group_size`` channels of a token's head): dynamic, computed as each
+    token is written and stored beside it.
     """
 
     dtype: str
     granularity: str = "tensor"
+    group_size: int = 0
 
     def __post_init__(self) -> None:
         if self.dtype not in _KV_CANON:
             raise SchemeError(
                 f"invalid KV-cache scheme: dtype must be one of {sorted(_KV_CANON)}, found {self.dtype!r}"
             )
-        if self.granularity not in ("tensor", "head"):
+        if self.granularity not in _KV_GRANULARITY:
             raise SchemeError(
-                f"invalid KV-cache scheme: granularity must be tensor or head, found {self.granularity!r}"
+                f"invalid KV-cache scheme: granularity must be one of {list(_KV_GRANULARITY)}, "
+                f"found {self.granularity!r}"
             )
+        if (self.granularity == "group") != (self.group_size > 0):
+            raise SchemeError(
+                f"invalid KV-cache scheme: group_size {self.group_size} goes with granularity 'group' only"
+            )
+
+    @property
+    def dynamic(self) -> bool:
+        """Scales computed per token as it is written (token, group), not fixed per layer."""
+        return self.granularity in ("token", "group")
 
     @property
     def name(self) -> str:
         base = f"kv-{_KV_CANON[self.dtype]}"
-        return base + ("-head" if self.granularity == "head" else "")
+        if self.granularity == "group":
+            return f"{base}-g{self.group_size}"
+        return base + ("" if self.granularity == "tensor" else f"-{self.granularity}")
 
     def __str__(self) -> str:
         return self.name
 
 
-def parse_kv_scheme(text: str) -> KVCacheScheme:
-    """Parse ``kv-<fp8|fp8e5m2|int8>[-head|-tensor]``."""
-    parts = text.strip().lower().split("-")
-    if parts[0] != "kv" or len(parts) not in (2, 3):
-        raise SchemeError(f"{text!r}: a KV-cache scheme is 'kv-<fp8|fp8e5m2|int8>[-head]'")
+#: TurboQuant presets by vLLM's ``--kv-cache-dtype`` names: (key bits, value bits, norm correction)
+TURBOQUANT_PRESETS = {
+    "k8v4": (8, 4, False),
+    "4bit_nc": (4, 4, True),
+    "k3v4_nc": (3, 4, True),
+    "3bit_nc": (3, 3, True),
+}
+
+
+@dataclass(frozen=True)
+class TurboQuantScheme:
+    """TurboQuant KV cache: keys rotated (randomised Hadamard) and coded by a Lloyd-Max codebook
+    with their norm in fp16 (``key_bits`` 3 or 4), or fp8 e4m3 keys unrotated (``key_bits`` 8);
+    values uniform asymmetric per token and head (``value_bits`` 3 or 4) with fp16 scale and zero.
+    ``norm_correction`` stores the key norm divided by the chosen centroids' norm, so a read-back
+    key has exactly the written key's norm. docs/schemes.md gives every bit."""
+
+    key_bits: int
+    value_bits: int
+    norm_correction: bool = False
+
+    def __post_init__(self) -> None:
+        if self.key_bits not in (3, 4, 8) or self.value_bits not in (3, 4):
+            raise SchemeError(
+                f"invalid TurboQuant scheme: key bits must be 3, 4 or 8 and value bits 3 or 4, "
+                f"found k{self.key_bits}v{self.value_bits}"
+            )
+        if self.key_bits == 8 and self.norm_correction:
+            raise SchemeError("invalid TurboQuant scheme: fp8 keys (k8) have no norm to correct")
+
+    @property
+    def dynamic(self) -> bool:
+        return True
+
+    @property
+    def preset(self) -> str | None:
+        for name, bits in TURBOQUANT_PRESETS.items():
+            if bits == (self.key_bits, self.value_bits, self.norm_correction):
+                return name
+        return None
+
+    @property
+    def name(self) -> str:
+        preset = self.preset
+        if preset is not None:
+            return "kv-tq-" + preset.replace("_", "-")
+        return f"kv-tq-k{self.key_bits}v{self.value_bits}" + ("-nc" if self.norm_correction else "")
+
+    def __str__(self) -> str:
+        return self.name
+
+
+KVScheme = KVCacheScheme | TurboQuantScheme
+
+
+def parse_kv_scheme(text: str) -> KVScheme:
+    """Parse ``kv-<fp8|fp8e5m2|int8>[-tensor|-head|-token|-g<G>]`` or ``kv-tq-<preset>`` (``k8v4``,
+    ``4bit-nc``, ``k3v4-nc``, ``3bit-nc``, or ``k<b>v<b>[-nc]``)."""
+    t = text.strip().lower()
+    parts = t.split("-")
+    if parts[0] != "kv" or len(parts) < 2:
+        raise SchemeError(
+            f"{text!r}: a KV-cache scheme is 'kv-<fp8|fp8e5m2|int8>[-head|-token|-g<G>]' or 'kv-tq-<preset>'"
+        )
+    if parts[1] == "tq":
+        rest = "_".join(parts[2:])
+        if rest in TURBOQUANT_PRESETS:
+            return TurboQuantScheme(*TURBOQUANT_PRESETS[rest])
+        m = re.fullmatch(r"k(\d)v(\d)(_nc)?", rest)
+        if not m:
+            raise SchemeError(
+                f"{text!r}: unknown TurboQuant preset {rest!r}; known: {', '.join(TURBOQUANT_PRESETS)} "
+                "or k<bits>v<bits>[-nc]"
+            )
+        return TurboQuantScheme(int(m.group(1)), int(m.group(2)), bool(m.group(3)))
+    if len(parts) not in (2, 3):
+        raise SchemeError(f"{text!r}: a KV-cache scheme is 'kv-<fp8|fp8e5m2|int8>[-head|-token|-g<G>]'")
     if parts[1] not in _KV_TYPES:
         raise SchemeError(f"{text!r}: unknown KV-cache type {parts[1]!r}; known: fp8, fp8e5m2, int8")
     gran = parts[2] if len(parts) == 3 else "tensor"
-    if gran not in ("tensor", "head"):
-        raise SchemeError(f"{text!r}: unknown KV-cache granularity {gran!r}; known: tensor, head")
+    m = re.fullmatch(r"g(\d+)", gran)
+    if m:
+        if int(m.group(1)) <= 0:
+            raise SchemeError(f"{text!r}: the group size must be positive")
+        return KVCacheScheme(_KV_TYPES[parts[1]], "group", int(m.group(1)))
+    if gran not in ("tensor", "head", "token"):
+        raise SchemeError(
+            f"{text!r}: unknown KV-cache granularity {gran!r}; known: tensor, head, token, g<G>"
+        )
     return KVCacheScheme(_KV_TYPES[parts[1]], gran)
+
+
+#: what ``--kv-cache`` accepts besides quantrt's own names: vLLM's ``--kv-cache-dtype`` values
+KV_ALIASES = {
+    "fp8": "kv-fp8",
+    "fp8_e4m3": "kv-fp8",
+    "fp8_e5m2": "kv-fp8e5m2",
+    "int8": "kv-int8-token",
+    "int8_per_token_head": "kv-int8-token",
+    "fp8_per_token_head": "kv-fp8-token",
+    **{f"turboquant_{p}": "kv-tq-" + p.replace("_", "-") for p in TURBOQUANT_PRESETS},
+}
+
+
+def kv_scheme_from_name(text: str) -> KVScheme:
+    """A quantrt KV scheme name or one of vLLM's ``--kv-cache-dtype`` values (``fp8``, ``int8``,
+    ``turboquant_4bit_nc``, ...)."""
+    t = text.strip().lower()
+    return parse_kv_scheme(KV_ALIASES.get(t, t))
 
 
 # -- the catalog ---------------------------------------------------------------------------
@@ -557,4 +672,18 @@ def catalog() -> tuple[Scheme, ...]:
     return tuple(parse_scheme(s) for s in _CATALOG_STRINGS)
 
 
-KV_CATALOG = ("kv-fp8", "kv-fp8-head", "kv-fp8e5m2", "kv-fp8e5m2-head", "kv-int8", "kv-int8-head")
+KV_CATALOG = (
+    "kv-fp8",
+    "kv-fp8-head",
+    "kv-fp8-token",
+    "kv-fp8e5m2",
+    "kv-fp8e5m2-head",
+    "kv-int8",
+    "kv-int8-head",
+    "kv-int8-token",
+    "kv-int8-g32",
+    "kv-tq-k8v4",
+    "kv-tq-4bit-nc",
+    "kv-tq-k3v4-nc",
+    "kv-tq-3bit-nc",
+)

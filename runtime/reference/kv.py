@@ -1,7 +1,8 @@
 """KV-cache reference for :class:`~quantrt.schemes.KVCacheScheme`: scales, quantize, dequantize.
 
 Keys or values are ``[..., num_kv_heads, head_dim]``. Scales are fp32 multipliers: ``[1]`` per
-tensor or ``[num_kv_heads]`` per head, ``amax / qmax`` (448 e4m3, 57344 e5m2, 127 int8), 1 where
+tensor, ``[num_kv_heads]`` per head, ``[..., num_kv_heads, 1]`` per token and ``[..., num_kv_heads,
+head_dim / G]`` per group of G channels; ``amax / qmax`` (448 e4m3, 57344 e5m2, 127 int8), 1 where
 amax is 0. The cache stores ``sat(round(x / scale))``: fp8 by a saturating round-to-nearest-even
 cast, int8 by round-half-even clamped to [-128, 127]; it reads back ``q * scale``.
 """
@@ -27,10 +28,27 @@ def _check_x(x: torch.Tensor, scheme: KVCacheScheme) -> None:
         raise ReferenceInputError(f"{scheme}: expected [..., num_kv_heads, head_dim], found {list(x.shape)}")
 
 
+def _groups(x: torch.Tensor, scheme: KVCacheScheme) -> int:
+    """How many scales a token's head holds (dynamic schemes): 1 per token, head_dim / G per group."""
+    if scheme.granularity == "token":
+        return 1
+    if x.shape[-1] % scheme.group_size:
+        raise ReferenceInputError(
+            f"{scheme}: head_dim {x.shape[-1]} is not a multiple of the group size {scheme.group_size}"
+        )
+    return x.shape[-1] // scheme.group_size
+
+
 def _broadcast(scale: torch.Tensor, x: torch.Tensor, scheme: KVCacheScheme) -> torch.Tensor:
-    """A [1] or [H] scale shaped to broadcast over [..., H, D]; per-head scales may arrive as [H, 1, 1]."""
-    s = scale.to(torch.float32).reshape(-1)
+    """A scale shaped to broadcast over [..., H, D]; per-head scales may arrive as [H, 1, 1]."""
+    s = scale.to(torch.float32)
     heads = x.shape[-2]
+    if scheme.dynamic:
+        want = (*x.shape[:-1], _groups(x, scheme))
+        if tuple(s.shape) != want:
+            raise ReferenceInputError(f"{scheme}: expected scales of shape {list(want)}, found {list(s.shape)}")
+        return s.repeat_interleave(x.shape[-1] // want[-1], dim=-1)
+    s = s.reshape(-1)
     want = 1 if scheme.granularity == "tensor" else heads
     if s.numel() != want:
         raise ReferenceInputError(
@@ -40,13 +58,16 @@ def _broadcast(scale: torch.Tensor, x: torch.Tensor, scheme: KVCacheScheme) -> t
 
 
 def kv_scales(x: torch.Tensor, scheme: KVCacheScheme) -> torch.Tensor:
-    """Scales that map the largest |x| (overall, or per KV head) onto the stored type's max."""
+    """Scales that map the largest |x| (overall, per KV head, per token and head, or per group of
+    channels) onto the stored type's max."""
     _check_x(x, scheme)
     a = x.detach().to(torch.float32).abs()
     if scheme.granularity == "tensor":
         amax = a.amax().reshape(1)
-    else:
+    elif scheme.granularity == "head":
         amax = a.movedim(-2, 0).reshape(x.shape[-2], -1).amax(dim=1)
+    else:
+        amax = a.unflatten(-1, (_groups(x, scheme), -1)).amax(dim=-1)
     return torch.where(amax > 0, amax / kv_qmax(scheme), torch.ones_like(amax))
 
 

@@ -8,8 +8,10 @@ from quantrt.schemes import (
     KVCacheScheme,
     Scheme,
     SchemeError,
+    TurboQuantScheme,
     catalog,
     format_scheme,
+    kv_scheme_from_name,
     parse_kv_scheme,
     parse_scheme,
 )
@@ -130,6 +132,18 @@ def test_kv_schemes() -> None:
         assert parse_kv_scheme(text).name == text
     assert parse_kv_scheme("kv-fp8-head") == KVCacheScheme("fp8_e4m3", "head")
     assert parse_kv_scheme("kv-int8-tensor").name == "kv-int8"
-    for bad, frag in [("kv-fp4", "'fp4'"), ("kv-int8-token", "'token'"), ("cache-fp8", "kv-")]:
+    assert parse_kv_scheme("kv-int8-g32") == KVCacheScheme("int8", "group", 32)
+    assert kv_scheme_from_name("turboquant_k3v4_nc") == TurboQuantScheme(3, 4, True)
+    assert kv_scheme_from_name("int8").name == "kv-int8-token"
+    assert parse_kv_scheme("kv-tq-k4v3").name == "kv-tq-k4v3"
+    with pytest.raises(SchemeError, match="norm to correct"):
+        TurboQuantScheme(8, 4, True)
+    for bad, frag in [
+        ("kv-fp4", "'fp4'"),
+        ("kv-int8-chan", "'chan'"),
+        ("kv-tq-5bit", "5bit"),
+        ("kv-int8-g0", "positive"),
+        ("cache-fp8", "kv-"),
+    ]:
         with pytest.raises(SchemeError, match=frag):
             parse_kv_scheme(bad)

@@ -48,7 +48,41 @@ def test_int8_hand_values() -> None:
     assert kv.dequantize_kv(q, s, scale).tolist() == [[0.0, 2.0, -2.0, 127.0], [4.0, -4.0, -256.0, 0.0]]
 
 
-@pytest.mark.parametrize("text", KV_CATALOG)
+_STATIC = [
+    t for t in KV_CATALOG if isinstance(parse_kv_scheme(t), KVCacheScheme) and not parse_kv_scheme(t).dynamic
+]
+_DYNAMIC = [
+    t for t in KV_CATALOG if isinstance(parse_kv_scheme(t), KVCacheScheme) and parse_kv_scheme(t).dynamic
+]
+
+
+@pytest.mark.parametrize("text", _DYNAMIC)
+def test_dynamic_scales_per_token_and_group(gen: torch.Generator, fp8_round, text: str) -> None:
+    s = parse_kv_scheme(text)
+    x = torch.randn(3, 4, 64, generator=gen) * torch.tensor([0.01, 1.0, 30.0, 1e3])[None, :, None]
+    x[1, 2] = 0.0  # an all-zero token head: scale 1
+    scale = kv.kv_scales(x, s)
+    g = 1 if s.granularity == "token" else 64 // s.group_size
+    assert scale.shape == (3, 4, g)
+    q = kv.quantize_kv(x, s, scale)
+    dq = kv.dequantize_kv(q, s, scale)
+    qmax = _QMAX[s.dtype]
+    for t in range(3):
+        for h in range(4):
+            for j in range(g):
+                cols = slice(j * 64 // g, (j + 1) * 64 // g)
+                amax = float(x[t, h, cols].abs().max())
+                sh = scale[t, h, j]
+                assert sh.item() == pytest.approx(amax / qmax if amax else 1.0, rel=1e-7)
+                y = (x[t, h, cols] / sh).double()
+                expect = torch.round(y).clamp(-128, 127) if s.dtype == "int8" else fp8_round(y, _FMT[s.dtype])
+                assert torch.equal(q[t, h, cols].double(), expect)
+                assert torch.equal(dq[t, h, cols].double(), (expect * sh.double()).float().double())
+    with pytest.raises(ValueError, match="expected scales of shape"):
+        kv.quantize_kv(x, s, scale[:, :, :1].expand(3, 4, g + 1))
+
+
+@pytest.mark.parametrize("text", _STATIC)
 def test_round_trip_matches_loop(gen: torch.Generator, fp8_round, text: str) -> None:
     s = parse_kv_scheme(text)
     x = torch.randn(3, 4, 6, generator=gen) * torch.tensor([0.01, 1.0, 30.0, 1e3])[None, :, None]
