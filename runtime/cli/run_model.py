@@ -35,6 +35,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--ignore-eos", action="store_true", help="generate all tokens even past end-of-sequence")
     g.add_argument("--dtype", choices=sorted(DTYPES), help="activation dtype (default: the checkpoint's)")
     g.add_argument("--cuda-graphs", action="store_true", help="decode with a static cache and CUDA graphs")
+    g.add_argument(
+        "--kv-cache",
+        default="auto",
+        metavar="SCHEME",
+        help="KV cache: auto (the checkpoint's KV scales if it stores them, else unquantized), none, "
+        "fp8, fp8_e5m2, int8, a kv-* scheme or a turboquant_* preset (default auto)",
+    )
     g.add_argument("--check", action="store_true", help="compare the prompt's logits with the fp32 reference")
     g.add_argument("--quiet", action="store_true", help="no progress bar")
 
@@ -133,7 +140,14 @@ def handle(args: argparse.Namespace) -> int:
     )
     load_s = time.perf_counter() - t0
     host_peak = max(0, _peak() - base)
-    gen = greedy(model, ids, args.max_new_tokens, ignore_eos=args.ignore_eos, cuda_graphs=args.cuda_graphs)
+    gen = greedy(
+        model,
+        ids,
+        args.max_new_tokens,
+        ignore_eos=args.ignore_eos,
+        cuda_graphs=args.cuda_graphs,
+        kv_cache=args.kv_cache,
+    )
     text = tok.decode(gen.new, skip_special_tokens=True) if tok is not None else None
     report = model.quantrt
     size = sum(f.path.stat().st_size for f in _files(path))
@@ -197,6 +211,10 @@ def _print(o: dict[str, Any]) -> None:
         f"speed   prefill {o['prompt_tokens']} tokens at {o['prefill_tokens_per_s']:.1f} tok/s; "
         f"decode {o['new_tokens']} tokens at {o['decode_tokens_per_s']:.1f} tok/s{graphs}"
     )
+    if o.get("kv_cache"):
+        kv = o["kv_cache"]
+        layers = ", ".join(f"{k} x{v}" for k, v in kv["layers"].items())
+        print(f"kv      {kv['scheme']} ({layers}) on {kv['kernels']} kernels, {kv['bytes'] / mb:.1f} MiB")
     if "check" in o:
         c = o["check"]
         verdict = "ok" if c["ok"] else "FAIL"

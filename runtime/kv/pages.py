@@ -224,7 +224,9 @@ class KVPages:
                 f"KV write: expected keys and values [N, {self.num_kv_heads}, {self.head_dim}], "
                 f"found {list(k.shape)} and {list(v.shape)}"
             )
-        self.calibrate(k, v)
+        if self.static and (self.k_scale is None or self.v_scale is None):
+            keep = slots.reshape(-1).to(k.device) >= 0  # calibrated on the tokens written, once
+            self.calibrate(k[keep], v[keep])
         if k.shape[0]:
             self.kernels.write(self, k, v, slots)
 

@@ -26,6 +26,8 @@ class Generation:
     prefill_s: float = 0.0
     decode_s: float = 0.0
     cuda_graphs: bool = False
+    #: the quantized KV cache it ran with (scheme, layers, kernels, bytes), None for the model's own
+    kv_cache: dict[str, Any] | None = None
 
     @property
     def tokens(self) -> list[int]:
@@ -50,6 +52,7 @@ class Generation:
             "prefill_tokens_per_s": round(self.prefill_tps, 2),
             "decode_tokens_per_s": round(self.decode_tps, 2),
             "cuda_graphs": self.cuda_graphs,
+            "kv_cache": self.kv_cache,
             "token_ids": self.tokens,
         }
 
@@ -83,9 +86,12 @@ def greedy(
     eos_token_id: int | Sequence[int] | None = None,
     ignore_eos: bool = False,
     cuda_graphs: bool = False,
+    kv_cache: Any = None,
 ) -> Generation:
     """Greedy decoding of ``max_new_tokens`` after ``prompt`` (stopping at an end-of-sequence token
-    unless ``ignore_eos``). ``cuda_graphs``: a static cache and one CUDA graph per decode step."""
+    unless ``ignore_eos``). ``cuda_graphs``: a static cache and one CUDA graph per decode step.
+    ``kv_cache``: a quantized KV cache scheme (``"fp8"``, ``"auto"``, a :class:`KVScheme`; see
+    :func:`quantrt.kv.kv_cache`), None for transformers' own cache."""
     from transformers import DynamicCache, StaticCache
 
     if not prompt:
@@ -99,10 +105,15 @@ def greedy(
     if max_new_tokens <= 0:
         return out
     total = len(prompt) + max_new_tokens
-    cache: Any
-    if cuda_graphs:
+    cache: Any = None
+    if kv_cache is not None:
+        from ..kv import kv_cache as make_kv_cache
+
+        cache = make_kv_cache(model, kv_cache, max_cache_len=total if cuda_graphs else None)
+        out.kv_cache = cache.describe() if cache is not None else None
+    if cache is None and cuda_graphs:
         cache = StaticCache(config=model.config, max_cache_len=total)
-    else:
+    elif cache is None:
         cache = DynamicCache(config=model.config)
     _sync(device)
     t0 = time.perf_counter()
@@ -131,6 +142,8 @@ def greedy(
             break
     _sync(device)
     out.decode_s = time.perf_counter() - t0
+    if out.kv_cache is not None:
+        out.kv_cache = cache.describe()
     return out
 
 

@@ -50,6 +50,8 @@ class LoadReport:
     kernels: dict[str, str] = field(default_factory=dict)
     ignored: dict[str, str] = field(default_factory=dict)
     bytes_read: int = 0
+    #: decoder layer index -> the checkpoint's KV-cache scales for it (quantrt.kv.kv_cache uses them)
+    kv_scales: dict[int, Any] = field(default_factory=dict)
 
     def plan_summary(self) -> dict[str, int]:
         """Kernel -> number of layers it runs."""
@@ -67,6 +69,18 @@ class LoadReport:
             "layers": self.kernels,
             "ignored_tensors": self.ignored,
         }
+
+
+def _layer_index(model: nn.Module, attn: str) -> int | None:
+    """The decoder layer an attention module's prefix belongs to (its ``layer_idx``)."""
+    try:
+        idx = getattr(model.get_submodule(attn), "layer_idx", None)
+    except AttributeError:
+        idx = None
+    if idx is None:
+        m = re.search(r"\.layers\.(\d+)\.", attn + ".")
+        idx = int(m.group(1)) if m else None
+    return idx
 
 
 def _names(items: list[str]) -> str:
@@ -518,10 +532,15 @@ class ModelLoader:
         index = self.ckpt.index
         ignored = dict(self.ckpt.reader.ignored())
         for attn, kv in self.ckpt.kv_cache_scales().items():
+            idx = _layer_index(self.model, attn)
+            if idx is not None:
+                self.report.kv_scales[idx] = kv
             for n in kv.names:
                 ignored[n] = (
-                    f"KV-cache scale of {attn} ({kv.scheme}): not applied, the KV cache stays in "
-                    f"{str(self.dtype).replace('torch.', '')}"
+                    f"KV-cache scale of {attn} ({kv.scheme}): applied by a quantized KV cache "
+                    "(quantrt run --kv-cache auto, quantrt.kv.kv_cache(model))"
+                    if idx is not None
+                    else f"KV-cache scale of {attn} ({kv.scheme}): no decoder layer index found for it"
                 )
         if self.ckpt.format == "gguf":
             from ..formats.gguf_arch import HARMLESS_EXTRAS

@@ -1,0 +1,154 @@
+"""What a quantized KV cache costs in accuracy on a real model: perplexity and greedy tokens.
+
+    python3 bench/kv_quality.py MODEL --out FILE.json [--schemes none,fp8,...] [--tokens 256]
+        [--prompt-tokens 32] [--greedy 32] [--device cpu] [--dtype bf16] [--json]
+
+- perplexity: a fixed English text (below), its first ``--prompt-tokens`` tokens prefilled, then
+  every further token fed one at a time (teacher forcing), so each prediction attends the
+  quantized cache through the decode path; the same walk with the unquantized cache is the
+  baseline, and each scheme's change is reported relative to it;
+- greedy: ``--greedy`` new tokens after each of three prompts, compared with the unquantized cache
+  (the number of leading tokens that agree, and whether all do);
+- decode speed of each run (tokens/s of the teacher-forced walk, this machine).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+TEXT = (
+    "The history of the printing press begins in the middle of the fifteenth century, when Johannes "
+    "Gutenberg, a goldsmith from Mainz, combined movable metal type, oil-based ink and a wooden press "
+    "adapted from those used to make wine. Before his invention, books in Europe were copied by hand, "
+    "usually by monks in monasteries, and a single volume could take months to finish. The new method "
+    "made it possible to produce hundreds of identical copies in the time a scribe needed for one. "
+    "Within fifty years, printing shops had opened in more than two hundred cities, and millions of "
+    "books were in circulation. Prices fell, literacy spread beyond the clergy and the nobility, and "
+    "ideas travelled faster than ever before. Scholars could compare the same text in different places, "
+    "which encouraged the growth of science, while pamphlets and broadsheets carried news and political "
+    "arguments to a wide audience. Historians often describe the press as one of the most important "
+    "inventions of the second millennium, because it changed not only how knowledge was stored but also "
+    "who could take part in the conversations that shaped religion, government and learning."
+)
+PROMPTS = (
+    "The capital of France is",
+    "Here is a short poem about the sea:",
+    "To compute the factorial of a number in Python, you can",
+)
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+def git_sha() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+@torch.inference_mode()
+def teacher_forced(model: Any, ids: list[int], prompt: int, scheme: str | None) -> tuple[float, float]:
+    """Mean negative log-likelihood of ids[prompt:] with each token predicted through a decode step,
+    and the decode tokens/s."""
+    from transformers import DynamicCache
+
+    from quantrt.kv import kv_cache
+    from quantrt.models.generate import cache_kwarg
+
+    device = next(model.parameters()).device
+    cache = kv_cache(model, scheme) if scheme else None
+    if cache is None:
+        cache = DynamicCache(config=model.config)
+    kw = cache_kwarg(model)
+    x = torch.tensor([ids], device=device)
+    logits = model(input_ids=x[:, :prompt], **{kw: cache}, use_cache=True).logits[0, -1].float()
+    nll = -torch.log_softmax(logits, -1)[ids[prompt]].item()
+    t0 = time.perf_counter()
+    for i in range(prompt, len(ids) - 1):
+        logits = model(input_ids=x[:, i : i + 1], **{kw: cache}, use_cache=True).logits[0, -1].float()
+        nll -= torch.log_softmax(logits, -1)[ids[i + 1]].item()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    dt = time.perf_counter() - t0
+    return nll / (len(ids) - prompt), (len(ids) - 1 - prompt) / dt
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("model", help="a checkpoint folder or .gguf quantrt loads")
+    ap.add_argument("--out", required=True)
+    ap.add_argument(
+        "--schemes",
+        default="fp8,fp8_e5m2,kv-int8,int8,kv-int8-g32,turboquant_k8v4,turboquant_4bit_nc,"
+        "turboquant_k3v4_nc,turboquant_3bit_nc",
+    )
+    ap.add_argument("--tokens", type=int, default=256, help="tokens of the text scored")
+    ap.add_argument("--prompt-tokens", type=int, default=32)
+    ap.add_argument("--greedy", type=int, default=32, help="new tokens per greedy prompt")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
+    args = ap.parse_args()
+
+    import quantrt
+    from quantrt.models.generate import greedy
+    from quantrt.models.tokenizer import load_tokenizer
+
+    model = quantrt.from_pretrained(args.model, device=args.device, dtype=DTYPES[args.dtype], progress=False)
+    tok = load_tokenizer(Path(args.model))
+    ids = tok.encode(TEXT)[: args.tokens]
+    prompts = [tok.encode(p) for p in PROMPTS]
+    doc: dict[str, Any] = {
+        "date": datetime.date.today().isoformat(),
+        "device": torch.cuda.get_device_name() if args.device.startswith("cuda") else platform.processor() or "cpu",
+        "model": str(args.model),
+        "dtype": args.dtype,
+        "tree": git_sha(),
+        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "text_tokens": len(ids),
+        "prompt_tokens": args.prompt_tokens,
+        "rows": [],
+    }
+    base_nll, base_tps = teacher_forced(model, ids, args.prompt_tokens, None)
+    base_greedy = [greedy(model, p, args.greedy, ignore_eos=True).new for p in prompts]
+    doc["baseline"] = {"ppl": math.exp(base_nll), "decode_tokens_per_s": base_tps}
+    print(f"{'scheme':<22} {'ppl':>9} {'change':>8} {'greedy agree':>14} {'tok/s':>7}")
+    print(f"{'unquantized':<22} {math.exp(base_nll):9.3f} {'':>8} {'':>14} {base_tps:7.1f}")
+    for name in [s for s in args.schemes.split(",") if s]:
+        nll, tps = teacher_forced(model, ids, args.prompt_tokens, name)
+        agree = []
+        for p, ref in zip(prompts, base_greedy, strict=True):
+            got = greedy(model, p, args.greedy, ignore_eos=True, kv_cache=name)
+            same = next((i for i, (a, b) in enumerate(zip(got.new, ref, strict=True)) if a != b), len(ref))
+            agree.append(same)
+            kv = got.kv_cache
+        row = {
+            "scheme": name,
+            "kv_cache": kv,
+            "ppl": math.exp(nll),
+            "ppl_change": math.exp(nll) / math.exp(base_nll) - 1,
+            "greedy_agree": agree,
+            "greedy_identical": all(a == args.greedy for a in agree),
+            "decode_tokens_per_s": tps,
+        }
+        doc["rows"].append(row)
+        Path(args.out).write_text(json.dumps(doc, indent=1) + "\n")
+        print(
+            f"{kv['scheme'] if kv else name:<22} {row['ppl']:9.3f} {row['ppl_change']:+8.2%} "
+            f"{'/'.join(map(str, agree)):>14} {tps:7.1f}"
+        )
+    Path(args.out).write_text(json.dumps(doc, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
