@@ -161,6 +161,8 @@ class QuantKVLayer(_layer_mixin()):  # type: ignore[misc]
         if self.fused:
             first = None if static else start
             return KVRead(self, key_states, first), KVRead(self, value_states, first)
+        if not static and start == 0:  # the first prefill attends the keys as computed
+            return key_states, value_states
         return self.dequantized()
 
     def seq_lens(self) -> torch.Tensor:
