@@ -10,6 +10,11 @@
 - greedy: ``--greedy`` new tokens after each of three prompts, compared with the unquantized cache
   (the number of leading tokens that agree, and whether all do);
 - decode speed of each run (tokens/s of the teacher-forced walk, this machine).
+
+With quantrt's own layers, kernels that quantize their activations (GGUF's q8 activations on the
+CPU, W8A8) turn any last-bit difference in attention into a different code somewhere, so greedy
+agreement there measures that as much as the cache; ``--dense`` takes the weights dequantized by
+transformers' GGUF loader, leaving the cache the only approximation.
 """
 
 from __future__ import annotations
@@ -97,13 +102,28 @@ def main() -> int:
     ap.add_argument("--greedy", type=int, default=32, help="new tokens per greedy prompt")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
+    ap.add_argument(
+        "--dense",
+        action="store_true",
+        help="a .gguf loaded by transformers' own GGUF loader (weights dequantized, no quantized "
+        "activations anywhere): the KV cache is then the only approximation",
+    )
     args = ap.parse_args()
 
     import quantrt
     from quantrt.models.generate import greedy
     from quantrt.models.tokenizer import load_tokenizer
 
-    model = quantrt.from_pretrained(args.model, device=args.device, dtype=DTYPES[args.dtype], progress=False)
+    if args.dense:
+        from transformers import AutoModelForCausalLM
+
+        path = Path(args.model)
+        model = AutoModelForCausalLM.from_pretrained(
+            str(path.parent), gguf_file=path.name, dtype=DTYPES[args.dtype], attn_implementation="sdpa"
+        ).to(args.device)
+        model.eval()
+    else:
+        model = quantrt.from_pretrained(args.model, device=args.device, dtype=DTYPES[args.dtype], progress=False)
     tok = load_tokenizer(Path(args.model))
     ids = tok.encode(TEXT)[: args.tokens]
     prompts = [tok.encode(p) for p in PROMPTS]
@@ -112,6 +132,7 @@ def main() -> int:
         "device": torch.cuda.get_device_name() if args.device.startswith("cuda") else platform.processor() or "cpu",
         "model": str(args.model),
         "dtype": args.dtype,
+        "weights": "transformers GGUF loader, dequantized" if args.dense else "quantrt",
         "tree": git_sha(),
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
         "text_tokens": len(ids),
