@@ -15,6 +15,7 @@ model is its own GGUF loader's (``from_pretrained(gguf_file=...)``: dequantized,
 Each configuration: one warm-up generation, then ``--repeat`` timed ones; medians reported.
 
     python3 bench/gpu_model.py --layout bench/layouts/gemma-3-270m-q4_k_m.json --out F.json
+    python3 bench/gpu_model.py --layout ... --prompt-tokens 4096 --kv-caches none,fp8,turboquant_4bit_nc --out F.json
 """
 
 from __future__ import annotations
@@ -65,13 +66,18 @@ def write_gguf(layout: dict[str, Any], path: Path) -> None:
     w.close()
 
 
-def timed(model: Any, prompt: list[int], new: int, graphs: bool, repeat: int) -> dict[str, Any]:
+def timed(
+    model: Any, prompt: list[int], new: int, graphs: bool, repeat: int, kv: str | None = None
+) -> dict[str, Any]:
     from quantrt.models.generate import greedy
 
-    greedy(model, prompt, new, ignore_eos=True, cuda_graphs=graphs)
-    runs = [greedy(model, prompt, new, ignore_eos=True, cuda_graphs=graphs) for _ in range(repeat)]
+    greedy(model, prompt, new, ignore_eos=True, cuda_graphs=graphs, kv_cache=kv)
+    runs = [
+        greedy(model, prompt, new, ignore_eos=True, cuda_graphs=graphs, kv_cache=kv) for _ in range(repeat)
+    ]
     return {
         "cuda_graphs": graphs,
+        "kv_cache": runs[0].kv_cache,
         "decode_tok_s": statistics.median(r.decode_tps for r in runs),
         "decode_tok_s_runs": [round(r.decode_tps, 1) for r in runs],
         "prefill_s": statistics.median(r.prefill_s for r in runs),
@@ -85,6 +91,12 @@ def main() -> int:
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--out", required=True)
+    ap.add_argument(
+        "--kv-caches",
+        default="",
+        help="comma-separated KV caches (none,fp8,int8,turboquant_4bit_nc,...): quantrt alone with each, "
+        "eager and CUDA graphs, instead of the transformers comparison (use a long --prompt-tokens)",
+    )
     args = ap.parse_args()
 
     import transformers
@@ -106,6 +118,17 @@ def main() -> int:
         q = quantrt.from_pretrained(path, device="cuda", dtype=torch.bfloat16, progress=False)
         torch.cuda.synchronize()
         result["quantrt"] = {"load_s": time.perf_counter() - t0, "plan": q.quantrt.plan_summary()}
+        if args.kv_caches:
+            result["what"] = "whole-model decode, quantrt with each KV cache"
+            result["kv"] = {}
+            for kv in args.kv_caches.split(","):
+                result["kv"][kv] = {
+                    mode: timed(q, prompt, args.new_tokens, mode == "graphs", args.repeat, kv)
+                    for mode in ("eager", "graphs")
+                }
+                Path(args.out).write_text(json.dumps(result, indent=1))
+                print(kv, {m: round(r["decode_tok_s"], 1) for m, r in result["kv"][kv].items()}, flush=True)
+            return 0
         result["quantrt"]["eager"] = timed(q, prompt, args.new_tokens, False, args.repeat)
         result["quantrt"]["graphs"] = timed(q, prompt, args.new_tokens, True, args.repeat)
         result["quantrt"]["gpu_bytes"] = torch.cuda.max_memory_allocated()

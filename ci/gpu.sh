@@ -6,7 +6,8 @@
 # Usage (device tool): bash ci/gpu.sh            (bench off: QUANTRT_GPU_BENCH=0; sweep the CUDA
 # W4A16 launch shapes first and use them: QUANTRT_GPU_TUNE=1; the Triton W8A8 tiles:
 # QUANTRT_GPU_TUNE_W8A8=1; the FP4/NF4 and GGUF kernels: QUANTRT_GPU_TUNE_LUT=1; the CUDA GGUF GEMV:
-# QUANTRT_GPU_TUNE_GGUF_GEMV=1; the MoE bench (bench/gpu_moe.py): QUANTRT_GPU_MOE_BENCH=1; bench schemes:
+# QUANTRT_GPU_TUNE_GGUF_GEMV=1; the MoE bench (bench/gpu_moe.py): QUANTRT_GPU_MOE_BENCH=1; the KV-cache
+# benches (bench/gpu_kv.py, bench/gpu_model.py --kv-caches): QUANTRT_GPU_KV_BENCH=1; bench schemes:
 # QUANTRT_BENCH_SCHEMES, shapes: QUANTRT_BENCH_SHAPES, batch sizes: QUANTRT_BENCH_MS; test paths: QUANTRT_GPU_TESTS)
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -78,9 +79,24 @@ fi
 if [ "${QUANTRT_GPU_MOE_BENCH:-0}" = 1 ]; then
   # the fused MoE kernels beside the bf16 grouped baseline and dequant + baseline (Mixtral-8x7B and
   # Qwen3-30B-A3B layer shapes, M = 1..1024), bounded to a few minutes
-  ( cd /tmp && python3 "$ROOT/bench/gpu_moe.py" --out "$OUT/moe.json" ) > "$OUT/moe-bench.log" 2>&1 \
+  # shellcheck disable=SC2086  # extra arguments (QUANTRT_MOE_ARGS="--ms 1,16 --budget-s 90")
+  ( cd /tmp && python3 "$ROOT/bench/gpu_moe.py" --out "$OUT/moe.json" ${QUANTRT_MOE_ARGS:-} ) > "$OUT/moe-bench.log" 2>&1 \
     || { tail -n 20 "$OUT/moe-bench.log"; status=1; }
   tail -n 40 "$OUT/moe-bench.log"
+fi
+if [ "${QUANTRT_GPU_KV_BENCH:-0}" = 1 ]; then
+  # decode attention over the quantized KV cache beside SDPA/FlashAttention on a bf16 cache
+  # (1k/8k/32k context, batch 1/16/64), then whole-model decode with each cache (gemma-3-270m's
+  # layout, a long prompt); each bounded to a few minutes
+  # shellcheck disable=SC2086
+  ( cd /tmp && python3 "$ROOT/bench/gpu_kv.py" --out "$OUT/kv.json" ${QUANTRT_KV_ARGS:-} ) > "$OUT/kv-bench.log" 2>&1 \
+    || { tail -n 20 "$OUT/kv-bench.log"; status=1; }
+  tail -n 30 "$OUT/kv-bench.log"
+  ( cd /tmp && python3 "$ROOT/bench/gpu_model.py" --layout "$ROOT/bench/layouts/gemma-3-270m-q4_k_m.json" \
+    --prompt-tokens "${QUANTRT_KV_PROMPT:-4096}" --new-tokens 64 --repeat 3 \
+    --kv-caches "${QUANTRT_KV_CACHES:-none,fp8,int8,turboquant_k8v4,turboquant_4bit_nc,turboquant_3bit_nc}" \
+    --out "$OUT/kv-model.json" ) > "$OUT/kv-model.log" 2>&1 || { tail -n 20 "$OUT/kv-model.log"; status=1; }
+  tail -n 8 "$OUT/kv-model.log"
 fi
 if [ "${QUANTRT_GPU_BENCH:-1}" = 1 ]; then
   schemes="${QUANTRT_BENCH_SCHEMES:-w4a16-int-g128-asym,w8a16-int-ch-sym,w8a8-fp8-ch,w8a8-fp8-block128,w8a8-int-ch-sym}"
