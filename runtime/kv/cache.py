@@ -233,10 +233,12 @@ class QuantKVCache(_cache_base()):  # type: ignore[misc]
         for layer in self.layers:
             kinds[str(layer.scheme or "unquantized")] = kinds.get(str(layer.scheme or "unquantized"), 0) + 1
         first = next((layer for layer in self.layers if layer.pages is not None), None)
+        quantized = next((layer for layer in self.layers if layer.pages is not None and layer.scheme), first)
         return {
             "scheme": str(self.scheme or "unquantized"),
             "layers": kinds,
-            "kernels": first.pages.kernels.name if first is not None else None,
+            "kernels": quantized.pages.kernels.name if quantized is not None else None,
+            "candidates": {n: v.reason for n, v in quantized.pages.verdicts} if quantized is not None else {},
             "bytes": self.nbytes(),
         }
 
