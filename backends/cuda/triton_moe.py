@@ -23,6 +23,11 @@ and top_k. The table is ``tunings/moe_<arch>.json`` when a sweep wrote one (``be
 ``split_k_target``: programs to aim for in small buckets; K is split (fp32 atomics) when the active
 tiles times N/block_n fall short of it. A call compares ``A`` with the bucket bounds; nothing tunes
 at run time and nothing synchronises, so a whole MoE layer captures into a CUDA graph.
+
+The routing sorted by expert and padded to the tile comes from one Triton launch
+(``backends/triton/moe_align.py``) up to its bound on assignments, from ExpertBatch's torch ops
+beyond it (prefill, where the GEMMs dominate); either way it is cached on the batch, so both
+projections of a call share it.
 """
 
 from __future__ import annotations
@@ -111,6 +116,7 @@ class MoeLayout:
     out_dtype: torch.dtype
     matmul: Any  # moe_matmul, bound at load so a call imports nothing
     quant: Any  # (per_token, per_token_group, per_expert) quantizers
+    align: Any  # (takes, align_routing) of moe_align, bound at load as well
     _split: dict[tuple[int, int], Any] = field(default_factory=dict)
 
     def tile(self, A: int) -> Any:
@@ -151,7 +157,7 @@ def _run(
     """The one strategy: quantize activations as the scheme says, then one grouped launch."""
     A = batch.A
     tile = lay.tile(A)
-    sid, bexp, npad = batch.aligned(tile.block_m)
+    sid, bexp, npad = _aligned(lay, batch, tile.block_m)
     order, offsets = batch.sorted()
     row_div = batch.top_k if gather else 1
     xs, mode = None, "none"
@@ -168,6 +174,27 @@ def _run(
         x, lay.weights, sid, bexp, npad, order, offsets, A, row_div, tile, lay.out_dtype,
         x_scale=xs, act_scale_mode=mode, topk_weights=batch.weights if weighted else None, bias=bias, out=out,
     )  # fmt: skip
+
+
+def _aligned(
+    lay: MoeLayout, batch: ExpertBatch, block: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``batch.aligned(block)``, made by one Triton launch where it can run (a GPU, or the
+    interpreter's tests) and the batch is small enough, rather than ExpertBatch's torch ops (one
+    launch each, the fixed cost that dominates a decode step's MoE layer). The results go into the
+    batch's caches, as ``aligned`` and ``sorted`` would put them, so the other projection and any
+    other kernel reading the orders reuse them (the values are the same, element for element)."""
+    got = batch._aligned.get(block)
+    if got is not None:
+        return got
+    takes, align_routing = lay.align
+    if not takes(batch.topk_ids):
+        return batch.aligned(block)
+    order, offsets, sid, bexp, npad = align_routing(batch.topk_ids, batch.E, block)
+    if batch._sorted is None:
+        batch._sorted = (order, offsets)
+    got = batch._aligned[block] = (sid, bexp, npad)
+    return got
 
 
 def _describe(lay: MoeLayout) -> str:
@@ -226,7 +253,7 @@ class CudaTritonMoe(Kernel):
         in_scale: Any = None,
         section: str | None = None,
     ) -> PreparedExperts:
-        from quantrt.backends.triton import act_quant
+        from quantrt.backends.triton import act_quant, moe_align
         from quantrt.backends.triton.moe import MoeTile, moe_matmul, quantize_per_expert
 
         table = load_table(tile_table.arch_of(weights.w))[section or self.section]
@@ -251,6 +278,7 @@ class CudaTritonMoe(Kernel):
             weights, tuple(tiles), tuple(targets), tuple(b * E for b in ROWS_PER_EXPERT[:-1]), act, act_kind,
             in_scale, spec.output_dtype, moe_matmul,
             (act_quant.quantize_per_token, act_quant.quantize_per_token_group, quantize_per_expert),
+            (moe_align.takes, moe_align.align_routing),
         )  # fmt: skip
         # the launcher also runs fp32 activations (IEEE dots): a layer prepared for them takes them
         # (the interpreter tests), though planning never picks these kernels for fp32
