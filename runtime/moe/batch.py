@@ -23,7 +23,19 @@ import torch
 class ExpertBatch:
     """The routing of ``M`` tokens to ``top_k`` of ``E`` local experts each."""
 
-    __slots__ = ("A", "E", "M", "_aligned", "_counts", "_sorted", "ids", "top_k", "topk_ids", "weights")
+    __slots__ = (
+        "A",
+        "E",
+        "M",
+        "_aligned",
+        "_counts",
+        "_ids",
+        "_sorted",
+        "_weights",
+        "top_k",
+        "topk_ids",
+        "topk_weights",
+    )
 
     def __init__(self, topk_ids: torch.Tensor, topk_weights: torch.Tensor | None, num_experts: int) -> None:
         if topk_ids.dim() != 2:
@@ -34,15 +46,28 @@ class ExpertBatch:
             )
         self.M, self.top_k = int(topk_ids.shape[0]), int(topk_ids.shape[1])
         self.A, self.E = self.M * self.top_k, int(num_experts)
-        self.topk_ids = topk_ids
-        #: expert of each assignment, int64 [A]; E for an expert this rank does not hold
-        ids = topk_ids.reshape(-1).to(torch.int64)
-        self.ids = torch.where((ids >= 0) & (ids < self.E), ids, self.E)
-        #: routing weight of each assignment, fp32 [A] (None: not given)
-        self.weights = None if topk_weights is None else topk_weights.reshape(-1).to(torch.float32)
+        self.topk_ids, self.topk_weights = topk_ids, topk_weights
+        self._ids: torch.Tensor | None = None
+        self._weights: torch.Tensor | None = None
         self._sorted: tuple[torch.Tensor, torch.Tensor] | None = None
         self._aligned: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
         self._counts: list[int] | None = None
+
+    @property
+    def ids(self) -> torch.Tensor:
+        """Expert of each assignment, int64 [A]; E for an expert this rank does not hold (made on
+        first use: a fused path that reads ``topk_ids`` itself never pays for it)."""
+        if self._ids is None:
+            ids = self.topk_ids.reshape(-1).to(torch.int64)
+            self._ids = torch.where((ids >= 0) & (ids < self.E), ids, self.E)
+        return self._ids
+
+    @property
+    def weights(self) -> torch.Tensor | None:
+        """Routing weight of each assignment, fp32 [A] (None: not given)."""
+        if self._weights is None and self.topk_weights is not None:
+            self._weights = self.topk_weights.reshape(-1).to(torch.float32)
+        return self._weights
 
     def rows(self, gather: bool) -> torch.Tensor:
         """The input row of every assignment: its token (``gather``) or itself."""

@@ -374,7 +374,7 @@ class QuantExperts(nn.Module):
         a = self.act(h)
         d = self._down
         y = d.state(a, batch, gather=False, weighted=True, bias=d.bias)
-        return y.view(M, k, self.hidden_size).sum(dim=1, dtype=torch.float32).to(self.act_dtype)
+        return y.view(M, k, self.hidden_size).sum(dim=1)  # accumulated in fp32, rounded once
 
     def extra_repr(self) -> str:
         kern = self.kernel_names if self._down is not None else "not prepared"
