@@ -25,6 +25,8 @@ from quantrt.specs import LayerSpec
 BF16 = torch.bfloat16
 #: whole layers: bf16 rounding of h, of the activation and of the output (the oracle keeps fp32)
 LAYER_TOL = 2e-2
+#: whole layers whose activations are quantized to 8 bits (fp8/int8 W8A8) before each projection
+W8A8_LAYER_TOL = 3e-2
 #: one projection: bf16 dequantized weights and output
 PROJ_TOL = 1e-2
 
@@ -103,7 +105,9 @@ def test_layer_picks_fused_kernel_and_matches_reference(scheme: str, kernel: str
             x.cpu(), ids, w, weight_only(gate_up), weight_only(down), "silu",
             gate_up_bias=b13.to(BF16), down_bias=b2.to(BF16), out_dtype=torch.float32,
         )  # fmt: skip
-        assert rel(y, ref) < LAYER_TOL, (scheme, M, top_k, rel(y, ref))
+        # 8-bit activations: the bf16 h quantizes to other codes than the oracle's fp32 h in places
+        tol = LAYER_TOL if parse_scheme(scheme).act in (None, "nvfp4") else W8A8_LAYER_TOL
+        assert rel(y, ref) < tol, (scheme, M, top_k, rel(y, ref))
 
 
 @pytest.mark.parametrize("scheme", ["w4a16-int-g128-sym", "w8a8-fp8-ch", "w4a16-mxfp4"])
