@@ -32,6 +32,7 @@ def register(registry: Any) -> None:
     from .torch_fp4 import CudaScaledMMNvfp4
     from .torch_ops import CudaIntMM, CudaScaledMMFp8, CudaTinygemm
     from .triton_gguf import CudaTritonGGUF
+    from .triton_kv import TritonKV
     from .triton_lut4 import CudaTritonBnb4, CudaTritonFp4
     from .triton_moe import FUSED_MOE_KERNELS
     from .triton_w4a16 import CudaTritonW4A16, CudaTritonW8A16
@@ -62,3 +63,4 @@ def register(registry: Any) -> None:
     fused_moe_kernels = list(FUSED_MOE_KERNELS)  # MoE experts: one fused grouped GEMM per projection
     # then every linear kernel looped over the experts, for the schemes no fused kernel takes
     registry.register_ordered([*linear, *fused_moe_kernels, *(experts_loop(k) for k in linear)])
+    registry.register_kv("cuda", TritonKV())  # the KV cache: quantize-on-write, split-K decode

@@ -46,7 +46,9 @@ def _broadcast(scale: torch.Tensor, x: torch.Tensor, scheme: KVCacheScheme) -> t
     if scheme.dynamic:
         want = (*x.shape[:-1], _groups(x, scheme))
         if tuple(s.shape) != want:
-            raise ReferenceInputError(f"{scheme}: expected scales of shape {list(want)}, found {list(s.shape)}")
+            raise ReferenceInputError(
+                f"{scheme}: expected scales of shape {list(want)}, found {list(s.shape)}"
+            )
         return s.repeat_interleave(x.shape[-1] // want[-1], dim=-1)
     s = s.reshape(-1)
     want = 1 if scheme.granularity == "tensor" else heads

@@ -110,7 +110,7 @@ def pack_bits(codes: torch.Tensor, bits: int) -> torch.Tensor:
         return (pairs[..., 0] | (pairs[..., 1] << 4)).to(torch.uint8)
     if bits == 3:
         groups = c.unflatten(-1, (-1, 8))
-        word = (groups << (torch.arange(8, dtype=torch.int32) * 3)).sum(-1)
+        word = (groups << (torch.arange(8, dtype=torch.int32, device=c.device) * 3)).sum(-1)
         return torch.stack([(word >> s) & 0xFF for s in (0, 8, 16)], -1).flatten(-2).to(torch.uint8)
     raise ReferenceInputError(f"pack_bits: {bits}-bit codes are not a TurboQuant layout (3 or 4)")
 
@@ -123,7 +123,7 @@ def unpack_bits(packed: torch.Tensor, bits: int) -> torch.Tensor:
     if bits == 3:
         b = p.unflatten(-1, (-1, 3))
         word = b[..., 0] | (b[..., 1] << 8) | (b[..., 2] << 16)
-        return ((word[..., None] >> (torch.arange(8) * 3)) & 7).flatten(-2)
+        return ((word[..., None] >> (torch.arange(8, device=p.device) * 3)) & 7).flatten(-2)
     raise ReferenceInputError(f"unpack_bits: {bits}-bit codes are not a TurboQuant layout (3 or 4)")
 
 
@@ -139,12 +139,12 @@ def quantize_keys(x: torch.Tensor, scheme: TurboQuantScheme) -> dict[str, torch.
     if scheme.key_bits == 8:
         return {"k": to_fp8(xf, torch.float8_e4m3fn)}
     d = x.shape[-1]
-    centroids, bounds = codebook(d, scheme.key_bits)
+    centroids, bounds = (t.to(x.device) for t in codebook(d, scheme.key_bits))
     norm = torch.linalg.vector_norm(xf, dim=-1)
     unit = torch.where(
         norm[..., None] > 0, xf / norm.clamp_min(torch.finfo(torch.float32).tiny)[..., None], 0.0
     )
-    y = unit @ rotation(d)
+    y = unit @ rotation(d).to(x.device)
     idx = torch.searchsorted(bounds, y.contiguous(), right=True)
     if scheme.norm_correction:
         norm = norm / torch.linalg.vector_norm(centroids[idx], dim=-1)
@@ -155,9 +155,10 @@ def dequantize_keys(planes: dict[str, torch.Tensor], scheme: TurboQuantScheme, h
     """fp32 keys [..., H, D] read back from the cache."""
     if scheme.key_bits == 8:
         return planes["k"].to(torch.float32)
-    centroids, _ = codebook(head_dim, scheme.key_bits)
+    dev = planes["k"].device
+    centroids = codebook(head_dim, scheme.key_bits)[0].to(dev)
     c = centroids[unpack_bits(planes["k"], scheme.key_bits)]
-    return planes["k_norm"].to(torch.float32)[..., None] * (c @ rotation(head_dim).T)
+    return planes["k_norm"].to(torch.float32)[..., None] * (c @ rotation(head_dim).to(dev).T)
 
 
 def quantize_values(x: torch.Tensor, scheme: TurboQuantScheme) -> dict[str, torch.Tensor]:

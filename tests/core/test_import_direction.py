@@ -21,6 +21,8 @@ BACKEND_API = (
     "quantrt.capability",
     "quantrt.canonical",
     "quantrt.moe",
+    "quantrt.kv",
+    "quantrt.reference.turboquant",
     "quantrt.specs",
     "quantrt.torchops",
     "quantrt.backends.triton",
