@@ -56,7 +56,9 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 def git_sha() -> str:
     try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+        return subprocess.run(
+            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True
+        ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
 
@@ -123,13 +125,17 @@ def main() -> int:
         ).to(args.device)
         model.eval()
     else:
-        model = quantrt.from_pretrained(args.model, device=args.device, dtype=DTYPES[args.dtype], progress=False)
+        model = quantrt.from_pretrained(
+            args.model, device=args.device, dtype=DTYPES[args.dtype], progress=False
+        )
     tok = load_tokenizer(Path(args.model))
     ids = tok.encode(TEXT)[: args.tokens]
     prompts = [tok.encode(p) for p in PROMPTS]
     doc: dict[str, Any] = {
         "date": datetime.date.today().isoformat(),
-        "device": torch.cuda.get_device_name() if args.device.startswith("cuda") else platform.processor() or "cpu",
+        "device": torch.cuda.get_device_name()
+        if args.device.startswith("cuda")
+        else platform.processor() or "cpu",
         "model": str(args.model),
         "dtype": args.dtype,
         "weights": "transformers GGUF loader, dequantized" if args.dense else "quantrt",
