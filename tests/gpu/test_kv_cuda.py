@@ -11,6 +11,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+if not torch.cuda.is_available():
+    # importing Triton kernels decides compiled or interpreted: collected before tests/triton's
+    # conftest asks for the interpreter, it would leave every later Triton test compiled
+    pytest.skip("needs a CUDA device (run by ci/gpu.sh)", allow_module_level=True)
+
 from quantrt.backends.triton import kv as triton_kv
 from quantrt.kv.kernels import TorchKV, decode_attention, write_kv
 from quantrt.kv.pages import KVPages
