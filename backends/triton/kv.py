@@ -146,8 +146,12 @@ def device_sms(device: torch.device) -> int:
     return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
 
 
+#: read once, as Triton decides at import whether these kernels are interpreted (no per-call reads)
+_INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
 def _interpreted() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+    return _INTERPRETED
 
 
 @functools.cache
