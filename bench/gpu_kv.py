@@ -43,6 +43,8 @@ import torch
 import torch.nn.functional as F
 import triton.testing as tt
 
+from quantrt.bench import graph_replay_us
+
 HQ, HKV, D = 32, 8, 128
 CONTEXTS = (1024, 8192, 32768)
 BATCHES = (1, 16, 64)
@@ -75,25 +77,7 @@ def eager_us(fn: Any) -> float:
 
 
 def graph_us(fn: Any) -> tuple[float | None, str]:
-    """do_bench over the replay of ``fn`` captured in a CUDA graph (L2 flushed between replays);
-    None and the error when ``fn`` cannot be captured."""
-    try:
-        fn()  # warm: compiles and caches before the capture
-        torch.cuda.synchronize()
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            fn()
-        torch.cuda.current_stream().wait_stream(s)
-        torch.cuda.synchronize()
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            fn()
-        torch.cuda.synchronize()
-        return eager_us(g.replay), ""
-    except Exception as e:  # record why, time the rest
-        torch.cuda.synchronize()
-        return None, f"{type(e).__name__}: {str(e)[:200]}"
+    return graph_replay_us(fn, WARMUP_MS, REP_MS)
 
 
 def timed(fn: Any) -> dict[str, Any]:

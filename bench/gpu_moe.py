@@ -51,6 +51,7 @@ import triton.testing as tt
 
 from quantrt.backends.cuda import triton_moe
 from quantrt.backends.triton.moe import MoeTile
+from quantrt.bench import graph_replay_us
 from quantrt.moe import CanonicalExperts, QuantExperts
 from quantrt.moe.activation import Activation
 from quantrt.schemes import parse_scheme
@@ -82,25 +83,7 @@ def eager_us(fn: Any) -> float:
 
 
 def graph_us(fn: Any) -> tuple[float | None, str]:
-    """do_bench over the replay of ``fn`` captured in a CUDA graph (L2 flushed between replays);
-    None and the error when ``fn`` cannot be captured."""
-    try:
-        fn()  # warm: compiles and caches before the capture
-        torch.cuda.synchronize()
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            fn()
-        torch.cuda.current_stream().wait_stream(s)
-        torch.cuda.synchronize()
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            fn()
-        torch.cuda.synchronize()
-        return eager_us(g.replay), ""
-    except Exception as e:  # a path that synchronises cannot be captured: record why
-        torch.cuda.synchronize()
-        return None, f"{type(e).__name__}: {str(e)[:200]}"
+    return graph_replay_us(fn, WARMUP_MS, REP_MS)
 
 
 # -- routing and the dense baselines ---------------------------------------------------------------

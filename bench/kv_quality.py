@@ -24,7 +24,6 @@ import datetime
 import json
 import math
 import platform
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -52,15 +51,6 @@ PROMPTS = (
     "To compute the factorial of a number in Python, you can",
 )
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-
-
-def git_sha() -> str:
-    try:
-        return subprocess.run(
-            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 @torch.inference_mode()
@@ -113,6 +103,7 @@ def main() -> int:
     args = ap.parse_args()
 
     import quantrt
+    from quantrt.bench import git_sha
     from quantrt.models.generate import greedy
     from quantrt.models.tokenizer import load_tokenizer
 

@@ -89,6 +89,31 @@ def median_us(fn: Callable[[], Any], graph: bool = False) -> float:
     return float(tt.do_bench(fn, warmup=15, rep=60, return_mode="median")) * 1e3
 
 
+def graph_replay_us(fn: Callable[[], Any], warmup_ms: int = 10, rep_ms: int = 50) -> tuple[float | None, str]:
+    """Median of ``fn`` captured in a CUDA graph and replayed (L2 flushed between replays, after a
+    warm-up call and a side-stream run as capture requires); None and the error when ``fn`` cannot
+    be captured (a path that synchronises), so a benchmark records why and times the rest."""
+    import triton.testing as tt
+
+    try:
+        fn()
+        torch.cuda.synchronize()
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            fn()
+        torch.cuda.current_stream().wait_stream(s)
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            fn()
+        torch.cuda.synchronize()
+        return float(tt.do_bench(g.replay, warmup=warmup_ms, rep=rep_ms, return_mode="median")) * 1e3, ""
+    except Exception as e:
+        torch.cuda.synchronize()
+        return None, f"{type(e).__name__}: {str(e)[:200]}"
+
+
 def copy_bandwidth_tbps(nbytes: int = 2 << 30) -> float:
     """Device-to-device copy, bytes read plus written per second: the streaming ceiling."""
     src = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
