@@ -123,6 +123,10 @@ def handle(args: argparse.Namespace) -> int:
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if args.cuda_graphs and device.type != "cuda":
         raise ConfigError(f"--cuda-graphs needs a CUDA device; this run is on {device}")
+    if args.kv_cache.strip().lower() not in ("auto", "none", "bf16", "bfloat16", "fp16", "float16"):
+        from ..schemes import kv_scheme_from_name
+
+        kv_scheme_from_name(args.kv_cache)  # a bad name fails before the model loads
     ids, tok = _prompt(args, path)
     if not ids:
         raise ConfigError("the prompt has no tokens")
