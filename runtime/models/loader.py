@@ -68,6 +68,7 @@ class LoadReport:
             "plan": self.plan_summary(),
             "layers": self.kernels,
             "ignored_tensors": self.ignored,
+            "kv_cache_scales": {str(i): str(kv.scheme) for i, kv in sorted(self.kv_scales.items())},
         }
 
 
@@ -533,15 +534,21 @@ class ModelLoader:
         ignored = dict(self.ckpt.reader.ignored())
         for attn, kv in self.ckpt.kv_cache_scales().items():
             idx = _layer_index(self.model, attn)
-            if idx is not None:
-                self.report.kv_scales[idx] = kv
-            for n in kv.names:
-                ignored[n] = (
-                    f"KV-cache scale of {attn} ({kv.scheme}): applied by a quantized KV cache "
-                    "(quantrt run --kv-cache auto, quantrt.kv.kv_cache(model))"
-                    if idx is not None
-                    else f"KV-cache scale of {attn} ({kv.scheme}): no decoder layer index found for it"
-                )
+            if idx is None:
+                for n in kv.names:
+                    ignored[n] = (
+                        f"KV-cache scale of {attn} ({kv.scheme}): no decoder layer index found for it"
+                    )
+                continue
+            self.report.kv_scales[idx] = kv  # read: quantrt.kv.kv_cache(model) and quantrt run apply them
+            self.consumed.update(kv.names)
+        if self.report.kv_scales:
+            schemes = sorted({str(kv.scheme) for kv in self.report.kv_scales.values()})
+            log.info(
+                "%s: KV-cache scales of %d layers (%s), applied by a quantized KV cache "
+                "(quantrt.kv.kv_cache(model, 'auto'), quantrt run's default); transformers' own cache ignores them",
+                self.ckpt.path, len(self.report.kv_scales), ", ".join(schemes),
+            )  # fmt: skip
         if self.ckpt.format == "gguf":
             from ..formats.gguf_arch import HARMLESS_EXTRAS
 

@@ -50,6 +50,8 @@ def test_checkpoint_scales_drive_the_cache(name: str) -> None:
     model = quantrt.from_pretrained(FIXTURES / name, device="cpu", dtype=torch.float32, progress=False)
     scales = model.quantrt.kv_scales
     assert set(scales) == {0} and scales[0].scheme == parse_kv_scheme("kv-fp8")
+    assert model.quantrt.to_json()["kv_cache_scales"] == {"0": "kv-fp8"}
+    assert not [n for n in model.quantrt.ignored if n in scales[0].names]  # read, not ignored
     refs = load_file(FIXTURES / name / "reference.safetensors")
     cache = kv_cache(model, "auto")
     assert isinstance(cache, QuantKVCache) and str(cache.scheme) == "kv-fp8"
