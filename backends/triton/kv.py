@@ -495,6 +495,23 @@ def _scale_strides(t: torch.Tensor | None) -> tuple[int, int]:
     return 0, (1 if t.numel() > 1 else 0)
 
 
+def _scale_planes(
+    fmt: KVFormat,
+    planes: dict[str, torch.Tensor],
+    k_scale: torch.Tensor | None,
+    v_scale: torch.Tensor | None,
+    scheme: KVScheme | None,
+    who: str,
+) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
+    """What scales the keys and values (static per layer, stored per token, or TurboQuant's key
+    norm) and the values' zero points, as both kernels read them."""
+    ks = {STATIC: k_scale, DYNAMIC: planes.get("k_scale"), NORM: planes.get("k_norm")}.get(fmt.k_scale)
+    vs = v_scale if fmt.v_scale == STATIC else planes.get("v_scale")
+    if fmt.k_scale == STATIC and (ks is None or vs is None):
+        raise ValueError(f"{who}: {scheme} needs its static k_scale and v_scale")
+    return ks, vs, planes.get("v_zero")
+
+
 def write_kv(
     scheme: KVScheme | None,
     planes: dict[str, torch.Tensor],
@@ -524,18 +541,7 @@ def write_kv(
     meta = _encode_meta(fmt.k_kind if fmt.k_kind in (E4M3, E5M2, INT8) else fmt.v_kind, k.device)
     hw = meta["ENC_HW"]
     kp, vp = _as_kernel_plane(planes["k"], hw, True), _as_kernel_plane(planes["v"], hw, True)
-    if fmt.k_scale == STATIC:
-        ks = k_scale
-    elif fmt.k_scale == DYNAMIC:
-        ks = planes["k_scale"]
-    elif fmt.k_scale == NORM:
-        ks = planes["k_norm"]
-    else:
-        ks = None
-    vs = v_scale if fmt.v_scale == STATIC else planes.get("v_scale")
-    vz = planes.get("v_zero")
-    if fmt.k_scale == STATIC and (ks is None or vs is None):
-        raise ValueError(f"write_kv: {scheme} needs its static k_scale and v_scale")
+    ks, vs, vz = _scale_planes(fmt, planes, k_scale, v_scale, scheme, "write_kv")
     rotated = fmt.k_kind in (U4, U3)
     if rotated and tables is None:
         raise ValueError(f"write_kv: {scheme} needs TurboQuant's tables (code book, rotation signs)")
@@ -957,8 +963,6 @@ def decode_kv(
         raise ValueError(f"decode_kv: rotated keys need head_dim >= 16 (the dot's depth), found {D}")
     if q.dtype not in _DOT_DTYPES:
         raise ValueError(f"decode_kv: q must be float16, bfloat16 or float32, found {q.dtype}")
-    if fmt.k_scale == STATIC and (k_scale is None or v_scale is None):
-        raise ValueError(f"decode_kv: {scheme} needs its static k_scale and v_scale")
     cfg = config or decode_config(B, H, max_len, D, device_sms(q.device), fmt)
     cfg.check()
     out = torch.empty(B, Hq, D, dtype=q.dtype, device=q.device)
@@ -968,16 +972,7 @@ def decode_kv(
         q = q.contiguous()
     hw = hw_fp8(q.device)
     kp, vp = _as_kernel_plane(kp, hw), _as_kernel_plane(vp, hw)
-    if fmt.k_scale == STATIC:
-        ks = k_scale
-    elif fmt.k_scale == DYNAMIC:
-        ks = planes["k_scale"]
-    elif fmt.k_scale == NORM:
-        ks = planes["k_norm"]
-    else:
-        ks = None
-    vs = v_scale if fmt.v_scale == STATIC else planes.get("v_scale")
-    vz = planes.get("v_zero")
+    ks, vs, vz = _scale_planes(fmt, planes, k_scale, v_scale, scheme, "decode_kv")
     S = max(1, min(cfg.num_splits, cdiv(max(max_len, 1), cfg.block_n)))
     direct = S == 1
     DP = max(16, next_power_of_2(D))
