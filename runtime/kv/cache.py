@@ -335,6 +335,8 @@ def _base_function(module: Any, base: str) -> Callable[..., Any]:
 
 
 def _attention(base: str) -> Callable[..., Any]:
+    resolved: dict[type, Callable[..., Any]] = {}  # per attention class, found once, not per call
+
     def attention(
         module: Any,
         query: torch.Tensor,
@@ -345,7 +347,9 @@ def _attention(base: str) -> Callable[..., Any]:
         dropout: float = 0.0,
         **kwargs: Any,
     ) -> tuple[torch.Tensor, None]:
-        fn = _base_function(module, base)
+        fn = resolved.get(type(module))
+        if fn is None:
+            fn = resolved[type(module)] = _base_function(module, base)
         if not isinstance(key, KVRead):
             return fn(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
         layer = key.layer
