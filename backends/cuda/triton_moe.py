@@ -79,6 +79,9 @@ DEFAULT_TABLE["fp8_block"] = copy.deepcopy(DEFAULT_TABLE["w8a8"])
 
 #: the largest split of K a small batch may take
 MAX_SPLIT_K = 8
+#: 4-bit codes are re-paired k with k + PAIR_SPAN (backends/triton/moe.py pair_nibbles); K tiles are
+#: then multiples of 2 * PAIR_SPAN (smaller int4 groups pair within the group)
+PAIR_SPAN = 32
 
 
 def load_table(arch: str) -> dict[str, Any]:
@@ -345,7 +348,7 @@ class CudaTritonMoeWNA16(CudaTritonMoe):
         )
 
     def prepare(self, weight: CanonicalExperts, spec: LayerSpec) -> PreparedExperts:
-        from quantrt.backends.triton.moe import MoeWeights
+        from quantrt.backends.triton.moe import MoeWeights, pair_nibbles
 
         s = weight.scheme
         E, N, K = weight.E, weight.N, weight.K
@@ -356,10 +359,14 @@ class CudaTritonMoeWNA16(CudaTritonMoe):
         if not grouped:
             scales = scales.reshape(E, N)
             zeros = None if zeros is None else zeros.reshape(E, N)
+        codes, pair = weight["qweight"].contiguous(), 0
+        if s.bits == 4:
+            pair = min(PAIR_SPAN, s.group_size // 2) if grouped else PAIR_SPAN
+            codes = pair_nibbles(codes, K, pair)
         w = MoeWeights(
-            "int", weight["qweight"].contiguous(), scales.contiguous(), E, N, K,
+            "int", codes, scales.contiguous(), E, N, K,
             zeros=None if zeros is None else zeros.to(sdt).contiguous(), bits=s.bits,
-            group=s.group_size if grouped else 0,
+            group=s.group_size if grouped else 0, pair=pair,
         )  # fmt: skip
         return self._prepared(w, spec)
 
@@ -517,7 +524,7 @@ class CudaTritonMoeFp4(CudaTritonMoe):
         )
 
     def prepare(self, weight: CanonicalExperts, spec: LayerSpec) -> PreparedExperts:
-        from quantrt.backends.triton.moe import MoeWeights
+        from quantrt.backends.triton.moe import MoeWeights, pair_nibbles
 
         s = weight.scheme
         nv = s.family == "nvfp4"
@@ -535,9 +542,10 @@ class CudaTritonMoeFp4(CudaTritonMoe):
             row = _per_row(weight["global_scale"], weight, "tensor")
         G = s.group_size
         assert G is not None
+        codes = pair_nibbles(weight["qweight"].contiguous(), weight.K, PAIR_SPAN)
         w = MoeWeights(
-            "fp4", weight["qweight"].contiguous(), scales.contiguous(), weight.E, weight.N, weight.K,
-            row_scale=row, group=G, scale_kind="e4m3" if nv else "e8m0",
+            "fp4", codes, scales.contiguous(), weight.E, weight.N, weight.K,
+            row_scale=row, group=G, scale_kind="e4m3" if nv else "e8m0", pair=PAIR_SPAN,
         )  # fmt: skip
         return self._prepared(w, spec)
 

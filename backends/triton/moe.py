@@ -22,14 +22,15 @@ expert parallelism, and no output memset ever (``out`` may hold anything).
 Weight kinds (``MoeWeights.kind``), all with an fp32 accumulator, bias and routing weight in the
 epilogue, masked stores:
 
-* ``int``: integer weight-only, 4 or 8 bits, codes as canonical (uint8 [E, N, ceil(K*b/8)], even k in
-  the low nibble), symmetric (implicit zero 2^(b-1)) or with zero-points. Group scales [E, N, K/G]:
-  ``block_k`` divides G and each K tile is dequantized ``(q - z) * s`` to x's dtype before its dot(s).
-  Channel scales [E, N]: the tile holds ``q - z`` (exact small integers) and the scale multiplies the
-  accumulator once. int4 runs two dots per K tile over the even and odd k (no nibble interleave).
-* ``fp4``: NVFP4 / MXFP4 weight-only, codes uint8 [E, N, K/2], 1-byte scales [E, N, K/G] (e4m3 bits,
-  e8m0 exponents), NVFP4's global scale as an fp32 row scale [E, N]; the K step is
-  :func:`.lut4._tile_step` (exact bit-trick decode) on the expert's rows.
+* ``int``: integer weight-only, 4 or 8 bits, symmetric (implicit zero 2^(b-1)) or with integer
+  zero-points. 8-bit codes uint8 [E, N, K]; 4-bit codes re-paired by :func:`pair_nibbles` (byte j of
+  each block of ``2 * pair`` k holds k = j and j + pair), so each nibble meets a contiguous run of x
+  and one dot. ``q - z`` is an exact integer in x's dtype (the magic-number decode for 16-bit
+  floats); group scales [E, N, K/G] (``block_k`` divides G) multiply each tile's fp32 partial sum,
+  channel scales [E, N] the accumulator once after the loop.
+* ``fp4``: NVFP4 / MXFP4 weight-only, codes paired as int4's, 1-byte scales [E, N, K/G] (e4m3 bits,
+  e8m0 exponents), NVFP4's global scale as an fp32 row scale [E, N]; value * scale is decoded exactly
+  in fp32 (:func:`.lut4._values`, :func:`.lut4._scale`) and cast to x's dtype before the dots.
 * ``rowwise``: W8A8 fp8 (or int8) codes [E, N, K] with one weight scale per row [E, N] and activation
   scales per input row (``act_scale_mode`` "row") or per expert ("expert": x holds one row per
   assignment, quantized with its expert's scale by :func:`quantize_per_expert`); both scales in the
@@ -55,7 +56,7 @@ import triton.language as tl
 from . import act_quant
 from .act_quant import _dynamic_scale, _encode
 from .launch import Launcher, cdiv, next_power_of_2
-from .lut4 import SCALE_KINDS, _tile_step
+from .lut4 import SCALE_KINDS, _scale, _values
 
 #: MoeWeights.kind -> the kernel's KIND constexpr
 KINDS = {"int": 0, "fp4": 1, "rowwise": 2, "block": 3}
@@ -111,10 +112,43 @@ class MoeWeights:
     block: tuple[int, int] = (0, 0)  # block kind: (bn, bk)
     scale_kind: str = "e4m3"  # fp4: "e4m3" (NVFP4) or "e8m0" (MXFP4)
 
+    pair: int = 0  # 4-bit codes: the pairing span of :func:`pair_nibbles` (0 for 8-bit codes)
+
+    def __post_init__(self) -> None:
+        four = self.kind == "fp4" or (self.kind == "int" and self.bits == 4)
+        if four != (self.pair > 0) or (four and (self.pair < 8 or self.pair & (self.pair - 1))):
+            raise ValueError(
+                f"MoeWeights: {self.kind} {self.bits}-bit codes need pair "
+                f"{'a power of two >= 8 (pair_nibbles)' if four else '0'}, found {self.pair}"
+            )
+
     def min_block_k(self) -> int:
-        """tl.dot needs K >= 16 per dot: int4 and fp4 run two dots over block_k / 2; 8-bit operands
-        want K >= 32 on NVIDIA."""
+        """A K tile holds whole pairing blocks (2 * pair k) of 4-bit codes; tl.dot needs K >= 16 per
+        dot, and 8-bit operands want K >= 32 on NVIDIA."""
+        if self.pair:
+            return max(32, 2 * self.pair)
         return 16 if self.kind == "int" and self.bits == 8 else 32
+
+
+def pair_nibbles(codes: torch.Tensor, K: int, span: int) -> torch.Tensor:
+    """Canonical 4-bit codes (uint8 [E, N, ceil(K/2)], even k in the low nibble) re-paired for the
+    kernel: K padded with code 0 to a multiple of ``2 * span``, and in each block of ``2 * span`` k,
+    byte j holds k = j (low nibble) and k = j + span (high nibble).
+
+    Why: a K tile then reads x in runs of ``span`` consecutive k for each nibble (vector loads and
+    one dot per nibble), where the canonical pairing needs x split into even and odd k (strided loads).
+    One expert at a time, so the unpacked copy stays one expert's size."""
+    E, N, KB = codes.shape
+    if KB != (K + 1) // 2:
+        raise ValueError(f"pair_nibbles: codes hold {KB} bytes per row, K={K} needs {(K + 1) // 2}")
+    Kp = cdiv(max(K, 1), 2 * span) * 2 * span
+    out = torch.empty(E, N, Kp // 2, dtype=torch.uint8, device=codes.device)
+    for e in range(E):
+        c = codes[e]
+        v = torch.stack((c & 0xF, c >> 4), -1).reshape(N, 2 * KB)[:, :K]
+        v = torch.nn.functional.pad(v, (0, Kp - K)).reshape(N, Kp // (2 * span), 2, span)
+        out[e] = (v[:, :, 0] | (v[:, :, 1] << 4)).reshape(N, Kp // 2)
+    return out
 
 
 # -- the grouped GEMM ----------------------------------------------------------------------------
@@ -132,62 +166,151 @@ def _swizzle(pid, num_m, num_n, GM: tl.constexpr):
 
 
 @triton.jit
+def _paired_k(t, BK: tl.constexpr, P: tl.constexpr):
+    """The k of the low nibbles of K tile ``t``'s code bytes (paired layout, see :func:`pair_nibbles`):
+    byte j of the tile holds k and k + P; runs of P consecutive k, so x loads stay vectorised."""
+    j = tl.arange(0, BK // 2)
+    return t * BK + (j // P) * (2 * P) + j % P
+
+
+@triton.jit
+def _load_x_halves(x_rows, k_lo, K, stride_xk, P: tl.constexpr, EVEN_K: tl.constexpr):
+    if EVEN_K:
+        x_lo = tl.load(x_rows + k_lo[None, :] * stride_xk)
+        x_hi = tl.load(x_rows + (k_lo + P)[None, :] * stride_xk)
+    else:
+        x_lo = tl.load(x_rows + k_lo[None, :] * stride_xk, mask=(k_lo < K)[None, :], other=0.0)
+        x_hi = tl.load(x_rows + (k_lo + P)[None, :] * stride_xk, mask=(k_lo + P < K)[None, :], other=0.0)
+    return x_lo, x_hi
+
+
+@triton.jit
+def _load_codes(w_cols, t, KW, ROWS: tl.constexpr, EVEN_K: tl.constexpr):
+    """ROWS code bytes of K tile ``t`` per column, transposed [ROWS, BN] (bytes past KW read 0)."""
+    kb = t * ROWS + tl.arange(0, ROWS)
+    if EVEN_K:
+        w = tl.load(w_cols + kb[:, None])
+    else:
+        w = tl.load(w_cols + kb[:, None], mask=(kb < KW)[:, None], other=0)
+    return w
+
+
+@triton.jit
+def _nibble_minus(w, z, HIGH: tl.constexpr, like):
+    """``q - z`` for one nibble ``q`` of each code byte, exact in ``like``'s dtype (z: fp32 [1, BN],
+    integers). 16-bit floats take the magic-number decode: the nibble ORed into the mantissa of 128
+    (bf16) or 1024 (fp16) is that constant plus q, and ``constant + z`` is subtracted: two integer ops
+    and one subtraction per element, no conversion instructions."""
+    b = w.to(tl.uint16)
+    if HIGH:
+        q = b >> 4
+    else:
+        q = b & 0xF
+    if like.dtype == tl.bfloat16:
+        v = (q | 0x4300).to(tl.bfloat16, bitcast=True) - (z + 128.0).to(tl.bfloat16)
+    elif like.dtype == tl.float16:
+        v = (q | 0x6400).to(tl.float16, bitcast=True) - (z + 1024.0).to(tl.float16)
+    else:
+        v = q.to(like.dtype) - z.to(like.dtype)
+    return v
+
+
+@triton.jit
 def _int_step(
-    acc, x_rows, w_cols, s_cols, z_cols, t, K, stride_xk,
-    G: tl.constexpr, BITS: tl.constexpr, BK: tl.constexpr, GROUPED: tl.constexpr, HAS_Z: tl.constexpr,
-    EVEN_K: tl.constexpr, IEEE: tl.constexpr,
+    acc, x_rows, w_cols, s_cols, z_cols, t, K, KW, stride_xk,
+    G: tl.constexpr, BITS: tl.constexpr, P: tl.constexpr, BK: tl.constexpr, GROUPED: tl.constexpr,
+    HAS_Z: tl.constexpr, EVEN_K: tl.constexpr, IEEE: tl.constexpr,
 ):  # fmt: skip
-    """K tile ``t`` of integer codes: acc += x . dequant(W) (group scales), or x . (q - z) (channel
-    scales, applied by the caller after the loop). w_cols/s_cols/z_cols: [1, BN] row pointers."""
-    if GROUPED:
-        g = (t * BK) // G  # BK divides G: one scale (and zero) per column for the whole tile
-        s = tl.load(s_cols + g).to(tl.float32)
-        if HAS_Z:
+    """K tile ``t`` of integer codes: acc += (x . (q - z)) * s. ``q - z`` is an exact integer in x's
+    dtype (|q - z| <= 2^b), so the tile's dot runs on it and the group scale (BK divides G: one per
+    column for the tile) multiplies the tile's fp32 partial sum, BM x BN products rather than the
+    BK x BN of scaling the weights. Channel scales: the caller applies them once after the loop.
+    w_cols/s_cols/z_cols: [1, BN] row pointers."""
+    g = (t * BK) // G  # BK divides G: one scale (and zero) per column for the whole tile
+    if HAS_Z:
+        if GROUPED:
             z = tl.load(z_cols + g).to(tl.float32)
         else:
-            z = tl.full(s.shape, 2.0 ** (BITS - 1), tl.float32)
-    else:
-        s = tl.full(w_cols.shape, 1.0, tl.float32)
-        if HAS_Z:
             z = tl.load(z_cols).to(tl.float32)
-        else:
-            z = tl.full(w_cols.shape, 2.0 ** (BITS - 1), tl.float32)
+    else:
+        z = tl.full(w_cols.shape, 2.0 ** (BITS - 1), tl.float32)
     if BITS == 4:
-        kb = t * (BK // 2) + tl.arange(0, BK // 2)
-        k_even = 2 * kb
-        if EVEN_K:
-            w = tl.load(w_cols + kb[:, None])
-            x_even = tl.load(x_rows + k_even[None, :] * stride_xk)
-            x_odd = tl.load(x_rows + (k_even + 1)[None, :] * stride_xk)
-        else:
-            w = tl.load(w_cols + kb[:, None], mask=(k_even < K)[:, None], other=0)
-            x_even = tl.load(x_rows + k_even[None, :] * stride_xk, mask=(k_even < K)[None, :], other=0.0)
-            x_odd = tl.load(
-                x_rows + (k_even + 1)[None, :] * stride_xk, mask=(k_even + 1 < K)[None, :], other=0.0
-            )
-        lo = (w & 0xF).to(tl.float32)
-        hi = (w >> 4).to(tl.float32)
-        w_lo = ((lo - z) * s).to(x_even.dtype)
-        w_hi = ((hi - z) * s).to(x_even.dtype)
+        k_lo = _paired_k(t, BK, P)
+        x_lo, x_hi = _load_x_halves(x_rows, k_lo, K, stride_xk, P, EVEN_K)
+        w = _load_codes(w_cols, t, KW, BK // 2, EVEN_K)
+        w_lo = _nibble_minus(w, z, False, x_lo)
+        w_hi = _nibble_minus(w, z, True, x_lo)
         if IEEE:
-            acc = tl.dot(x_even, w_lo, acc, input_precision="ieee")
-            acc = tl.dot(x_odd, w_hi, acc, input_precision="ieee")
+            part = tl.dot(x_lo, w_lo, input_precision="ieee")
+            part = tl.dot(x_hi, w_hi, part, input_precision="ieee")
         else:
-            acc = tl.dot(x_even, w_lo, acc)
-            acc = tl.dot(x_odd, w_hi, acc)
+            part = tl.dot(x_lo, w_lo)
+            part = tl.dot(x_hi, w_hi, part)
     else:
         kk = t * BK + tl.arange(0, BK)
         if EVEN_K:
-            w = tl.load(w_cols + kk[:, None])
             xk = tl.load(x_rows + kk[None, :] * stride_xk)
         else:
-            w = tl.load(w_cols + kk[:, None], mask=(kk < K)[:, None], other=0)
             xk = tl.load(x_rows + kk[None, :] * stride_xk, mask=(kk < K)[None, :], other=0.0)
-        wq = ((w.to(tl.float32) - z) * s).to(xk.dtype)
+        w = _load_codes(w_cols, t, KW, BK, EVEN_K)
+        wq = w.to(xk.dtype) - z.to(xk.dtype)  # |q - z| <= 256: exact in every float dtype
         if IEEE:
-            acc = tl.dot(xk, wq, acc, input_precision="ieee")
+            part = tl.dot(xk, wq, input_precision="ieee")
         else:
-            acc = tl.dot(xk, wq, acc)
+            part = tl.dot(xk, wq)
+    if GROUPED:
+        acc += part * tl.load(s_cols + g).to(tl.float32)
+    else:
+        acc += part
+    return acc
+
+
+@triton.jit
+def _fp4_half(w, s, HIGH: tl.constexpr, G: tl.constexpr, SKIND: tl.constexpr):
+    """One nibble of the transposed e2m1 codes [BK/2, BN] -> value * scale in fp32, exact; s is the
+    half's group scales [BK/2/G, BN] as :func:`.lut4._scale` returns them."""
+    NGH: tl.constexpr = s.shape[0]
+    ROWS: tl.constexpr = w.shape[0]
+    BN: tl.constexpr = w.shape[1]
+    v = _values(w, w, 1, HIGH, True)
+    if SKIND != 0:
+        v = v * 16384.0  # e2m1's 2^-14 decode factor (folded into the e4m3 scale)
+    if NGH == 1:
+        v = v * s
+    else:
+        v = tl.reshape(tl.reshape(v, (NGH, G, BN)) * s[:, None, :], (ROWS, BN))
+    return v
+
+
+@triton.jit
+def _fp4_step(
+    acc, x_rows, w_cols, s_cols, t, K, KW, stride_xk,
+    G: tl.constexpr, P: tl.constexpr, BK: tl.constexpr, SKIND: tl.constexpr, EVEN_K: tl.constexpr,
+    IEEE: tl.constexpr,
+):  # fmt: skip
+    """K tile ``t`` of e2m1 codes (paired layout) with e4m3 or e8m0 group scales: value * scale in
+    fp32 (exact), cast to x's dtype, one dot per nibble over contiguous runs of x."""
+    NGH: tl.constexpr = BK // 2 // G  # scale groups per nibble half of the tile (G divides P)
+    PG: tl.constexpr = P // G
+    k_lo = _paired_k(t, BK, P)
+    x_lo, x_hi = _load_x_halves(x_rows, k_lo, K, stride_xk, P, EVEN_K)
+    w = _load_codes(w_cols, t, KW, BK // 2, EVEN_K)
+    gg = tl.arange(0, NGH)
+    g_lo = t * (BK // G) + (gg // PG) * (2 * PG) + gg % PG
+    if EVEN_K:
+        s_lo = tl.load(s_cols + g_lo[:, None])
+        s_hi = tl.load(s_cols + (g_lo + PG)[:, None])
+    else:
+        s_lo = tl.load(s_cols + g_lo[:, None], mask=(g_lo < K // G)[:, None], other=0)
+        s_hi = tl.load(s_cols + (g_lo + PG)[:, None], mask=(g_lo + PG < K // G)[:, None], other=0)
+    w_lo = _fp4_half(w, _scale(s_lo, SKIND, True), False, G, SKIND).to(x_lo.dtype)
+    w_hi = _fp4_half(w, _scale(s_hi, SKIND, True), True, G, SKIND).to(x_lo.dtype)
+    if IEEE:
+        acc = tl.dot(x_lo, w_lo, acc, input_precision="ieee")
+        acc = tl.dot(x_hi, w_hi, acc, input_precision="ieee")
+    else:
+        acc = tl.dot(x_lo, w_lo, acc)
+        acc = tl.dot(x_hi, w_hi, acc)
     return acc
 
 
@@ -207,10 +330,10 @@ def _codes_step(x_rows, w_cols, t, K, stride_xk, BK: tl.constexpr, EVEN_K: tl.co
 @triton.jit
 def _moe_kernel(
     X, XS, W, S, Z, R, B, TW, SID, BEXP, NPAD, ORDER, OFFS, Y,
-    A, N, K, E, num_m, row_div,
+    A, N, K, KW, E, num_m, row_div,
     stride_xm, stride_xk, stride_xsm, stride_xsk, stride_we, stride_wn, stride_se, stride_sn, stride_sk,
     stride_ze, stride_zn, stride_re, stride_be, stride_ym,
-    KIND: tl.constexpr, BITS: tl.constexpr, G: tl.constexpr, GT: tl.constexpr, QN: tl.constexpr,
+    KIND: tl.constexpr, BITS: tl.constexpr, G: tl.constexpr, P: tl.constexpr, QN: tl.constexpr,
     QK: tl.constexpr, SKIND: tl.constexpr, GROUPED: tl.constexpr, HAS_Z: tl.constexpr, ACT: tl.constexpr,
     INT_DOT: tl.constexpr, HAS_R: tl.constexpr, HAS_B: tl.constexpr, WEIGHTED: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GM: tl.constexpr, SPLIT_K: tl.constexpr,
@@ -250,23 +373,15 @@ def _moe_kernel(
         z_cols = Z + e * stride_ze + rn[None, :] * stride_zn
         acc = tl.zeros((BM, BN), dtype=tl.float32)
         for t in range(pid_k, n_k, SPLIT_K):
-            acc = _int_step(acc, x_rows, w_cols, s_cols, z_cols, t, K, stride_xk, G, BITS, BK, GROUPED, HAS_Z,
-                            EVEN_K, IEEE)  # fmt: skip
+            acc = _int_step(acc, x_rows, w_cols, s_cols, z_cols, t, K, KW, stride_xk, G, BITS, P, BK, GROUPED,
+                            HAS_Z, EVEN_K, IEEE)  # fmt: skip
         if not GROUPED:
             acc = acc * tl.load(S + e * stride_se + rn * stride_sn).to(tl.float32)[None, :]
     elif KIND == 1:  # fp4 weight-only
         s_cols = S + e * stride_se + rn[None, :] * stride_sn
         acc = tl.zeros((BM, BN), dtype=tl.float32)
-        n_full = K // BK
-        for t in range(pid_k, n_full, SPLIT_K):
-            acc = _tile_step(
-                acc, x_rows, w_cols, s_cols, S, t, K, stride_xk, G, GT, BK, SKIND, True, IEEE, False
-            )
-        if not EVEN_K:
-            if pid_k == n_full % SPLIT_K:
-                acc = _tile_step(
-                    acc, x_rows, w_cols, s_cols, S, n_full, K, stride_xk, G, GT, BK, SKIND, True, IEEE, True
-                )
+        for t in range(pid_k, n_k, SPLIT_K):
+            acc = _fp4_step(acc, x_rows, w_cols, s_cols, t, K, KW, stride_xk, G, P, BK, SKIND, EVEN_K, IEEE)
     elif KIND == 2:  # rowwise W8A8: both scales in the epilogue
         if INT_DOT:
             acc_i = tl.zeros((BM, BN), dtype=tl.int32)
@@ -355,6 +470,10 @@ def moe_matmul(
             f"tiles, the tile has block_m={tile.block_m}"
         )
     kind = KINDS[weights.kind]
+    if weights.pair and tile.block_k % (2 * weights.pair):
+        raise ValueError(
+            f"moe_matmul: block_k={tile.block_k} must hold whole pairing blocks of 2 * {weights.pair} k"
+        )
     if weights.kind == "int" and weights.group and weights.group % tile.block_k:
         raise ValueError(f"moe_matmul: block_k={tile.block_k} must divide the group size {weights.group}")
     if weights.kind == "block" and (weights.block[0] % tile.block_n or weights.block[1] % tile.block_k):
@@ -392,11 +511,11 @@ def moe_matmul(
         x, xs, weights.w, s, z if z is not None else s, r if r is not None else s,
         bias if bias is not None else s, topk_weights if topk_weights is not None else s,
         sorted_ids, block_expert, num_padded, order, offsets, y,
-        A, N, K, E, num_m, row_div,
+        A, N, K, weights.w.shape[2], E, num_m, row_div,
         x.stride(0), x.stride(1), xsm, xsk, weights.w.stride(0), weights.w.stride(1), s.stride(0), sn, sk,
         z.stride(0) if z is not None else 0, z.stride(1) if z is not None else 0,
         r.stride(0) if r is not None else 0, bias.stride(0) if bias is not None else 0, y.stride(0),
-        KIND=kind, BITS=weights.bits, G=max(G, 1), GT=min(max(G, 1), BK),
+        KIND=kind, BITS=weights.bits, G=max(G, 1), P=weights.pair or 1,
         QN=weights.block[0] or 1, QK=weights.block[1] or 1, SKIND=SCALE_KINDS[weights.scale_kind],
         GROUPED=grouped, HAS_Z=z is not None, ACT=ACT_SCALE_MODES[act_scale_mode],
         INT_DOT=weights.w.dtype == torch.int8, HAS_R=r is not None, HAS_B=bias is not None,

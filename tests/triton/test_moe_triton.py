@@ -184,9 +184,9 @@ def test_grouped_matches_oracle(scheme: str, kind: str, E: int, K: int, N: int, 
 @pytest.mark.parametrize(
     "tile",
     [
-        MoeTile(16, 16, 32),
+        MoeTile(16, 16, 64),
         MoeTile(16, 32, 64, split_k=3),
-        MoeTile(32, 64, 32, group_m=4, num_warps=2, num_stages=2),
+        MoeTile(32, 64, 64, group_m=4, num_warps=2, num_stages=2),
         MoeTile(64, 16, 64, group_m=2, split_k=2),
     ],
     ids=str,
