@@ -5,6 +5,7 @@
         [--ms 1,16,64,256,1024] [--schemes w4a16-int-g128,w8a8-fp8-ch,...]
     python3 bench/gpu_moe.py --out FILE.json --sweep [--sweep-shape mixtral] [--sweep-scheme ...]
         [--table moe_sm_90.json]
+    python3 bench/gpu_moe.py --out FILE.json --profile [--sweep-shape qwen3] [--sweep-scheme ...] [--ms 1,16]
 
 Layer shapes: Mixtral-8x7B (E=8, H=4096, I=14336, top_k=2) and Qwen3-30B-A3B (E=128, H=2048, I=768,
 top_k=8); M tokens routed by softmax top-k of random logits (fixed seed, renormalised). Timed: the
@@ -440,11 +441,12 @@ SWEEP_SMALL = [
     for s in (3, 4)
 ]
 SWEEP_LARGE = [
-    MoeTile(bm, bn, bk, 8, 1, w, 3)
+    MoeTile(bm, bn, bk, 8, 1, w, st)
     for bm in (32, 64, 128)
-    for bn in (64, 128)
+    for bn in (64, 128, 256)
     for bk in (64, 128)
-    for w in (4, 8)
+    for w, st in ((4, 3), (8, 3), (4, 4))
+    if bm * bn <= 128 * 128 or w == 8
 ]
 
 
@@ -499,6 +501,48 @@ def sweep(args: argparse.Namespace) -> dict:
     return doc
 
 
+def profile(args: argparse.Namespace) -> dict:
+    """Where one layer call's device time goes: every kernel of ``--profile-reps`` eager calls
+    (torch.profiler), per launch, beside the graph replay of the whole call."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    doc = header(args)
+    doc["what"] = "MoE layer kernel breakdown (torch.profiler over eager calls; graph replay of the call)"
+    sh = SHAPES[args.sweep_shape]
+    E, H, Inter, k = sh["E"], sh["H"], sh["I"], sh["top_k"]
+    scheme = SCHEMES[args.sweep_scheme]
+    m = layer(synth(scheme, E, 2 * Inter, H, (Inter, Inter), 2), synth(scheme, E, H, Inter, (H,), 3), sh)
+    reps = args.profile_reps
+    for M in [int(v) for v in args.ms.split(",")]:
+        ids, w = routing(M, E, k, seed=M)
+        x = torch.randn(M, H, device="cuda").to(BF16)
+        for _ in range(3):
+            m(x, ids, w)
+        torch.cuda.synchronize()
+        with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(reps):
+                m(x, ids, w)
+            torch.cuda.synchronize()
+        kernels = []
+        for ev in prof.key_averages():
+            dev_us = getattr(ev, "device_time_total", None) or getattr(ev, "cuda_time_total", 0)
+            if dev_us:
+                kernels.append({"name": ev.key[:90], "calls_per_layer": ev.count / reps, "us": dev_us / reps})
+        kernels.sort(key=lambda r: -r["us"])
+        graph, err = graph_us(partial(m, x, ids, w))
+        row = {"M": M, "graph_us": graph, "graph_error": err, "kernels": kernels,
+               "kernel_sum_us": sum(r["us"] for r in kernels)}  # fmt: skip
+        doc["rows"].append(row)
+        print(
+            f"{args.sweep_shape} {scheme} M={M}: graph {graph} us, kernels sum {row['kernel_sum_us']:.1f} us"
+        )
+        for r in kernels:
+            print(f"  {r['us']:8.1f} us  x{r['calls_per_layer']:.0f}  {r['name']}")
+        save(doc, args.out)
+    return doc
+
+
 def _fit(tile: MoeTile, weights: Any) -> MoeTile:
     """The tile inside a weight's scale groups and blocks (as prepare fits the table's tiles)."""
     bn, bk = tile.block_n, tile.block_k
@@ -526,10 +570,15 @@ def main() -> int:
     ap.add_argument("--sweep-shape", default="mixtral")
     ap.add_argument("--sweep-scheme", default="w4a16-int-g128")
     ap.add_argument("--table", default=None)
+    ap.add_argument("--profile", action="store_true", help="kernel breakdown of --sweep-shape/--sweep-scheme")
+    ap.add_argument("--profile-reps", type=int, default=20)
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("bench/gpu_moe.py needs a CUDA GPU", file=sys.stderr)
         return 2
+    if args.profile:
+        profile(args)
+        return 0
     doc = sweep(args) if args.sweep else run(args)
     if args.sweep:
         for r in doc["rows"]:

@@ -56,15 +56,16 @@ KEYS = tile_table.KEYS
 #: experts get a few rows, 64 with GROUP_M 8 beyond; K tiles of 128 for 8-bit and 4-bit codes)
 DEFAULT_TABLE: dict[str, Any] = {
     "_note": (
-        "Hand-set, not measured on a GPU. Buckets: assignments per expert (A / E). Sections: weight_only "
-        "(int4/int8/fp4 dequantized in the K loop), w8a8 (fp8/int8 codes, rowwise scales), fp8_block."
+        "Hand-set (weight_only after an H100 sweep of Mixtral int4 at M=16 and 1024, bench/gpu_moe.py --sweep). "
+        "Buckets: assignments per expert (A / E). Sections: weight_only (int4/int8/fp4 dequantized in the K "
+        "loop), w8a8 (fp8/int8 codes, rowwise scales), fp8_block."
     ),
     "weight_only": {
-        "1": dict(block_m=16, block_n=64, block_k=128, group_m=1, num_warps=4, num_stages=4, split_k_target=264),
+        "1": dict(block_m=16, block_n=128, block_k=128, group_m=1, num_warps=4, num_stages=4, split_k_target=264),
         "16": dict(block_m=16, block_n=128, block_k=128, group_m=1, num_warps=4, num_stages=4, split_k_target=264),
-        "64": dict(block_m=32, block_n=128, block_k=64, group_m=8, num_warps=4, num_stages=4),
-        "256": dict(block_m=64, block_n=128, block_k=64, group_m=8, num_warps=8, num_stages=3),
-        "large": dict(block_m=128, block_n=128, block_k=64, group_m=8, num_warps=8, num_stages=3),
+        "64": dict(block_m=32, block_n=128, block_k=128, group_m=8, num_warps=4, num_stages=4),
+        "256": dict(block_m=64, block_n=128, block_k=128, group_m=8, num_warps=4, num_stages=3),
+        "large": dict(block_m=64, block_n=128, block_k=128, group_m=8, num_warps=4, num_stages=3),
     },
     "w8a8": {
         "1": dict(block_m=16, block_n=64, block_k=128, group_m=1, num_warps=4, num_stages=4, split_k_target=264),
@@ -258,6 +259,7 @@ class CudaTritonMoe(Kernel):
     ) -> PreparedExperts:
         from quantrt.backends.triton import act_quant, moe_align
         from quantrt.backends.triton.moe import MoeTile, moe_matmul, quantize_per_expert
+        from quantrt.backends.triton.moe_act import gated_activation
 
         table = load_table(tile_table.arch_of(weights.w))[section or self.section]
         min_bk = weights.min_block_k()
@@ -296,6 +298,7 @@ class CudaTritonMoe(Kernel):
             act_dtypes=(*self.act_dtypes, *extra),
             device=weights.w.device,
             kernel=self.name,
+            activate=lambda h, act: gated_activation(h, act.kind, act.alpha, act.limit),
         )
 
 

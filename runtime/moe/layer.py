@@ -371,7 +371,8 @@ class QuantExperts(nn.Module):
         x = x.to(self.act_dtype)
         hs = [p.state(x, batch, gather=True, bias=p.bias) for p in self._gate_up]
         h = hs[0] if len(hs) == 1 else torch.cat(hs, dim=1)
-        a = self.act(h)
+        fused = self._gate_up[0].state.activate
+        a = self.act(h) if fused is None else fused(h, self.act)
         d = self._down
         y = d.state(a, batch, gather=False, weighted=True, bias=d.bias)
         return y.view(M, k, self.hidden_size).sum(dim=1)  # accumulated in fp32, rounded once

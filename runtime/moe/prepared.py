@@ -51,6 +51,7 @@ class PreparedExperts:
         "N",
         "_ws_bytes",
         "act_dtypes",
+        "activate",
         "device",
         "kernel",
         "layout",
@@ -71,6 +72,7 @@ class PreparedExperts:
         device: torch.device | str = "cpu",
         workspace: Callable[[int], int] | None = None,
         kernel: str = "",
+        activate: Callable[[torch.Tensor, Any], torch.Tensor] | None = None,
     ) -> None:
         self.layout = layout
         self.strategies = ordered(strategies)  # type: ignore[arg-type]
@@ -79,6 +81,9 @@ class PreparedExperts:
         self.device = torch.device(device)
         self._ws_bytes = workspace
         self.kernel = kernel
+        #: ``activate(h, activation)``: the gated activation of this projection's output on the
+        #: kernel's device in one launch (None: the layer's torch Activation)
+        self.activate = activate
 
     def __call__(
         self,
