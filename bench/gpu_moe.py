@@ -434,11 +434,11 @@ def table(doc: dict) -> str:
 # -- tile sweep ------------------------------------------------------------------------------------
 
 SWEEP_SMALL = [
-    MoeTile(16, bn, bk, 1, 1, w, s)
-    for bn in (32, 64, 128)
-    for bk in (64, 128, 256)
-    for w in (4,)
-    for s in (3, 4)
+    MoeTile(16, bn, bk, 1, 1, 4, st, swap)
+    for bn in (64, 128, 256)
+    for bk in (128, 256)
+    for st in (3, 4)
+    for swap in (False, True)
 ]
 SWEEP_LARGE = [
     MoeTile(bm, bn, bk, 8, 1, w, st)

@@ -56,13 +56,15 @@ KEYS = tile_table.KEYS
 #: experts get a few rows, 64 with GROUP_M 8 beyond; K tiles of 128 for 8-bit and 4-bit codes)
 DEFAULT_TABLE: dict[str, Any] = {
     "_note": (
-        "Hand-set (weight_only after an H100 sweep of Mixtral int4 at M=16 and 1024, bench/gpu_moe.py --sweep). "
+        "Hand-set after H100 sweeps (bench/gpu_moe.py --sweep: Mixtral int4 at M=16 and 1024, fp8 at 1024). "
         "Buckets: assignments per expert (A / E). Sections: weight_only (int4/int8/fp4 dequantized in the K "
         "loop), w8a8 (fp8/int8 codes, rowwise scales), fp8_block."
     ),
     "weight_only": {
-        "1": dict(block_m=16, block_n=128, block_k=128, group_m=1, num_warps=4, num_stages=4, split_k_target=264),
-        "16": dict(block_m=16, block_n=128, block_k=128, group_m=1, num_warps=4, num_stages=4, split_k_target=264),
+        "1": dict(block_m=16, block_n=128, block_k=128, group_m=1, num_warps=4, num_stages=4, swap=True,
+                  split_k_target=264),
+        "16": dict(block_m=16, block_n=128, block_k=128, group_m=1, num_warps=4, num_stages=4, swap=True,
+                   split_k_target=264),
         "64": dict(block_m=32, block_n=128, block_k=128, group_m=8, num_warps=4, num_stages=4),
         "256": dict(block_m=64, block_n=128, block_k=128, group_m=8, num_warps=4, num_stages=3),
         "large": dict(block_m=64, block_n=128, block_k=128, group_m=8, num_warps=4, num_stages=3),
@@ -71,8 +73,8 @@ DEFAULT_TABLE: dict[str, Any] = {
         "1": dict(block_m=16, block_n=64, block_k=128, group_m=1, num_warps=4, num_stages=4, split_k_target=264),
         "16": dict(block_m=16, block_n=128, block_k=128, group_m=1, num_warps=4, num_stages=4, split_k_target=264),
         "64": dict(block_m=32, block_n=128, block_k=128, group_m=8, num_warps=4, num_stages=4),
-        "256": dict(block_m=64, block_n=128, block_k=128, group_m=8, num_warps=4, num_stages=3),
-        "large": dict(block_m=128, block_n=128, block_k=128, group_m=8, num_warps=8, num_stages=3),
+        "256": dict(block_m=128, block_n=128, block_k=128, group_m=8, num_warps=4, num_stages=3),
+        "large": dict(block_m=128, block_n=128, block_k=128, group_m=8, num_warps=4, num_stages=3),
     },
 }  # fmt: skip
 #: block fp8 starts from the same tiles as row-wise W8A8 (a sweep may give it its own section)

@@ -39,9 +39,10 @@ epilogue, masked stores:
   per-token-group activation scales [rows, ceil(K/bk)]; every K tile's dot is scaled before it is
   accumulated (``block_n`` divides bn, ``block_k`` divides bk).
 
-``split_k`` > 1 spreads the K tiles over programs that add fp32 partial sums with atomics into a
-zeroed fp32 buffer, cast into the output afterwards (small batches of long K, where the tiles alone
-cannot fill the GPU). Nothing here synchronises with the host or autotunes; every launch shape comes
+``split_k`` > 1 spreads the K tiles over programs that store fp32 partial sums, one plane per split
+(no atomics, no memset), summed in a fixed order and rounded once by one more launch (small batches
+of long K, where the tiles alone cannot fill the GPU); results are deterministic either way.
+Nothing here synchronises with the host or autotunes; every launch shape comes
 from the caller's :class:`MoeTile`, so a call captures into a CUDA graph.
 """
 
@@ -68,7 +69,9 @@ ACT_SCALE_MODES = {"none": 0, "row": 1, "expert": 2}
 class MoeTile:
     """One launch shape: ``block_m`` assignments (all of one expert) x ``block_n`` columns per program,
     ``block_k`` inputs per K step, ``group_m`` M-tiles sweeping N together (L2 reuse of a weight tile),
-    ``split_k`` programs per tile splitting K (fp32 atomics when > 1)."""
+    ``split_k`` programs per tile splitting K (fp32 partial planes when > 1); ``swap`` (weight-only kinds):
+    each program computes the transposed tile W . x^T, the dequantized weights as the MMA's A
+    operand (from registers) and the few rows of a small batch as its narrow N."""
 
     block_m: int
     block_n: int
@@ -77,6 +80,7 @@ class MoeTile:
     split_k: int = 1
     num_warps: int = 4
     num_stages: int = 3
+    swap: bool = False
 
     def check(self, min_block_k: int) -> None:
         for name, lo in (("block_m", 16), ("block_n", 16), ("block_k", min_block_k)):
@@ -174,33 +178,55 @@ def _paired_k(t, BK: tl.constexpr, P: tl.constexpr):
 
 
 @triton.jit
-def _load_x_halves(x_rows, k_lo, K, stride_xk, P: tl.constexpr, EVEN_K: tl.constexpr):
-    if EVEN_K:
-        x_lo = tl.load(x_rows + k_lo[None, :] * stride_xk)
-        x_hi = tl.load(x_rows + (k_lo + P)[None, :] * stride_xk)
+def _xt(x_rows, k, K, stride_xk, T: tl.constexpr, MASK: tl.constexpr):
+    """x at inputs ``k`` of the tile's rows: [BM, len(k)], or [len(k), BM] when T (x_rows is then a
+    [1, BM] pointer row); inputs past K read 0 when MASK."""
+    if T:
+        ptrs = x_rows + k[:, None] * stride_xk
+        keep = (k < K)[:, None]
     else:
-        x_lo = tl.load(x_rows + k_lo[None, :] * stride_xk, mask=(k_lo < K)[None, :], other=0.0)
-        x_hi = tl.load(x_rows + (k_lo + P)[None, :] * stride_xk, mask=(k_lo + P < K)[None, :], other=0.0)
-    return x_lo, x_hi
+        ptrs = x_rows + k[None, :] * stride_xk
+        keep = (k < K)[None, :]
+    if MASK:
+        return tl.load(ptrs, mask=keep, other=0.0)
+    return tl.load(ptrs)
 
 
 @triton.jit
-def _load_codes(w_cols, t, KW, ROWS: tl.constexpr, EVEN_K: tl.constexpr):
-    """ROWS code bytes of K tile ``t`` per column, transposed [ROWS, BN] (bytes past KW read 0)."""
+def _load_codes(w_cols, t, KW, ROWS: tl.constexpr, T: tl.constexpr, EVEN_K: tl.constexpr):
+    """ROWS code bytes of K tile ``t`` per output column: [ROWS, BN] (w_cols a [1, BN] pointer row),
+    or [BN, ROWS] when T (w_cols [BN, 1]); bytes past KW read 0."""
     kb = t * ROWS + tl.arange(0, ROWS)
-    if EVEN_K:
-        w = tl.load(w_cols + kb[:, None])
+    if T:
+        ptrs = w_cols + kb[None, :]
+        keep = (kb < KW)[None, :]
     else:
-        w = tl.load(w_cols + kb[:, None], mask=(kb < KW)[:, None], other=0)
-    return w
+        ptrs = w_cols + kb[:, None]
+        keep = (kb < KW)[:, None]
+    if EVEN_K:
+        return tl.load(ptrs)
+    return tl.load(ptrs, mask=keep, other=0)
+
+
+@triton.jit
+def _mma(x, w, acc, T: tl.constexpr, IEEE: tl.constexpr):
+    """acc + x . w ([BM, BN]), or acc + w . x ([BN, BM], swapped: the weights are the MMA's A
+    operand, which tensor cores take from registers, and the few rows of x fill its narrow N)."""
+    if T:
+        if IEEE:
+            return tl.dot(w, x, acc, input_precision="ieee")
+        return tl.dot(w, x, acc)
+    if IEEE:
+        return tl.dot(x, w, acc, input_precision="ieee")
+    return tl.dot(x, w, acc)
 
 
 @triton.jit
 def _nibble_minus(w, z, HIGH: tl.constexpr, like):
-    """``q - z`` for one nibble ``q`` of each code byte, exact in ``like``'s dtype (z: fp32 [1, BN],
-    integers). 16-bit floats take the magic-number decode: the nibble ORed into the mantissa of 128
-    (bf16) or 1024 (fp16) is that constant plus q, and ``constant + z`` is subtracted: two integer ops
-    and one subtraction per element, no conversion instructions."""
+    """``q - z`` for one nibble ``q`` of each code byte, exact in ``like``'s dtype (z: fp32, integers,
+    broadcast over the tile). 16-bit floats take the magic-number decode: the nibble ORed into the
+    mantissa of 128 (bf16) or 1024 (fp16) is that constant plus q, and ``constant + z`` is subtracted:
+    two integer ops and one subtraction per element, no conversion instructions."""
     b = w.to(tl.uint16)
     if HIGH:
         q = b >> 4
@@ -219,13 +245,13 @@ def _nibble_minus(w, z, HIGH: tl.constexpr, like):
 def _int_step(
     acc, x_rows, w_cols, s_cols, z_cols, t, K, KW, stride_xk,
     G: tl.constexpr, BITS: tl.constexpr, P: tl.constexpr, BK: tl.constexpr, GROUPED: tl.constexpr,
-    HAS_Z: tl.constexpr, EVEN_K: tl.constexpr, IEEE: tl.constexpr,
+    HAS_Z: tl.constexpr, T: tl.constexpr, EVEN_K: tl.constexpr, IEEE: tl.constexpr,
 ):  # fmt: skip
     """K tile ``t`` of integer codes: acc += (x . (q - z)) * s. ``q - z`` is an exact integer in x's
     dtype (|q - z| <= 2^b), so the tile's dot runs on it and the group scale (BK divides G: one per
     column for the tile) multiplies the tile's fp32 partial sum, BM x BN products rather than the
     BK x BN of scaling the weights. Channel scales: the caller applies them once after the loop.
-    w_cols/s_cols/z_cols: [1, BN] row pointers."""
+    w_cols/s_cols/z_cols: pointer rows over the tile's columns ([1, BN], or [BN, 1] when T)."""
     g = (t * BK) // G  # BK divides G: one scale (and zero) per column for the whole tile
     if HAS_Z:
         if GROUPED:
@@ -234,30 +260,18 @@ def _int_step(
             z = tl.load(z_cols).to(tl.float32)
     else:
         z = tl.full(w_cols.shape, 2.0 ** (BITS - 1), tl.float32)
+    zero = tl.zeros(acc.shape, tl.float32)
     if BITS == 4:
         k_lo = _paired_k(t, BK, P)
-        x_lo, x_hi = _load_x_halves(x_rows, k_lo, K, stride_xk, P, EVEN_K)
-        w = _load_codes(w_cols, t, KW, BK // 2, EVEN_K)
-        w_lo = _nibble_minus(w, z, False, x_lo)
-        w_hi = _nibble_minus(w, z, True, x_lo)
-        if IEEE:
-            part = tl.dot(x_lo, w_lo, input_precision="ieee")
-            part = tl.dot(x_hi, w_hi, part, input_precision="ieee")
-        else:
-            part = tl.dot(x_lo, w_lo)
-            part = tl.dot(x_hi, w_hi, part)
+        x_lo = _xt(x_rows, k_lo, K, stride_xk, T, not EVEN_K)
+        x_hi = _xt(x_rows, k_lo + P, K, stride_xk, T, not EVEN_K)
+        w = _load_codes(w_cols, t, KW, BK // 2, T, EVEN_K)
+        part = _mma(x_lo, _nibble_minus(w, z, False, x_lo), zero, T, IEEE)
+        part = _mma(x_hi, _nibble_minus(w, z, True, x_lo), part, T, IEEE)
     else:
-        kk = t * BK + tl.arange(0, BK)
-        if EVEN_K:
-            xk = tl.load(x_rows + kk[None, :] * stride_xk)
-        else:
-            xk = tl.load(x_rows + kk[None, :] * stride_xk, mask=(kk < K)[None, :], other=0.0)
-        w = _load_codes(w_cols, t, KW, BK, EVEN_K)
-        wq = w.to(xk.dtype) - z.to(xk.dtype)  # |q - z| <= 256: exact in every float dtype
-        if IEEE:
-            part = tl.dot(xk, wq, input_precision="ieee")
-        else:
-            part = tl.dot(xk, wq)
+        xk = _xt(x_rows, t * BK + tl.arange(0, BK), K, stride_xk, T, not EVEN_K)
+        w = _load_codes(w_cols, t, KW, BK, T, EVEN_K)
+        part = _mma(xk, w.to(xk.dtype) - z.to(xk.dtype), zero, T, IEEE)  # |q - z| <= 256: exact
     if GROUPED:
         acc += part * tl.load(s_cols + g).to(tl.float32)
     else:
@@ -266,52 +280,56 @@ def _int_step(
 
 
 @triton.jit
-def _fp4_half(w, s, HIGH: tl.constexpr, G: tl.constexpr, SKIND: tl.constexpr):
-    """One nibble of the transposed e2m1 codes [BK/2, BN] -> value * scale in fp32, exact; s is the
-    half's group scales [BK/2/G, BN] as :func:`.lut4._scale` returns them."""
-    NGH: tl.constexpr = s.shape[0]
-    ROWS: tl.constexpr = w.shape[0]
-    BN: tl.constexpr = w.shape[1]
+def _fp4_half(w, s, HIGH: tl.constexpr, G: tl.constexpr, SKIND: tl.constexpr, T: tl.constexpr):
+    """One nibble of the e2m1 codes [BK/2, BN] (T: [BN, BK/2]) -> value * scale in fp32, exact; s is
+    the half's group scales [BK/2/G, BN] (T: [BN, BK/2/G]) as :func:`.lut4._scale` returns them."""
     v = _values(w, w, 1, HIGH, True)
     if SKIND != 0:
         v = v * 16384.0  # e2m1's 2^-14 decode factor (folded into the e4m3 scale)
-    if NGH == 1:
-        v = v * s
-    else:
-        v = tl.reshape(tl.reshape(v, (NGH, G, BN)) * s[:, None, :], (ROWS, BN))
-    return v
+    if T:
+        BN: tl.constexpr = w.shape[0]
+        NGH: tl.constexpr = s.shape[1]
+        if NGH == 1:
+            return v * s
+        return tl.reshape(tl.reshape(v, (BN, NGH, G)) * s[:, :, None], w.shape)
+    NGH2: tl.constexpr = s.shape[0]
+    BN2: tl.constexpr = w.shape[1]
+    if NGH2 == 1:
+        return v * s
+    return tl.reshape(tl.reshape(v, (NGH2, G, BN2)) * s[:, None, :], w.shape)
 
 
 @triton.jit
 def _fp4_step(
     acc, x_rows, w_cols, s_cols, t, K, KW, stride_xk,
-    G: tl.constexpr, P: tl.constexpr, BK: tl.constexpr, SKIND: tl.constexpr, EVEN_K: tl.constexpr,
-    IEEE: tl.constexpr,
+    G: tl.constexpr, P: tl.constexpr, BK: tl.constexpr, SKIND: tl.constexpr, T: tl.constexpr,
+    EVEN_K: tl.constexpr, IEEE: tl.constexpr,
 ):  # fmt: skip
     """K tile ``t`` of e2m1 codes (paired layout) with e4m3 or e8m0 group scales: value * scale in
     fp32 (exact), cast to x's dtype, one dot per nibble over contiguous runs of x."""
     NGH: tl.constexpr = BK // 2 // G  # scale groups per nibble half of the tile (G divides P)
     PG: tl.constexpr = P // G
     k_lo = _paired_k(t, BK, P)
-    x_lo, x_hi = _load_x_halves(x_rows, k_lo, K, stride_xk, P, EVEN_K)
-    w = _load_codes(w_cols, t, KW, BK // 2, EVEN_K)
+    x_lo = _xt(x_rows, k_lo, K, stride_xk, T, not EVEN_K)
+    x_hi = _xt(x_rows, k_lo + P, K, stride_xk, T, not EVEN_K)
+    w = _load_codes(w_cols, t, KW, BK // 2, T, EVEN_K)
     gg = tl.arange(0, NGH)
     g_lo = t * (BK // G) + (gg // PG) * (2 * PG) + gg % PG
+    g_hi = g_lo + PG
+    if T:
+        g_lo2, g_hi2 = g_lo[None, :], g_hi[None, :]
+    else:
+        g_lo2, g_hi2 = g_lo[:, None], g_hi[:, None]
     if EVEN_K:
-        s_lo = tl.load(s_cols + g_lo[:, None])
-        s_hi = tl.load(s_cols + (g_lo + PG)[:, None])
+        s_lo = tl.load(s_cols + g_lo2)
+        s_hi = tl.load(s_cols + g_hi2)
     else:
-        s_lo = tl.load(s_cols + g_lo[:, None], mask=(g_lo < K // G)[:, None], other=0)
-        s_hi = tl.load(s_cols + (g_lo + PG)[:, None], mask=(g_lo + PG < K // G)[:, None], other=0)
-    w_lo = _fp4_half(w, _scale(s_lo, SKIND, True), False, G, SKIND).to(x_lo.dtype)
-    w_hi = _fp4_half(w, _scale(s_hi, SKIND, True), True, G, SKIND).to(x_lo.dtype)
-    if IEEE:
-        acc = tl.dot(x_lo, w_lo, acc, input_precision="ieee")
-        acc = tl.dot(x_hi, w_hi, acc, input_precision="ieee")
-    else:
-        acc = tl.dot(x_lo, w_lo, acc)
-        acc = tl.dot(x_hi, w_hi, acc)
-    return acc
+        s_lo = tl.load(s_cols + g_lo2, mask=g_lo2 < K // G, other=0)
+        s_hi = tl.load(s_cols + g_hi2, mask=g_hi2 < K // G, other=0)
+    w_lo = _fp4_half(w, _scale(s_lo, SKIND, True), False, G, SKIND, T).to(x_lo.dtype)
+    w_hi = _fp4_half(w, _scale(s_hi, SKIND, True), True, G, SKIND, T).to(x_lo.dtype)
+    acc = _mma(x_lo, w_lo, acc, T, IEEE)
+    return _mma(x_hi, w_hi, acc, T, IEEE)
 
 
 @triton.jit
@@ -332,15 +350,16 @@ def _moe_kernel(
     X, XS, W, S, Z, R, B, TW, SID, BEXP, NPAD, ORDER, OFFS, Y,
     A, N, K, KW, E, num_m, row_div,
     stride_xm, stride_xk, stride_xsm, stride_xsk, stride_we, stride_wn, stride_se, stride_sn, stride_sk,
-    stride_ze, stride_zn, stride_re, stride_be, stride_ym,
+    stride_ze, stride_zn, stride_re, stride_be, stride_ym, stride_ys,
     KIND: tl.constexpr, BITS: tl.constexpr, G: tl.constexpr, P: tl.constexpr, QN: tl.constexpr,
     QK: tl.constexpr, SKIND: tl.constexpr, GROUPED: tl.constexpr, HAS_Z: tl.constexpr, ACT: tl.constexpr,
     INT_DOT: tl.constexpr, HAS_R: tl.constexpr, HAS_B: tl.constexpr, WEIGHTED: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GM: tl.constexpr, SPLIT_K: tl.constexpr,
-    EVEN_K: tl.constexpr, ATOMIC: tl.constexpr, IEEE: tl.constexpr,
+    SWAP: tl.constexpr, EVEN_K: tl.constexpr, IEEE: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
     pid_k = tl.program_id(1)
+    Y += pid_k.to(tl.int64) * stride_ys  # split K: each split's own fp32 plane of partial sums
     num_n = tl.cdiv(N, BN)
     n_gemm = num_m * num_n
     if pid >= n_gemm:
@@ -368,20 +387,30 @@ def _moe_kernel(
     x_rows = X + rows[:, None] * stride_xm
     w_cols = W + e * stride_we + rn[None, :] * stride_wn
     n_k = tl.cdiv(K, BK)
-    if KIND == 0:  # integer weight-only
-        s_cols = S + e * stride_se + rn[None, :] * stride_sn
-        z_cols = Z + e * stride_ze + rn[None, :] * stride_zn
-        acc = tl.zeros((BM, BN), dtype=tl.float32)
-        for t in range(pid_k, n_k, SPLIT_K):
-            acc = _int_step(acc, x_rows, w_cols, s_cols, z_cols, t, K, KW, stride_xk, G, BITS, P, BK, GROUPED,
-                            HAS_Z, EVEN_K, IEEE)  # fmt: skip
-        if not GROUPED:
+    if KIND <= 1:  # weight-only: int or fp4 codes dequantized in the K loop
+        if SWAP:  # the transposed tile acc [BN, BM] (see _mma), transposed back after the loop
+            xt_rows = X + rows[None, :] * stride_xm
+            cols = rn[:, None]
+            acc = tl.zeros((BN, BM), dtype=tl.float32)
+        else:
+            xt_rows = x_rows
+            cols = rn[None, :]
+            acc = tl.zeros((BM, BN), dtype=tl.float32)
+        wt_cols = W + e * stride_we + cols * stride_wn
+        s_cols = S + e * stride_se + cols * stride_sn
+        if KIND == 0:
+            z_cols = Z + e * stride_ze + cols * stride_zn
+            for t in range(pid_k, n_k, SPLIT_K):
+                acc = _int_step(acc, xt_rows, wt_cols, s_cols, z_cols, t, K, KW, stride_xk, G, BITS, P, BK,
+                                GROUPED, HAS_Z, SWAP, EVEN_K, IEEE)  # fmt: skip
+        else:
+            for t in range(pid_k, n_k, SPLIT_K):
+                acc = _fp4_step(acc, xt_rows, wt_cols, s_cols, t, K, KW, stride_xk, G, P, BK, SKIND, SWAP,
+                                EVEN_K, IEEE)  # fmt: skip
+        if SWAP:
+            acc = tl.trans(acc)
+        if KIND == 0 and not GROUPED:
             acc = acc * tl.load(S + e * stride_se + rn * stride_sn).to(tl.float32)[None, :]
-    elif KIND == 1:  # fp4 weight-only
-        s_cols = S + e * stride_se + rn[None, :] * stride_sn
-        acc = tl.zeros((BM, BN), dtype=tl.float32)
-        for t in range(pid_k, n_k, SPLIT_K):
-            acc = _fp4_step(acc, x_rows, w_cols, s_cols, t, K, KW, stride_xk, G, P, BK, SKIND, EVEN_K, IEEE)
     elif KIND == 2:  # rowwise W8A8: both scales in the epilogue
         if INT_DOT:
             acc_i = tl.zeros((BM, BN), dtype=tl.int32)
@@ -419,13 +448,25 @@ def _moe_kernel(
         acc = acc * tl.load(TW + a, mask=mask_m, other=0.0)[:, None]
     y_ptrs = Y + a[:, None] * stride_ym + offs_n[None, :]
     mask = mask_m[:, None] & mask_n[None, :]
-    if ATOMIC:
-        tl.atomic_add(y_ptrs, acc, mask=mask)
-    else:
-        tl.store(y_ptrs, acc.to(Y.dtype.element_ty), mask=mask)
+    tl.store(y_ptrs, acc.to(Y.dtype.element_ty), mask=mask)
 
 
 _moe_launch = Launcher(_moe_kernel)
+
+
+@triton.jit
+def _split_sum_kernel(PART, OUT, N, plane, stride_om, S: tl.constexpr, BN: tl.constexpr):
+    """Row ``a``'s block of columns: the S split planes summed in a fixed order, rounded once."""
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.program_id(1) * BN + tl.arange(0, BN)
+    mask = offs < N
+    acc = tl.zeros((BN,), tl.float32)
+    for s in tl.static_range(S):
+        acc += tl.load(PART + s * plane + row * N + offs, mask=mask, other=0.0)
+    tl.store(OUT + row * stride_om + offs, acc.to(OUT.dtype.element_ty), mask=mask)
+
+
+_split_sum_launch = Launcher(_split_sum_kernel)
 
 
 def grid_tiles(A: int, E: int, block_m: int) -> int:
@@ -481,11 +522,11 @@ def moe_matmul(
             f"moe_matmul: block_n={tile.block_n} and block_k={tile.block_k} must divide the scale block "
             f"{weights.block}"
         )
-    atomic = tile.split_k > 1
+    split = tile.split_k > 1
     result = out if out is not None else torch.empty(A, N, dtype=out_dtype, device=x.device)
     if A == 0 or N == 0:
         return result
-    y = torch.zeros(A, N, dtype=torch.float32, device=x.device) if atomic else result
+    y = torch.empty(tile.split_k, A, N, dtype=torch.float32, device=x.device) if split else result
     num_m = min(grid_tiles(A, E, tile.block_m), block_expert.shape[0])
     num_n = cdiv(N, tile.block_n)
     s = weights.scales
@@ -506,7 +547,7 @@ def moe_matmul(
         xsm, xsk = xs.stride(0), 0
     even_k = K % BK == 0
     G = weights.group if weights.kind in ("int", "fp4") else 0
-    grid = (num_m * num_n + (0 if atomic else num_n), tile.split_k)
+    grid = (num_m * num_n + num_n, tile.split_k)
     _moe_launch(grid,
         x, xs, weights.w, s, z if z is not None else s, r if r is not None else s,
         bias if bias is not None else s, topk_weights if topk_weights is not None else s,
@@ -514,18 +555,20 @@ def moe_matmul(
         A, N, K, weights.w.shape[2], E, num_m, row_div,
         x.stride(0), x.stride(1), xsm, xsk, weights.w.stride(0), weights.w.stride(1), s.stride(0), sn, sk,
         z.stride(0) if z is not None else 0, z.stride(1) if z is not None else 0,
-        r.stride(0) if r is not None else 0, bias.stride(0) if bias is not None else 0, y.stride(0),
+        r.stride(0) if r is not None else 0, bias.stride(0) if bias is not None else 0, y.stride(-2),
+        A * N if split else 0,
         KIND=kind, BITS=weights.bits, G=max(G, 1), P=weights.pair or 1,
         QN=weights.block[0] or 1, QK=weights.block[1] or 1, SKIND=SCALE_KINDS[weights.scale_kind],
         GROUPED=grouped, HAS_Z=z is not None, ACT=ACT_SCALE_MODES[act_scale_mode],
         INT_DOT=weights.w.dtype == torch.int8, HAS_R=r is not None, HAS_B=bias is not None,
         WEIGHTED=topk_weights is not None,
         BM=tile.block_m, BN=tile.block_n, BK=BK, GM=tile.group_m, SPLIT_K=tile.split_k,
-        EVEN_K=even_k, ATOMIC=atomic, IEEE=x.dtype == torch.float32,
+        SWAP=tile.swap and weights.kind in ("int", "fp4"), EVEN_K=even_k, IEEE=x.dtype == torch.float32,
         num_warps=tile.num_warps, num_stages=tile.num_stages,
     )  # fmt: skip
-    if y is not result:
-        result.copy_(y)
+    if split:
+        BN = min(next_power_of_2(N), 1024)
+        _split_sum_launch((A, cdiv(N, BN)), y, result, N, A * N, result.stride(0), S=tile.split_k, BN=BN)
     return result
 
 

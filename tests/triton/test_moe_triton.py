@@ -142,13 +142,18 @@ def oracle(
     return y
 
 
-def prepare(kind: str, experts: CanonicalExperts, dtype: torch.dtype, split: bool) -> tuple:
+def prepare(
+    kind: str, experts: CanonicalExperts, dtype: torch.dtype, split: bool, swap: bool | None = None
+) -> tuple:
     scheme = experts.scheme
     spec = LayerSpec(scheme, experts.K, experts.N, act_dtype=dtype, op="grouped", num_experts=experts.E)
     k = KERNELS[kind]()
     state = k.prepare(experts.to(DEV), spec)
     if not split:
         state.layout = dataclasses.replace(state.layout, targets=(0,) * len(state.layout.targets))
+    if swap is not None:  # every bucket's tile with the transposed (swap) product on or off
+        tiles = tuple(dataclasses.replace(t, swap=swap) for t in state.layout.tiles)
+        state.layout = dataclasses.replace(state.layout, tiles=tiles, _split={})
     return k, state
 
 
@@ -161,7 +166,8 @@ def test_grouped_matches_oracle(scheme: str, kind: str, E: int, K: int, N: int, 
     assert KERNELS[kind].is_substitute(LayerSpec(experts.scheme, K, N, op="grouped")) == weight_only
     for i, (M, top_k, gather, weighted, with_bias, layout) in enumerate(ROUTES):
         split = i % 2 == 1  # small batches with and without the K split
-        _, state = prepare(kind, experts, dtype, split)
+        swap = i < 2  # weight-only kinds: the transposed product, with and without the split
+        _, state = prepare(kind, experts, dtype, split, swap)
         ids, tw = route(M, top_k, E, g)
         batch = ExpertBatch(ids.to(DEV), tw.to(DEV), E)
         x = make_x(M if gather else M * top_k, K, layout, dtype, g)
@@ -188,6 +194,8 @@ def test_grouped_matches_oracle(scheme: str, kind: str, E: int, K: int, N: int, 
         MoeTile(16, 32, 64, split_k=3),
         MoeTile(32, 64, 64, group_m=4, num_warps=2, num_stages=2),
         MoeTile(64, 16, 64, group_m=2, split_k=2),
+        MoeTile(16, 32, 64, split_k=2, swap=True),
+        MoeTile(32, 16, 64, group_m=2, swap=True),
     ],
     ids=str,
 )
