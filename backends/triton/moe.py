@@ -188,8 +188,10 @@ def _xt(x_rows, k, K, stride_xk, T: tl.constexpr, MASK: tl.constexpr):
         ptrs = x_rows + k[None, :] * stride_xk
         keep = (k < K)[None, :]
     if MASK:
-        return tl.load(ptrs, mask=keep, other=0.0)
-    return tl.load(ptrs)
+        x = tl.load(ptrs, mask=keep, other=0.0)
+    else:
+        x = tl.load(ptrs)
+    return x
 
 
 @triton.jit
@@ -204,8 +206,10 @@ def _load_codes(w_cols, t, KW, ROWS: tl.constexpr, T: tl.constexpr, EVEN_K: tl.c
         ptrs = w_cols + kb[:, None]
         keep = (kb < KW)[:, None]
     if EVEN_K:
-        return tl.load(ptrs)
-    return tl.load(ptrs, mask=keep, other=0)
+        w = tl.load(ptrs)
+    else:
+        w = tl.load(ptrs, mask=keep, other=0)
+    return w
 
 
 @triton.jit
@@ -214,11 +218,14 @@ def _mma(x, w, acc, T: tl.constexpr, IEEE: tl.constexpr):
     operand, which tensor cores take from registers, and the few rows of x fill its narrow N)."""
     if T:
         if IEEE:
-            return tl.dot(w, x, acc, input_precision="ieee")
-        return tl.dot(w, x, acc)
-    if IEEE:
-        return tl.dot(x, w, acc, input_precision="ieee")
-    return tl.dot(x, w, acc)
+            acc = tl.dot(w, x, acc, input_precision="ieee")
+        else:
+            acc = tl.dot(w, x, acc)
+    elif IEEE:
+        acc = tl.dot(x, w, acc, input_precision="ieee")
+    else:
+        acc = tl.dot(x, w, acc)
+    return acc
 
 
 @triton.jit
@@ -286,17 +293,22 @@ def _fp4_half(w, s, HIGH: tl.constexpr, G: tl.constexpr, SKIND: tl.constexpr, T:
     v = _values(w, w, 1, HIGH, True)
     if SKIND != 0:
         v = v * 16384.0  # e2m1's 2^-14 decode factor (folded into the e4m3 scale)
+    # (no early returns: the compiler, unlike the interpreter, goes on past a return in a static if)
     if T:
         BN: tl.constexpr = w.shape[0]
         NGH: tl.constexpr = s.shape[1]
         if NGH == 1:
-            return v * s
-        return tl.reshape(tl.reshape(v, (BN, NGH, G)) * s[:, :, None], w.shape)
-    NGH2: tl.constexpr = s.shape[0]
-    BN2: tl.constexpr = w.shape[1]
-    if NGH2 == 1:
-        return v * s
-    return tl.reshape(tl.reshape(v, (NGH2, G, BN2)) * s[:, None, :], w.shape)
+            v = v * s
+        else:
+            v = tl.reshape(tl.reshape(v, (BN, NGH, G)) * s[:, :, None], w.shape)
+    else:
+        NGH2: tl.constexpr = s.shape[0]
+        BN2: tl.constexpr = w.shape[1]
+        if NGH2 == 1:
+            v = v * s
+        else:
+            v = tl.reshape(tl.reshape(v, (NGH2, G, BN2)) * s[:, None, :], w.shape)
+    return v
 
 
 @triton.jit
@@ -329,7 +341,8 @@ def _fp4_step(
     w_lo = _fp4_half(w, _scale(s_lo, SKIND, True), False, G, SKIND, T).to(x_lo.dtype)
     w_hi = _fp4_half(w, _scale(s_hi, SKIND, True), True, G, SKIND, T).to(x_lo.dtype)
     acc = _mma(x_lo, w_lo, acc, T, IEEE)
-    return _mma(x_hi, w_hi, acc, T, IEEE)
+    acc = _mma(x_hi, w_hi, acc, T, IEEE)
+    return acc
 
 
 @triton.jit
@@ -355,7 +368,7 @@ def _moe_kernel(
     QK: tl.constexpr, SKIND: tl.constexpr, GROUPED: tl.constexpr, HAS_Z: tl.constexpr, ACT: tl.constexpr,
     INT_DOT: tl.constexpr, HAS_R: tl.constexpr, HAS_B: tl.constexpr, WEIGHTED: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GM: tl.constexpr, SPLIT_K: tl.constexpr,
-    SWAP: tl.constexpr, EVEN_K: tl.constexpr, IEEE: tl.constexpr,
+    SWAP: tl.constexpr, STAGES: tl.constexpr, EVEN_K: tl.constexpr, IEEE: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -398,13 +411,15 @@ def _moe_kernel(
             acc = tl.zeros((BM, BN), dtype=tl.float32)
         wt_cols = W + e * stride_we + cols * stride_wn
         s_cols = S + e * stride_se + cols * stride_sn
+        # tl.range's num_stages pipelines the code loads (cp.async): the launch option alone does that
+        # only for loads that feed a dot directly, and these are decoded first
         if KIND == 0:
             z_cols = Z + e * stride_ze + cols * stride_zn
-            for t in range(pid_k, n_k, SPLIT_K):
+            for t in tl.range(pid_k, n_k, SPLIT_K, num_stages=STAGES):
                 acc = _int_step(acc, xt_rows, wt_cols, s_cols, z_cols, t, K, KW, stride_xk, G, BITS, P, BK,
                                 GROUPED, HAS_Z, SWAP, EVEN_K, IEEE)  # fmt: skip
         else:
-            for t in range(pid_k, n_k, SPLIT_K):
+            for t in tl.range(pid_k, n_k, SPLIT_K, num_stages=STAGES):
                 acc = _fp4_step(acc, xt_rows, wt_cols, s_cols, t, K, KW, stride_xk, G, P, BK, SKIND, SWAP,
                                 EVEN_K, IEEE)  # fmt: skip
         if SWAP:
@@ -563,7 +578,8 @@ def moe_matmul(
         INT_DOT=weights.w.dtype == torch.int8, HAS_R=r is not None, HAS_B=bias is not None,
         WEIGHTED=topk_weights is not None,
         BM=tile.block_m, BN=tile.block_n, BK=BK, GM=tile.group_m, SPLIT_K=tile.split_k,
-        SWAP=tile.swap and weights.kind in ("int", "fp4"), EVEN_K=even_k, IEEE=x.dtype == torch.float32,
+        SWAP=tile.swap and weights.kind in ("int", "fp4"), STAGES=tile.num_stages, EVEN_K=even_k,
+        IEEE=x.dtype == torch.float32,
         num_warps=tile.num_warps, num_stages=tile.num_stages,
     )  # fmt: skip
     if split:
