@@ -56,15 +56,14 @@ KEYS = tile_table.KEYS
 #: experts get a few rows, 64 with GROUP_M 8 beyond; K tiles of 128 for 8-bit and 4-bit codes)
 DEFAULT_TABLE: dict[str, Any] = {
     "_note": (
-        "Hand-set after H100 sweeps (bench/gpu_moe.py --sweep: Mixtral int4 at M=16 and 1024, fp8 at 1024). "
+        "Hand-set after H100 sweeps (bench/gpu_moe.py --sweep: Mixtral int4 at M=16 and 1024, Qwen3 int4 at "
+        "M=16, fp8 at 1024; the transposed 'swap' product measured no faster there). "
         "Buckets: assignments per expert (A / E). Sections: weight_only (int4/int8/fp4 dequantized in the K "
         "loop), w8a8 (fp8/int8 codes, rowwise scales), fp8_block."
     ),
     "weight_only": {
-        "1": dict(block_m=16, block_n=128, block_k=128, group_m=1, num_warps=4, num_stages=4, swap=True,
-                  split_k_target=264),
-        "16": dict(block_m=16, block_n=128, block_k=128, group_m=1, num_warps=4, num_stages=4, swap=True,
-                   split_k_target=264),
+        "1": dict(block_m=16, block_n=256, block_k=128, group_m=1, num_warps=4, num_stages=3, split_k_target=264),
+        "16": dict(block_m=16, block_n=128, block_k=128, group_m=1, num_warps=4, num_stages=4, split_k_target=264),
         "64": dict(block_m=32, block_n=128, block_k=128, group_m=8, num_warps=4, num_stages=4),
         "256": dict(block_m=64, block_n=128, block_k=128, group_m=8, num_warps=4, num_stages=3),
         "large": dict(block_m=64, block_n=128, block_k=128, group_m=8, num_warps=4, num_stages=3),
@@ -77,8 +76,13 @@ DEFAULT_TABLE: dict[str, Any] = {
         "large": dict(block_m=128, block_n=128, block_k=128, group_m=8, num_warps=4, num_stages=3),
     },
 }  # fmt: skip
-#: block fp8 starts from the same tiles as row-wise W8A8 (a sweep may give it its own section)
+#: block fp8 starts from row-wise W8A8's tiles, but its per-K-tile scaling wants BM 64 on large
+#: batches (BM 128 halved its speed on Mixtral at M=1024 on the H100)
 DEFAULT_TABLE["fp8_block"] = copy.deepcopy(DEFAULT_TABLE["w8a8"])
+for _key in ("256", "large"):
+    DEFAULT_TABLE["fp8_block"][_key] = dict(
+        block_m=64, block_n=128, block_k=128, group_m=8, num_warps=4, num_stages=3
+    )
 
 #: the largest split of K a small batch may take
 MAX_SPLIT_K = 8
@@ -123,6 +127,7 @@ class MoeLayout:
     matmul: Any  # moe_matmul, bound at load so a call imports nothing
     quant: Any  # (per_token, per_token_group, per_expert) quantizers
     align: Any  # (takes, align_routing) of moe_align, bound at load as well
+    decoders: Any = None  # the K loop's 4-bit decodes (PTX on NVIDIA GPUs; None: portable)
     _split: dict[tuple[int, int], Any] = field(default_factory=dict)
 
     def tile(self, A: int) -> Any:
@@ -179,6 +184,7 @@ def _run(
     return lay.matmul(
         x, lay.weights, sid, bexp, npad, order, offsets, A, row_div, tile, lay.out_dtype,
         x_scale=xs, act_scale_mode=mode, topk_weights=batch.weights if weighted else None, bias=bias, out=out,
+        decoders=lay.decoders,
     )  # fmt: skip
 
 
@@ -208,10 +214,13 @@ def _describe(lay: MoeLayout) -> str:
     for key, t, tgt in zip(KEYS, lay.tiles, lay.targets):
         name = "<=" + key if key != "large" else ">256"
         parts.append(
-            f"{name}: BM{t.block_m} BN{t.block_n} BK{t.block_k} G{t.group_m}" + (" splitk" if tgt else "")
+            f"{name}: BM{t.block_m} BN{t.block_n} BK{t.block_k} G{t.group_m}"
+            + (" splitk" if tgt else "")
+            + (" swap" if t.swap else "")
         )
     quant = {"none": "", "token": "token quant + ", "group": "group quant + ", "expert": "expert quant + "}
-    return f"{quant[lay.act]}triton grouped GEMM (rows/expert {'; '.join(parts)})"
+    ptx = " with PTX 4-bit decode" if lay.decoders is not None and lay.weights.pair else ""
+    return f"{quant[lay.act]}triton grouped GEMM{ptx} (rows/expert {'; '.join(parts)})"
 
 
 def _check(*conditions: Condition) -> Verdict:
@@ -287,6 +296,10 @@ class CudaTritonMoe(Kernel):
             (act_quant.quantize_per_token, act_quant.quantize_per_token_group, quantize_per_expert),
             (moe_align.takes, moe_align.align_routing),
         )  # fmt: skip
+        if weights.w.is_cuda:  # PTX decodes (the interpreter, on CPU tensors, runs the portable ones)
+            from .triton_decode import e2m1_scaled, int4_minus
+
+            layout.decoders = (int4_minus, e2m1_scaled)
         # the launcher also runs fp32 activations (IEEE dots): a layer prepared for them takes them
         # (the interpreter tests), though planning never picks these kernels for fp32
         extra = () if spec.act_dtype in self.act_dtypes else (spec.act_dtype,)

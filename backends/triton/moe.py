@@ -49,6 +49,7 @@ from the caller's :class:`MoeTile`, so a call captures into a CUDA graph.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import triton
@@ -252,7 +253,7 @@ def _nibble_minus(w, z, HIGH: tl.constexpr, like):
 def _int_step(
     acc, x_rows, w_cols, s_cols, z_cols, t, K, KW, stride_xk,
     G: tl.constexpr, BITS: tl.constexpr, P: tl.constexpr, BK: tl.constexpr, GROUPED: tl.constexpr,
-    HAS_Z: tl.constexpr, T: tl.constexpr, EVEN_K: tl.constexpr, IEEE: tl.constexpr,
+    HAS_Z: tl.constexpr, T: tl.constexpr, EVEN_K: tl.constexpr, IEEE: tl.constexpr, DEC4: tl.constexpr,
 ):  # fmt: skip
     """K tile ``t`` of integer codes: acc += (x . (q - z)) * s. ``q - z`` is an exact integer in x's
     dtype (|q - z| <= 2^b), so the tile's dot runs on it and the group scale (BK divides G: one per
@@ -273,8 +274,8 @@ def _int_step(
         x_lo = _xt(x_rows, k_lo, K, stride_xk, T, not EVEN_K)
         x_hi = _xt(x_rows, k_lo + P, K, stride_xk, T, not EVEN_K)
         w = _load_codes(w_cols, t, KW, BK // 2, T, EVEN_K)
-        part = _mma(x_lo, _nibble_minus(w, z, False, x_lo), zero, T, IEEE)
-        part = _mma(x_hi, _nibble_minus(w, z, True, x_lo), part, T, IEEE)
+        part = _mma(x_lo, DEC4(w, z, False, x_lo), zero, T, IEEE)
+        part = _mma(x_hi, DEC4(w, z, True, x_lo), part, T, IEEE)
     else:
         xk = _xt(x_rows, t * BK + tl.arange(0, BK), K, stride_xk, T, not EVEN_K)
         w = _load_codes(w_cols, t, KW, BK, T, EVEN_K)
@@ -312,10 +313,17 @@ def _fp4_half(w, s, HIGH: tl.constexpr, G: tl.constexpr, SKIND: tl.constexpr, T:
 
 
 @triton.jit
+def _fp4_decode(w, sc, HIGH: tl.constexpr, G: tl.constexpr, SKIND: tl.constexpr, T: tl.constexpr, like):
+    """The portable e2m1 decode: value * scale in fp32 (exact), cast to like's dtype; sc holds the
+    half tile's stored scale codes."""
+    return _fp4_half(w, _scale(sc, SKIND, True), HIGH, G, SKIND, T).to(like.dtype)
+
+
+@triton.jit
 def _fp4_step(
     acc, x_rows, w_cols, s_cols, t, K, KW, stride_xk,
     G: tl.constexpr, P: tl.constexpr, BK: tl.constexpr, SKIND: tl.constexpr, T: tl.constexpr,
-    EVEN_K: tl.constexpr, IEEE: tl.constexpr,
+    EVEN_K: tl.constexpr, IEEE: tl.constexpr, DECF: tl.constexpr,
 ):  # fmt: skip
     """K tile ``t`` of e2m1 codes (paired layout) with e4m3 or e8m0 group scales: value * scale in
     fp32 (exact), cast to x's dtype, one dot per nibble over contiguous runs of x."""
@@ -338,8 +346,8 @@ def _fp4_step(
     else:
         s_lo = tl.load(s_cols + g_lo2, mask=g_lo2 < K // G, other=0)
         s_hi = tl.load(s_cols + g_hi2, mask=g_hi2 < K // G, other=0)
-    w_lo = _fp4_half(w, _scale(s_lo, SKIND, True), False, G, SKIND, T).to(x_lo.dtype)
-    w_hi = _fp4_half(w, _scale(s_hi, SKIND, True), True, G, SKIND, T).to(x_lo.dtype)
+    w_lo = DECF(w, s_lo, False, G, SKIND, T, x_lo)
+    w_hi = DECF(w, s_hi, True, G, SKIND, T, x_lo)
     acc = _mma(x_lo, w_lo, acc, T, IEEE)
     acc = _mma(x_hi, w_hi, acc, T, IEEE)
     return acc
@@ -369,6 +377,7 @@ def _moe_kernel(
     INT_DOT: tl.constexpr, HAS_R: tl.constexpr, HAS_B: tl.constexpr, WEIGHTED: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GM: tl.constexpr, SPLIT_K: tl.constexpr,
     SWAP: tl.constexpr, STAGES: tl.constexpr, EVEN_K: tl.constexpr, IEEE: tl.constexpr,
+    DEC4: tl.constexpr, DECF: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -417,11 +426,11 @@ def _moe_kernel(
             z_cols = Z + e * stride_ze + cols * stride_zn
             for t in tl.range(pid_k, n_k, SPLIT_K, num_stages=STAGES):
                 acc = _int_step(acc, xt_rows, wt_cols, s_cols, z_cols, t, K, KW, stride_xk, G, BITS, P, BK,
-                                GROUPED, HAS_Z, SWAP, EVEN_K, IEEE)  # fmt: skip
+                                GROUPED, HAS_Z, SWAP, EVEN_K, IEEE, DEC4)  # fmt: skip
         else:
             for t in tl.range(pid_k, n_k, SPLIT_K, num_stages=STAGES):
                 acc = _fp4_step(acc, xt_rows, wt_cols, s_cols, t, K, KW, stride_xk, G, P, BK, SKIND, SWAP,
-                                EVEN_K, IEEE)  # fmt: skip
+                                EVEN_K, IEEE, DECF)  # fmt: skip
         if SWAP:
             acc = tl.trans(acc)
         if KIND == 0 and not GROUPED:
@@ -507,6 +516,7 @@ def moe_matmul(
     topk_weights: torch.Tensor | None = None,
     bias: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
+    decoders: tuple[Any, Any] | None = None,
 ) -> torch.Tensor:
     """``y`` [A, N] in ``out_dtype`` (written into ``out`` when given: [A, N], unit column stride).
 
@@ -515,9 +525,13 @@ def moe_matmul(
     routing aligned to ``tile.block_m``; ``order``/``offsets``: the expert-sorted order and int64
     [E + 2] offsets (unheld assignments from ``offsets[E]``). ``x_scale``: rowwise "row" fp32 [rows]
     or [rows, 1], rowwise "expert" fp32 [>= E], block [rows, ceil(K/bk)]. ``topk_weights``: fp32 [A]
-    contiguous (the routing weight multiplies each row). ``bias``: [E, N]. No host synchronisation.
+    contiguous (the routing weight multiplies each row). ``bias``: [E, N]. ``decoders``: the
+    (int4, e2m1) decode functions of the K loop, exact ones a backend makes faster for its GPU
+    (``backends/cuda/triton_decode.py``); None: the portable :func:`_nibble_minus`, :func:`_fp4_decode`.
+    No host synchronisation.
     """
     E, N, K = weights.E, weights.N, weights.K
+    dec4, decf = decoders or (_nibble_minus, _fp4_decode)
     if x.dim() != 2 or x.shape[1] != K:
         raise ValueError(f"moe_matmul: x must be [rows, {K}], found {list(x.shape)}")
     if block_expert.shape[0] * tile.block_m != sorted_ids.shape[0]:
@@ -579,7 +593,7 @@ def moe_matmul(
         WEIGHTED=topk_weights is not None,
         BM=tile.block_m, BN=tile.block_n, BK=BK, GM=tile.group_m, SPLIT_K=tile.split_k,
         SWAP=tile.swap and weights.kind in ("int", "fp4"), STAGES=tile.num_stages, EVEN_K=even_k,
-        IEEE=x.dtype == torch.float32,
+        IEEE=x.dtype == torch.float32, DEC4=dec4, DECF=decf,
         num_warps=tile.num_warps, num_stages=tile.num_stages,
     )  # fmt: skip
     if split:

@@ -3,7 +3,8 @@ combinations the tile tables reach. The interpreter runs Python semantics, so it
 only the compiler rejects (a static ``if`` whose branch returns early is compiled past its return;
 dot shapes after a transposition); this catches those on the CPU, before a GPU run does. It also
 checks that the weight-only K loop is software-pipelined (cp.async) and that the transposed
-(swap) product runs on Hopper's wgmma. tests/triton runs interpreted, so the compiles happen in
+(swap) product runs on Hopper's wgmma, with the portable decodes and the PTX ones
+(``backends/cuda/triton_decode.py``). tests/triton runs interpreted, so the compiles happen in
 one child process without TRITON_INTERPRET (this file run as a script)."""
 
 from __future__ import annotations
@@ -47,8 +48,14 @@ def _compile(cx: dict) -> str:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
+    from quantrt.backends.cuda import triton_decode
     from quantrt.backends.triton import moe
 
+    cx = dict(cx)
+    ptx = cx.pop("PTX", 0)
+    cx["DEC4"], cx["DECF"] = (
+        (triton_decode.int4_minus, triton_decode.e2m1_scaled) if ptx else (moe._nibble_minus, moe._fp4_decode)
+    )
     params = list(inspect.signature(moe._moe_kernel.fn).parameters)
     sig = {p: PTRS.get(p, "constexpr" if p in cx else "i32") for p in params}
     if cx["KIND"] >= 2:
@@ -73,6 +80,12 @@ VARIANTS = {
     **{
         f"{n}-{'swap' if sw else 'tiles'}": dict(BASE, SWAP=sw, **v)
         for n, v in WEIGHT_ONLY.items()
+        for sw in (0, 1)
+    },
+    **{
+        f"{n}-ptx-{'swap' if sw else 'tiles'}": dict(BASE, SWAP=sw, PTX=1, **v)
+        for n, v in WEIGHT_ONLY.items()
+        if n != "int8-asym"
         for sw in (0, 1)
     },
     **{f"w8a8-bm{bm}": dict(BASE, KIND=2, BITS=8, P=1, ACT=1, BM=bm, SWAP=0, STAGES=3) for bm in (16, 128)},
@@ -114,7 +127,10 @@ if __name__ == "__main__":
             if "ptxas" in str(e).lower() and not out:
                 print(f"no ptxas: {str(e)[:200]}")
                 raise SystemExit(3) from None
-            out[name] = {"error": f"{type(e).__name__}: {str(e)[-1500:]}"}
+            root = e
+            while root.__cause__ is not None:  # the innermost error names the real cause
+                root = root.__cause__
+            out[name] = {"error": f"{type(root).__name__}: {str(root)[:1500]}"}
             continue
         out[name] = {
             "cp_async": bool(re.search(r"cp\.async\.c[ag]", ptx)),
