@@ -206,19 +206,61 @@ def kernel_for(scheme: str) -> type:
 @pytest.mark.parametrize("split", [True, False], ids=["split_auto", "no_split"])
 @pytest.mark.parametrize("scheme,E,K,N", PROJ, ids=[p[0] for p in PROJ])
 def test_projection_matches_oracle(scheme: str, E: int, K: int, N: int, split: bool) -> None:
+    check_projection(scheme, E, K, N, split)
+
+
+@pytest.mark.parametrize(
+    "scheme,E,K,N,dtype",
+    [
+        ("w4a16-int-g64-asym", 5, 320, 200, BF16),
+        ("w4a16-int-g64-asym", 5, 320, 200, torch.float16),
+        ("w4a16-int-ch-sym", 3, 301, 72, BF16),
+        ("w4a16-int-g32-sym", 3, 256, 96, torch.float16),
+        ("w4a16-mxfp4", 3, 320, 200, BF16),
+        ("w4a16-nvfp4", 5, 256, 72, BF16),
+    ],
+    ids=["int4-g64-asym-bf16", "int4-g64-asym-fp16", "int4-ch-sym-bf16", "int4-g32-fp16", "mxfp4", "nvfp4"],
+)
+@pytest.mark.parametrize("split", [True, False], ids=["split_auto", "no_split"])
+def test_ptx_decodes_match_oracle(
+    scheme: str, E: int, K: int, N: int, dtype: torch.dtype, split: bool
+) -> None:
+    """The PTX 4-bit decodes (backends/cuda/triton_decode.py, opt-in by QUANTRT_MOE_PTX_DECODE)
+    forced on, in bf16 and fp16, through the tiles and the transposed product."""
+    from quantrt.backends.cuda.triton_decode import e2m1_scaled, int4_minus
+
+    for swap in (False, True):
+        check_projection(scheme, E, K, N, split, dtype, decoders=(int4_minus, e2m1_scaled), swap=swap)
+
+
+def check_projection(
+    scheme: str,
+    E: int,
+    K: int,
+    N: int,
+    split: bool,
+    dtype: torch.dtype = BF16,
+    decoders: tuple | None = None,
+    swap: bool | None = None,
+) -> None:
     g = torch.Generator().manual_seed(E + K + N)
     c = experts(scheme, E, K, N, g)
-    spec = LayerSpec(c.scheme, K, N, act_dtype=BF16, op="grouped", num_experts=E)
+    spec = LayerSpec(c.scheme, K, N, act_dtype=dtype, op="grouped", num_experts=E)
     state = kernel_for(scheme)().prepare(c.to("cuda"), spec)
     if not split:
         state.layout = dataclasses.replace(state.layout, targets=(0,) * len(state.layout.targets))
+    if decoders is not None:
+        state.layout.decoders = decoders
+    if swap is not None:
+        tiles = tuple(dataclasses.replace(t, swap=swap) for t in state.layout.tiles)
+        state.layout = dataclasses.replace(state.layout, tiles=tiles, _split={})
     for M, top_k, gather in ((1, 2, True), (5, 4, False), (700, 2, True)):
         ids, tw = routing(M, E, min(top_k, E), g)
         top_k = ids.shape[1]
         ids.view(-1)[0] = -1  # held elsewhere
         batch = ExpertBatch(ids.cuda(), tw.cuda(), E)
-        x = torch.randn(M if gather else M * top_k, 2 * K, generator=g)[:, ::2].to("cuda", BF16)
-        bias = torch.randn(E, N, generator=g).to("cuda", BF16)
+        x = torch.randn(M if gather else M * top_k, 2 * K, generator=g)[:, ::2].to("cuda", dtype)
+        bias = torch.randn(E, N, generator=g).to("cuda", dtype)
         y = state(x, batch, gather=gather, weighted=True, bias=bias)
         ids_c = batch.ids.cpu()
         ref = torch.zeros(batch.A, N, dtype=torch.float64)
