@@ -1,7 +1,7 @@
 """What a quantized KV cache costs in accuracy on a real model: perplexity and greedy tokens.
 
-    python3 bench/kv_quality.py MODEL --out FILE.json [--schemes none,fp8,...] [--tokens 256]
-        [--prompt-tokens 32] [--greedy 32] [--device cpu] [--dtype bf16] [--json]
+    python3 bench/kv_quality.py MODEL --out FILE.json [--schemes fp8,...] [--tokens 256]
+        [--prompt-tokens 32] [--greedy 32] [--device cpu] [--dtype bf16] [--dense] [--no-ppl] [--control]
 
 - perplexity: a fixed English text (below), its first ``--prompt-tokens`` tokens prefilled, then
   every further token fed one at a time (teacher forcing), so each prediction attends the
@@ -54,7 +54,9 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
 @torch.inference_mode()
-def teacher_forced(model: Any, ids: list[int], prompt: int, scheme: str | None) -> tuple[float, float]:
+def teacher_forced(
+    model: Any, ids: list[int], prompt: int, scheme: str | None, protect: int | None = None
+) -> tuple[float, float]:
     """Mean negative log-likelihood of ids[prompt:] with each token predicted through a decode step,
     and the decode tokens/s."""
     from transformers import DynamicCache
@@ -63,7 +65,7 @@ def teacher_forced(model: Any, ids: list[int], prompt: int, scheme: str | None) 
     from quantrt.models.generate import cache_kwarg
 
     device = next(model.parameters()).device
-    cache = kv_cache(model, scheme) if scheme else None
+    cache = kv_cache(model, scheme, protect=protect) if scheme else None
     if cache is None:
         cache = DynamicCache(config=model.config)
     kw = cache_kwarg(model)
@@ -80,6 +82,11 @@ def teacher_forced(model: Any, ids: list[int], prompt: int, scheme: str | None) 
     return nll / (len(ids) - prompt), (len(ids) - 1 - prompt) / dt
 
 
+def _num(v: float) -> float | None:
+    """JSON has no NaN: a value not measured (``--no-ppl``) is null."""
+    return None if math.isnan(v) else v
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("model", help="a checkpoint folder or .gguf quantrt loads")
@@ -92,6 +99,13 @@ def main() -> int:
     ap.add_argument("--tokens", type=int, default=256, help="tokens of the text scored")
     ap.add_argument("--prompt-tokens", type=int, default=32)
     ap.add_argument("--greedy", type=int, default=32, help="new tokens per greedy prompt")
+    ap.add_argument("--no-ppl", action="store_true", help="greedy agreement only (no perplexity walk)")
+    ap.add_argument(
+        "--control",
+        action="store_true",
+        help="first a row 'control': quantrt's cache and attention path with every layer left "
+        "unquantized, which separates the path's own differences from the quantization's",
+    )
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
     ap.add_argument(
@@ -136,32 +150,36 @@ def main() -> int:
         "prompt_tokens": args.prompt_tokens,
         "rows": [],
     }
-    base_nll, base_tps = teacher_forced(model, ids, args.prompt_tokens, None)
+    layers = int(getattr(getattr(model.config, "text_config", model.config), "num_hidden_layers", 0) or 1000)
+    nan = (float("nan"), float("nan"))
+    base_nll, base_tps = nan if args.no_ppl else teacher_forced(model, ids, args.prompt_tokens, None)
     base_greedy = [greedy(model, p, args.greedy, ignore_eos=True).new for p in prompts]
-    doc["baseline"] = {"ppl": math.exp(base_nll), "decode_tokens_per_s": base_tps}
+    doc["baseline"] = {"ppl": _num(math.exp(base_nll)), "decode_tokens_per_s": _num(base_tps)}
     print(f"{'scheme':<22} {'ppl':>9} {'change':>8} {'greedy agree':>14} {'tok/s':>7}")
     print(f"{'unquantized':<22} {math.exp(base_nll):9.3f} {'':>8} {'':>14} {base_tps:7.1f}")
-    for name in [s for s in args.schemes.split(",") if s]:
-        nll, tps = teacher_forced(model, ids, args.prompt_tokens, name)
+    names = [s for s in args.schemes.split(",") if s]
+    for name in (["control"] if args.control else []) + names:
+        scheme, protect = ("kv-fp8", layers) if name == "control" else (name, None)
+        nll, tps = nan if args.no_ppl else teacher_forced(model, ids, args.prompt_tokens, scheme, protect)
         agree = []
         for p, ref in zip(prompts, base_greedy, strict=True):
-            got = greedy(model, p, args.greedy, ignore_eos=True, kv_cache=name)
+            got = greedy(model, p, args.greedy, ignore_eos=True, kv_cache=scheme, kv_protect=protect)
             same = next((i for i, (a, b) in enumerate(zip(got.new, ref, strict=True)) if a != b), len(ref))
             agree.append(same)
             kv = got.kv_cache
         row = {
             "scheme": name,
             "kv_cache": kv,
-            "ppl": math.exp(nll),
-            "ppl_change": math.exp(nll) / math.exp(base_nll) - 1,
+            "ppl": _num(math.exp(nll)),
+            "ppl_change": _num(math.exp(nll) / math.exp(base_nll) - 1),
             "greedy_agree": agree,
             "greedy_identical": all(a == args.greedy for a in agree),
-            "decode_tokens_per_s": tps,
+            "decode_tokens_per_s": _num(tps),
         }
         doc["rows"].append(row)
         Path(args.out).write_text(json.dumps(doc, indent=1) + "\n")
         print(
-            f"{kv['scheme'] if kv else name:<22} {row['ppl']:9.3f} {row['ppl_change']:+8.2%} "
+            f"{name if name == 'control' or not kv else kv['scheme']:<22} {math.exp(nll):9.3f} {math.exp(nll) / math.exp(base_nll) - 1:+8.2%} "
             f"{'/'.join(map(str, agree)):>14} {tps:7.1f}"
         )
     Path(args.out).write_text(json.dumps(doc, indent=1) + "\n")

@@ -87,11 +87,13 @@ def greedy(
     ignore_eos: bool = False,
     cuda_graphs: bool = False,
     kv_cache: Any = None,
+    kv_protect: int | None = None,
 ) -> Generation:
     """Greedy decoding of ``max_new_tokens`` after ``prompt`` (stopping at an end-of-sequence token
     unless ``ignore_eos``). ``cuda_graphs``: a static cache and one CUDA graph per decode step.
     ``kv_cache``: a quantized KV cache scheme (``"fp8"``, ``"auto"``, a :class:`KVScheme`; see
-    :func:`quantrt.kv.kv_cache`), None for transformers' own cache."""
+    :func:`quantrt.kv.kv_cache`), None for transformers' own cache; ``kv_protect``: layers at each
+    end the quantized cache leaves unquantized (its ``protect``)."""
     from transformers import DynamicCache, StaticCache
 
     if not prompt:
@@ -109,7 +111,9 @@ def greedy(
     if kv_cache is not None:
         from ..kv import kv_cache as make_kv_cache
 
-        cache = make_kv_cache(model, kv_cache, max_cache_len=total if cuda_graphs else None)
+        cache = make_kv_cache(
+            model, kv_cache, max_cache_len=total if cuda_graphs else None, protect=kv_protect
+        )
         out.kv_cache = cache.describe() if cache is not None else None
     if cache is None and cuda_graphs:
         cache = StaticCache(config=model.config, max_cache_len=total)
