@@ -258,6 +258,7 @@ def header(args: argparse.Namespace) -> dict[str, Any]:
         },
         "git": git_sha(),
         "command": "python3 " + " ".join(sys.argv),
+        "ptx_decode": triton_moe.ptx_decode_enabled(),  # QUANTRT_MOE_PTX_DECODE=1
         "timing": f"triton.testing.do_bench median, L2 flushed, warmup {WARMUP_MS} ms, rep {REP_MS} ms; "
         "graph: do_bench over CUDAGraph.replay()",
         "rows": [],
