@@ -6,7 +6,8 @@
   ``gguf_native`` (llama.cpp's block types), ``wint_native`` (integer weight-only and int8 W8A8),
   ``lut_native`` (code-book and float formats: NF4/FP4, fp8, NVFP4/MXFP4), ``dense_native`` (a
   GEMV for the dense bf16/fp16 layers a checkpoint leaves unquantized, registered with
-  ``register_dense``); ``amx`` (the same layouts on CPUs with AMX: the native strategies for small
+  ``register_dense``), ``kv_native`` (the KV cache's quantize-on-write and decode attention,
+  registered with ``register_kv``); ``amx`` (the same layouts on CPUs with AMX: the native strategies for small
   batches, then the native panel GEMM on AMX tiles, or, without whole tiles, bf16 row slices through
   torch's oneDNN matmul from ``amx.AMX_FROM_M`` rows; GGUF from its own per-type thresholds).
 """
@@ -23,6 +24,7 @@ def register(registry: Any) -> None:
     from .amx import AmxGGUF, AmxLut, AmxWint
     from .dense_native import make_dense_linear
     from .gguf_native import CpuNativeGGUF
+    from .kv_native import NativeKV
     from .lut_native import NativeLut
     from .torch_packed import CpuInt4Pack, CpuInt8Pack, CpuIntMM
     from .wint_native import NativeW8A8Int8, NativeWint
@@ -42,3 +44,4 @@ def register(registry: Any) -> None:
     # MoE experts: each expert on the same kernels, in the same order, its tokens gathered
     registry.register_ordered([*linear, *(experts_loop(k) for k in linear)])
     registry.register_dense("cpu", make_dense_linear)
+    registry.register_kv("cpu", NativeKV())  # the KV cache: native quantize-on-write and decode

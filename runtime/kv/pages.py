@@ -224,9 +224,11 @@ class KVPages:
                 f"KV write: expected keys and values [N, {self.num_kv_heads}, {self.head_dim}], "
                 f"found {list(k.shape)} and {list(v.shape)}"
             )
+        keep = slots.reshape(-1).to(k.device) >= 0
         if self.static and (self.k_scale is None or self.v_scale is None):
-            keep = slots.reshape(-1).to(k.device) >= 0  # calibrated on the tokens written, once
-            self.calibrate(k[keep], v[keep])
+            if not bool(keep.any()):  # nothing stored: nothing to calibrate on yet
+                return
+            self.calibrate(k[keep], v[keep])  # calibrated on the tokens written, once
         if k.shape[0]:
             self.kernels.write(self, k, v, slots)
 

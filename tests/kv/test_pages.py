@@ -137,4 +137,8 @@ def test_bad_caches_are_refused() -> None:
         p.write(torch.randn(3, 4, 64), torch.randn(3, 4, 64), torch.arange(3))
     with pytest.raises(KVCacheError, match="must hold 2 value"):
         KVPages(parse_kv_scheme("kv-fp8-head"), 4, 16, 2, 64, k_scale=torch.ones(3))
-    assert [n for n, _ in p.verdicts][-1] == "torch" and p.kernels.name == "torch"
+    assert [n for n, _ in p.verdicts][-1] == "torch" and p.kernels.name in ("native", "torch")
+    # a static cache not yet calibrated, written only to skipped slots: nothing stored, no scales yet
+    q = KVPages(parse_kv_scheme("kv-fp8"), 4, 16, 2, 64)
+    q.write(torch.randn(3, 2, 64), torch.randn(3, 2, 64), torch.full((3,), -1))
+    assert q.k_scale is None and q.v_scale is None
