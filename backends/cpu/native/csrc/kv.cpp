@@ -7,7 +7,7 @@
 // Write: each kept row [D] of keys or values is read as fp32, its scales are amax / qmax (1 where
 // amax is not > 0, as runtime/reference/kv.py), and each element is stored as sat(round(x / s)): an
 // IEEE division (never a reciprocal product), int8 by round-half-even clamped to [-128, 127], fp8 by
-// c10's scalar float8 conversions after clamping to +-max (NaN stays NaN), so the bytes equal the
+// an RNE conversion of our own after clamping to +-max (NaN stays NaN), so the bytes equal the
 // torch codec's. The unquantized cache stores x rounded once to its dtype (RNE).
 //
 // Decode: one query token per sequence; a work item is (sequence, KV head, context split) and holds
@@ -54,50 +54,28 @@ inline float float_of(uint32_t u) {
   return f;
 }
 
-// c10::detail::fp8e4m3fn_from_fp32_value: RNE, saturating to NaN (0x7f) at and beyond 480
-inline uint8_t e4m3_from_f32(float f) {
-  constexpr uint32_t fp8_max = UINT32_C(1087) << 20;
-  constexpr uint32_t denorm_mask = UINT32_C(141) << 23;
-  uint32_t fb = bits_of(f);
-  const uint32_t sign = fb & UINT32_C(0x80000000);
-  fb ^= sign;
-  uint8_t r;
-  if (fb >= fp8_max) {
-    r = 0x7f;
-  } else if (fb < (UINT32_C(121) << 23)) {
-    fb = bits_of(float_of(fb) + float_of(denorm_mask));
-    r = static_cast<uint8_t>(fb - denorm_mask);
-  } else {
-    const uint32_t mant_odd = (fb >> 20) & 1;
-    fb += (uint32_t(7 - 127) << 23) + 0x7FFFF;
-    fb += mant_odd;
-    r = static_cast<uint8_t>(fb >> 20);
-  }
-  return r | static_cast<uint8_t>(sign >> 24);
+// fp32 -> fp8 (E exponent bits with bias B, M mantissa bits), round to nearest even. The callers
+// clamp to the format's largest finite value first, so a finite input is in range; NaN gives the
+// all-ones code 0x7F with the sign (what torch stores for NaN in both formats). |x| is scaled by a
+// power of two so that one unit is the code's quantum (exact), rounded by nearbyint (RNE), and the
+// rounded integer is added to the exponent field: a mantissa that rounds up to 2^(M+1) carries into
+// the exponent, and a subnormal that rounds up to 2^M becomes the smallest normal, both by the add.
+template <int M, int B>
+inline uint8_t fp8_from_f32(float f) {
+  const uint8_t sign = static_cast<uint8_t>((bits_of(f) >> 24) & 0x80);
+  const float a = std::fabs(f);
+  if (a != a) return static_cast<uint8_t>(0x7F | sign);
+  if (a == 0.f) return sign;
+  const int emin = 1 - B;  // the smallest normal exponent
+  const int e = std::max(std::ilogb(a), emin);
+  const float q = std::nearbyint(std::ldexp(a, M - e));  // units of 2^(e - M)
+  const int field = e == emin && q < float(1 << M) ? 0 : e + B;  // subnormal: exponent field 0
+  const int code = (field == 0 ? 0 : (field << M)) + static_cast<int>(q) - (field == 0 ? 0 : (1 << M));
+  return static_cast<uint8_t>(code | sign);
 }
 
-// c10::detail::fp8e5m2_from_fp32_value
-inline uint8_t e5m2_from_f32(float f) {
-  constexpr uint32_t fp32_inf = UINT32_C(255) << 23;
-  constexpr uint32_t fp8_max = UINT32_C(143) << 23;
-  constexpr uint32_t denorm_mask = UINT32_C(134) << 23;
-  uint32_t fb = bits_of(f);
-  const uint32_t sign = fb & UINT32_C(0x80000000);
-  fb ^= sign;
-  uint8_t r;
-  if (fb >= fp8_max) {
-    r = fb > fp32_inf ? UINT8_C(0x7F) : UINT8_C(0x7C);
-  } else if (fb < (UINT32_C(113) << 23)) {  // below 2^-14, the smallest normal
-    fb = bits_of(float_of(fb) + float_of(denorm_mask));
-    r = static_cast<uint8_t>(fb - denorm_mask);
-  } else {
-    const uint32_t mant_odd = (fb >> 21) & 1;
-    fb += (uint32_t(15 - 127) << 23) + 0xFFFFF;
-    fb += mant_odd;
-    r = static_cast<uint8_t>(fb >> 21);
-  }
-  return r | static_cast<uint8_t>(sign >> 24);
-}
+inline uint8_t e4m3_from_f32(float f) { return fp8_from_f32<3, 7>(f); }
+inline uint8_t e5m2_from_f32(float f) { return fp8_from_f32<2, 15>(f); }
 
 inline float clampf(float y, float m) {  // NaN passes through (torch.clamp)
   return y > m ? m : (y < -m ? -m : y);
