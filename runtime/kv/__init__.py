@@ -5,7 +5,8 @@ the transformers ``Cache`` that puts them under a model.
   scheme stores), in :mod:`.pages`;
 - :func:`write_kv` (quantize on write) and :func:`decode_attention` (reads pages directly), in
   :mod:`.kernels`;
-- :func:`attention_reference`, the fp32 oracle;
+- :func:`attention_reference`, the fp32 oracle; :func:`kv_qmax` (the code magnitude a scale maps
+  amax onto, for backends' write kernels);
 - :class:`QuantKVCache` (a transformers ``Cache``) and :func:`kv_cache`, in :mod:`.cache`.
 """
 
@@ -24,6 +25,7 @@ _LAZY = {
     "decode_attention": ".kernels",
     "torch_decode_attention": ".kernels",
     "attention_reference": ".reference",
+    "kv_qmax": "..reference.kv",
     "QuantKVCache": ".cache",
     "kv_cache": ".cache",
 }
