@@ -31,7 +31,13 @@ from quantrt.schemes import parse_kv_scheme
 HQ, H, D = 32, 8, 128
 BLOCK = 16
 #: cache label -> scheme name (None: unquantized bf16)
-CACHES = {"bf16": None, "fp8 (tensor)": "kv-fp8", "int8 (token)": "kv-int8-token"}
+CACHES = {
+    "bf16": None,
+    "fp8 (tensor)": "kv-fp8",
+    "int8 (token)": "kv-int8-token",
+    "tq 4bit_nc": "kv-tq-4bit-nc",
+    "tq k8v4": "kv-tq-k8v4",
+}
 
 
 def cpu_name() -> str:

@@ -1,9 +1,10 @@
 """The native CPU KV kernels (backends/cpu/kv_native.py, native/csrc/kv.cpp): every write stores the
-same bytes as the torch codec (codes and scales, every scheme and granularity, fresh random inputs,
-awkward shapes, negative slots, scattered blocks); decode equals the torch path and the fp32 oracle
-over the dequantized cache with GQA, ragged lengths, paged tables, window, softcap, sinks and masks,
-in fp32 (~1e-6) and 16-bit caches (one rounding of the output); context splits; registration and
-dispatch. Relative errors are printed with ``-s``."""
+same bytes as the torch codec (codes and scales, every scheme and granularity, every TurboQuant preset
+and a few other bit widths, fresh random inputs, awkward shapes, negative slots, scattered blocks,
+codebook boundary ties and special values); decode equals the torch path and the fp32 oracle over the
+dequantized cache with GQA, ragged lengths, paged tables, window, softcap, sinks and masks, in fp32
+(~1e-6) and 16-bit caches (one rounding of the output); context splits; registration and dispatch.
+Relative errors are printed with ``-s``."""
 
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ from quantrt.backends.cpu.kv_native import NativeKV
 from quantrt.kv import KVPages, attention_reference
 from quantrt.kv.kernels import TorchKV, decode_attention, torch_decode_attention
 from quantrt.kv.pages import decode, gather
-from quantrt.schemes import KVCacheScheme, parse_kv_scheme
+from quantrt.reference import turboquant as tq
+from quantrt.schemes import KVCacheScheme, TurboQuantScheme, parse_kv_scheme
 
 VERDICT = NativeKV().supports(None, 128, torch.bfloat16, torch.device("cpu"))
 pytestmark = pytest.mark.skipif(not VERDICT.ok, reason=f"native KV kernels unavailable: {VERDICT.reason}")
@@ -29,6 +31,15 @@ GRANS = (("tensor", 0), ("head", 0), ("token", 0), ("group", 8), ("group", 16), 
 SCHEMES = [None, *(KVCacheScheme(d, g, gs) for d in STORES for g, gs in GRANS)]
 #: fp32 cache and query: both paths sum in fp32, in different orders
 FP32_TOL = 2e-5
+#: every TurboQuant preset, then bit widths no preset has (no norm correction, 3-bit values under 4-
+#: and 8-bit keys, 4-bit keys over 3-bit values)
+TQ_PRESETS = ("kv-tq-k8v4", "kv-tq-4bit-nc", "kv-tq-k3v4-nc", "kv-tq-3bit-nc")
+TQ_SCHEMES = [
+    *(parse_kv_scheme(n) for n in TQ_PRESETS),
+    TurboQuantScheme(4, 4),
+    TurboQuantScheme(8, 3),
+    TurboQuantScheme(4, 3, True),
+]
 
 
 def _id(s: KVCacheScheme | None) -> str:
@@ -101,6 +112,90 @@ def test_write_bytes_equal_torch_codec(scheme, dtype: torch.dtype) -> None:
                 )
 
 
+#: (N, H, D): one token, one to four heads, every power-of-two head_dim a model uses, and a write
+#: large enough for kv.cpp to split its rows over threads
+TQ_WRITE_SHAPES = [(1, 1, 64), (1, 4, 128), (7, 3, 256), (40, 2, 128), (5, 1, 64), (3, 4, 16), (300, 4, 128)]
+
+
+def _equal_planes(a: KVPages, b: KVPages, *why) -> None:
+    """Every plane compared as bytes (a NaN scale equals itself)."""
+    for name, plane in a.planes.items():
+        assert torch.equal(plane.view(torch.uint8), b.planes[name].view(torch.uint8)), (*why, name)
+
+
+@pytest.mark.parametrize("scheme", TQ_SCHEMES, ids=str)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_write_turboquant_bytes_equal_torch_codec(scheme: TurboQuantScheme, dtype: torch.dtype) -> None:
+    """Every plane (packed codes, norms, value scales and zeros) byte for byte, two writes into the
+    same pages (the second overwriting some slots), a quarter of the slots negative."""
+    g = torch.Generator().manual_seed(zlib.crc32(f"{scheme} {dtype}".encode()))
+    for N, H, D in TQ_WRITE_SHAPES:
+        bs = 8
+        nb = -(-N // bs) * 2 + 1
+        a = _pages(scheme, nb, bs, H, D, torch.bfloat16, TorchKV())
+        b = _pages(scheme, nb, bs, H, D, torch.bfloat16, NativeKV())
+        for step in range(2):
+            k, v = _rows(N, H, D, g, dtype), _rows(N, H, D, g, dtype)
+            if dtype == torch.float16:
+                k, v = k.clamp(-6e4, 6e4), v.clamp(-6e4, 6e4)
+            slots = torch.randperm(nb * bs, generator=g)[:N]
+            slots[torch.rand(N, generator=g) < 0.25] = -1
+            if N > 1:
+                slots[1] = -1
+            a.write(k, v, slots)
+            b.write(k, v, slots)
+            _equal_planes(a, b, str(scheme), dtype, N, H, D, step)
+
+
+@pytest.mark.parametrize("bits", [3, 4])
+def test_turboquant_key_codes_tie_rules(bits: int) -> None:
+    """kv.cpp's coder on rotated values placed on every boundary, one ulp either side, +-0, +-inf and
+    NaN: the codes torch.searchsorted(bounds, y, right=True) gives (a tie goes to the upper cell, NaN
+    to the last), packed as pack_bits, and the chosen centroids handed back."""
+    D = 64
+    tabs = kv_native.tq_tables(D, bits, 4)
+    bounds = tabs["bounds"]
+    special = torch.tensor([0.0, -0.0, float("inf"), -float("inf"), float("nan"), 1e-38, -1e-38])
+    vals = torch.cat([bounds, bounds.nextafter(bounds + 1), bounds.nextafter(bounds - 1), special])
+    g = torch.Generator().manual_seed(bits)
+    N, H = 5, 3
+    y = vals[torch.randint(0, vals.numel(), (N, H, D), generator=g)].contiguous()
+    slots = torch.tensor([4, -1, 0, 7, 2])
+    codes = torch.zeros(8, H, D * bits // 8, dtype=torch.uint8)
+    chosen = torch.empty_like(y)
+    rc = kv_native._library().quantrt_kv_tq_keys(
+        y.data_ptr(), N, H, D, slots.data_ptr(), codes.data_ptr(), bits, bounds.data_ptr(), bounds.numel(),
+        tabs["centroids"].data_ptr(), chosen.data_ptr(), 1,
+    )  # fmt: skip
+    assert rc == 0
+    idx = torch.searchsorted(bounds, y, right=True)
+    keep = slots >= 0
+    assert torch.equal(codes[slots[keep]], tq.pack_bits(idx, bits)[keep])
+    assert torch.equal(chosen[keep], tabs["centroids"][idx][keep])
+    assert not codes[[1, 3, 5, 6]].any()  # slots nobody wrote
+
+
+def test_write_turboquant_special_values() -> None:
+    """Rows the value codec treats specially give the reference's bytes: constant rows (scale 0),
+    codes exactly half-way between levels, scales past fp16 (saturating), infinities and NaN."""
+    D, H = 64, 1
+    ramp = torch.arange(D, dtype=torch.float32)
+    rows = torch.stack([
+        torch.full((D,), 3.25), torch.zeros(D), ramp % 16 * 0.5 + 0.25, ramp * 1e30 - 1e31,
+        torch.where(ramp == 5, float("inf"), ramp), torch.where(ramp == 9, -float("inf"), ramp),
+        torch.where(ramp == 2, float("nan"), ramp), (ramp % 7 - 3) * 2.0**-20, ramp * 1e6,
+    ])  # fmt: skip
+    x = rows[:, None].expand(-1, H, -1).contiguous()
+    for name in TQ_PRESETS:
+        s = parse_kv_scheme(name)
+        a = _pages(s, 2, 8, H, D, torch.float32, TorchKV())
+        b = _pages(s, 2, 8, H, D, torch.float32, NativeKV())
+        slots = torch.arange(x.shape[0])
+        a.write(x, x, slots)
+        b.write(x, x, slots)
+        _equal_planes(a, b, name)
+
+
 def test_write_unquantized_converts_once() -> None:
     """16-bit and fp32 caches fed keys of another dtype round once, as ``Tensor.to``."""
     g = torch.Generator().manual_seed(7)
@@ -166,6 +261,21 @@ DECODE_CASES = [
     (KVCacheScheme("fp8_e4m3", "group", 16), 64, 3, 8, [55], 8),
 ]
 
+#: (scheme, D, H, G, lengths, block size): every preset, N = 1, H 1..4, head_dim 64 / 128 / 256
+TQ_DECODE_CASES = [
+    ("kv-tq-k8v4", 128, 2, 4, [1, 37, 70], 16),
+    ("kv-tq-k8v4", 80, 3, 2, [33, 5], 8),
+    ("kv-tq-4bit-nc", 64, 1, 8, [50, 1], 16),
+    ("kv-tq-4bit-nc", 256, 4, 2, [20, 41], 16),
+    ("kv-tq-k3v4-nc", 128, 3, 3, [66, 2, 19], 32),
+    ("kv-tq-k3v4-nc", 64, 4, 1, [1], 4),
+    ("kv-tq-3bit-nc", 256, 2, 4, [45, 2], 16),
+    ("kv-tq-3bit-nc", 128, 1, 5, [70, 12, 1, 64], 8),
+    (TurboQuantScheme(4, 4), 16, 2, 2, [30], 8),
+    (TurboQuantScheme(8, 3), 72, 2, 2, [29, 40], 16),
+    (TurboQuantScheme(4, 3, True), 128, 2, 4, [55], 16),
+]
+
 OPTS = ("plain", "window+softcap", "mask+sinks", "all")
 
 
@@ -199,7 +309,9 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 @pytest.mark.parametrize(
-    "case", DECODE_CASES, ids=lambda c: f"{c[0] if isinstance(c[0], str) else _id(c[0])}-D{c[1]}"
+    "case",
+    DECODE_CASES + TQ_DECODE_CASES,
+    ids=lambda c: f"{c[0] if isinstance(c[0], str) else _id(c[0])}-D{c[1]}",
 )
 def test_decode_fp32_matches_torch_and_oracle(case) -> None:
     name, D, H, G, lens, bs = case
@@ -222,10 +334,11 @@ def test_decode_fp32_matches_torch_and_oracle(case) -> None:
 
 
 @pytest.mark.parametrize("cache", [torch.bfloat16, torch.float16, torch.float32])
-@pytest.mark.parametrize("name", [None, "kv-fp8", "kv-int8-token"])
+@pytest.mark.parametrize("name", [None, "kv-fp8", "kv-int8-token", "kv-tq-k8v4", "kv-tq-4bit-nc"])
 def test_decode_16bit_within_one_rounding(cache: torch.dtype, name: str | None) -> None:
     """A 16-bit query and cache: the output is the fp32 result rounded once to the query's dtype."""
     scheme = None if name is None else parse_kv_scheme(name)
+    rotated = isinstance(scheme, TurboQuantScheme) and scheme.key_bits != 8
     g = torch.Generator().manual_seed(11)
     lens, H, G, D = [1, 90, 47], 2, 4, 128
     pages, table, _, _ = _fill(scheme, 3, lens, H, D, 16, g, cache, NativeKV())
@@ -238,7 +351,10 @@ def test_decode_16bit_within_one_rounding(cache: torch.dtype, name: str | None) 
         oref = _oracle(q.float(), pages, table, lens, 90, kw)
         assert out.dtype == cache
         eps = 2**-8 if cache == torch.bfloat16 else 2**-11 if cache == torch.float16 else 1e-6
-        bound = eps * oref.abs() + 1e-6
+        # rotated TurboQuant keys are scored against the rotated query (another fp32 sum order than
+        # the oracle's q.k), visible only where the output keeps fp32
+        floor = 4e-6 if rotated and cache == torch.float32 else 1e-6
+        bound = eps * oref.abs() + floor
         assert bool(((out.float() - oref).abs() <= bound).all()), (
             which,
             float((out.float() - oref).abs().max()),
@@ -249,7 +365,7 @@ def test_decode_16bit_within_one_rounding(cache: torch.dtype, name: str | None) 
         assert rel(out, tref) < 2 * eps
 
 
-@pytest.mark.parametrize("name", [None, "kv-fp8-token", "kv-int8-g32"])
+@pytest.mark.parametrize("name", [None, "kv-fp8-token", "kv-int8-g32", "kv-tq-4bit-nc", "kv-tq-3bit-nc"])
 def test_long_context_splits_match(name: str | None) -> None:
     """B * H below the threads' want: the context splits (flash decoding) and merges exactly."""
     scheme = None if name is None else parse_kv_scheme(name)
@@ -303,8 +419,13 @@ def test_decode_edge_cases() -> None:
 
 def test_supports_reasons() -> None:
     nk, cpu = NativeKV(), torch.device("cpu")
-    v = nk.supports(parse_kv_scheme("kv-tq-4bit-nc"), 128, torch.bfloat16, cpu)
-    assert not v.ok and "TurboQuant" in v.reason
+    for s in TQ_SCHEMES:
+        for D in (16, 64, 128, 256):
+            assert nk.supports(s, D, torch.bfloat16, cpu).ok, (s, D)
+    v = nk.supports(parse_kv_scheme("kv-tq-4bit-nc"), 80, torch.bfloat16, cpu)
+    assert not v.ok and "power-of-two" in v.reason and "head_dim=80" in v.reason
+    assert nk.supports(parse_kv_scheme("kv-tq-k8v4"), 80, torch.bfloat16, cpu).ok  # keys unrotated
+    assert not nk.supports(parse_kv_scheme("kv-tq-3bit-nc"), 4, torch.bfloat16, cpu).ok
     assert not nk.supports(None, 128, torch.float64, cpu).ok
     assert not nk.supports(None, 128, torch.bfloat16, torch.device("meta")).ok
     for s in SCHEMES:
@@ -330,8 +451,8 @@ def test_registered_kernels_are_chosen(registered, monkeypatch) -> None:
     monkeypatch.delenv("QUANTRT_KV_BACKEND", raising=False)
     p = KVPages(parse_kv_scheme("kv-fp8-token"), 8, 16, 2, 64)
     assert p.kernels.name == "native" and [n for n, _ in p.verdicts] == ["native", "torch"]
-    tq = KVPages(parse_kv_scheme("kv-tq-k8v4"), 8, 16, 2, 64)
-    assert tq.kernels.name == "torch" and "TurboQuant" in dict(tq.verdicts)["native"].reason
+    for name in TQ_PRESETS:
+        assert KVPages(parse_kv_scheme(name), 8, 16, 2, 64).kernels.name == "native"
     g = torch.Generator().manual_seed(19)
     k, v = torch.randn(40, 2, 64, generator=g).bfloat16(), torch.randn(40, 2, 64, generator=g).bfloat16()
     p.write(k, v, torch.arange(40))
