@@ -586,6 +586,29 @@ int32_t run(const Args& a, int32_t nt) {
 
 }  // namespace
 
+// Walks the rows of x [N, H, D] (fp32/bf16/fp16, strides sN, sH in elements) whose slot is kept
+// (>= 0): each read into a per-thread fp32 buffer and handed to f(slot, h, row, scratch) (scratch: D
+// int32 per thread), on nt threads when the write is large enough to pay for them.
+template <class F>
+void each_kept_row(const void* x, int32_t xdt, int64_t N, int64_t H, int64_t D, int64_t sN, int64_t sH,
+                   const int64_t* slots, int32_t nt, F&& f) {
+  const int64_t rows = N * H;
+  const bool big = rows * D >= (int64_t(1) << 15);
+#pragma omp parallel num_threads(nt) if (big && nt > 1)
+  {
+    std::vector<float> buf(static_cast<size_t>(D));
+    std::vector<int32_t> scratch(static_cast<size_t>(D));
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t n = r / H, h = r % H;
+      if (slots[n] < 0) continue;
+      qrt::row_to_f32(static_cast<const char*>(x) + (n * sN + h * sH) * (xdt == F32 ? 4 : 2), D, xdt,
+                      buf.data());
+      f(slots[n], h, buf.data(), scratch.data());
+    }
+  }
+}
+
 extern "C" {
 
 // 1 when the library was built with the instructions the kernels need (AVX-512 F/BW/VL)
@@ -605,39 +628,27 @@ int32_t quantrt_kv_isa() {
 int32_t quantrt_kv_write(const void* x, int32_t xdt, int64_t N, int64_t H, int64_t D, int64_t sN, int64_t sH,
                          const int64_t* slots, void* codes, int32_t ct, int32_t gran, int64_t ng,
                          const float* sscale, float* scales, float qmax, int32_t nt) {
-  const int64_t rows = N * H;
   const int64_t esz = code_size(ct);
   const int64_t gsz = gran == G_GROUP ? D / ng : D;
   const int64_t ngr = gran == G_GROUP ? ng : 1;
-  const bool big = rows * D >= (int64_t(1) << 15);
-#pragma omp parallel num_threads(nt) if (big && nt > 1)
-  {
-    std::vector<float> buf(static_cast<size_t>(D));
-#pragma omp for schedule(static)
-    for (int64_t r = 0; r < rows; ++r) {
-      const int64_t n = r / H, h = r % H;
-      const int64_t slot = slots[n];
-      if (slot < 0) continue;
-      qrt::row_to_f32(static_cast<const char*>(x) + (n * sN + h * sH) * (xdt == F32 ? 4 : 2), D, xdt,
-                      buf.data());
-      char* dst = static_cast<char*>(codes) + (slot * H + h) * D * esz;
-      if (gran == G_NONE) {
-        for (int64_t i = 0; i < D; ++i) qrt::store_out(dst, i, buf[i], ct);
-        continue;
-      }
-      for (int64_t gi = 0; gi < ngr; ++gi) {
-        const float* xg = buf.data() + gi * gsz;
-        float s;
-        if (gran == G_TENSOR) s = sscale[0];
-        else if (gran == G_HEAD) s = sscale[h];
-        else {
-          s = dynamic_scale(xg, gsz, qmax);
-          scales[(slot * H + h) * ngr + gi] = s;
-        }
-        quantize_group(xg, gsz, s, ct, qmax, dst + gi * gsz);
-      }
+  each_kept_row(x, xdt, N, H, D, sN, sH, slots, nt, [&](int64_t slot, int64_t h, const float* row, int32_t*) {
+    char* dst = static_cast<char*>(codes) + (slot * H + h) * D * esz;
+    if (gran == G_NONE) {
+      for (int64_t i = 0; i < D; ++i) qrt::store_out(dst, i, row[i], ct);
+      return;
     }
-  }
+    for (int64_t gi = 0; gi < ngr; ++gi) {
+      const float* xg = row + gi * gsz;
+      float s;
+      if (gran == G_TENSOR) s = sscale[0];
+      else if (gran == G_HEAD) s = sscale[h];
+      else {
+        s = dynamic_scale(xg, gsz, qmax);
+        scales[(slot * H + h) * ngr + gi] = s;
+      }
+      quantize_group(xg, gsz, s, ct, qmax, dst + gi * gsz);
+    }
+  });
   return 0;
 }
 
@@ -690,43 +701,31 @@ int32_t quantrt_kv_tq_keys(const float* y, int64_t N, int64_t H, int64_t D, cons
 int32_t quantrt_kv_tq_values(const void* x, int32_t xdt, int64_t N, int64_t H, int64_t D, int64_t sN, int64_t sH,
                              const int64_t* slots, uint8_t* codes, uint16_t* vscale, uint16_t* vzero, int32_t bits,
                              int32_t nt) {
-  const int64_t rows = N * H, rb = D * bits / 8;
+  const int64_t rb = D * bits / 8;
   const float top = float((1 << bits) - 1);
-  const bool big = rows * D >= (int64_t(1) << 15);
-#pragma omp parallel num_threads(nt) if (big && nt > 1)
-  {
-    std::vector<float> buf(static_cast<size_t>(D));
-    std::vector<int32_t> q(static_cast<size_t>(D));
-#pragma omp for schedule(static)
-    for (int64_t r = 0; r < rows; ++r) {
-      const int64_t n = r / H, h = r % H;
-      const int64_t slot = slots[n];
-      if (slot < 0) continue;
-      qrt::row_to_f32(static_cast<const char*>(x) + (n * sN + h * sH) * (xdt == F32 ? 4 : 2), D, xdt,
-                      buf.data());
-      float lo = buf[0], hi = buf[0];
-      bool nan = false;
-      for (int64_t i = 0; i < D; ++i) {
-        const float v = buf[i];
-        nan |= v != v;
-        lo = v < lo ? v : lo;
-        hi = v > hi ? v : hi;
-      }
-      if (nan) lo = hi = std::numeric_limits<float>::quiet_NaN();
-      const uint16_t s16 = qrt::f32_to_f16(clampf((hi - lo) / top, FP16_MAX));
-      const uint16_t z16 = qrt::f32_to_f16(clampf(lo, FP16_MAX));
-      const float s = qrt::f16_to_f32(s16), z = qrt::f16_to_f32(z16);
-      const float div = s > 0.f ? s : 1.f;
-      for (int64_t i = 0; i < D; ++i) {
-        float c = s > 0.f ? std::floor((buf[i] - z) / div + 0.5f) : 0.f;
-        c = c < 0.f ? 0.f : (c > top ? top : c);
-        q[i] = c == c ? static_cast<int32_t>(c) : 0;
-      }
-      vscale[slot * H + h] = s16;
-      vzero[slot * H + h] = z16;
-      pack_codes(q.data(), D, bits, codes + (slot * H + h) * rb);
+  each_kept_row(x, xdt, N, H, D, sN, sH, slots, nt, [&](int64_t slot, int64_t h, const float* row, int32_t* q) {
+    float lo = row[0], hi = row[0];
+    bool nan = false;
+    for (int64_t i = 0; i < D; ++i) {
+      const float v = row[i];
+      nan |= v != v;
+      lo = v < lo ? v : lo;
+      hi = v > hi ? v : hi;
     }
-  }
+    if (nan) lo = hi = std::numeric_limits<float>::quiet_NaN();
+    const uint16_t s16 = qrt::f32_to_f16(clampf((hi - lo) / top, FP16_MAX));
+    const uint16_t z16 = qrt::f32_to_f16(clampf(lo, FP16_MAX));
+    const float s = qrt::f16_to_f32(s16), z = qrt::f16_to_f32(z16);
+    const float div = s > 0.f ? s : 1.f;
+    for (int64_t i = 0; i < D; ++i) {
+      float c = s > 0.f ? std::floor((row[i] - z) / div + 0.5f) : 0.f;
+      c = c < 0.f ? 0.f : (c > top ? top : c);
+      q[i] = c == c ? static_cast<int32_t>(c) : 0;
+    }
+    vscale[slot * H + h] = s16;
+    vzero[slot * H + h] = z16;
+    pack_codes(q, D, bits, codes + (slot * H + h) * rb);
+  });
   return 0;
 }
 
