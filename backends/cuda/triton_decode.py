@@ -27,36 +27,25 @@ import triton.language as tl
 from quantrt.backends.triton.lut4 import _scale
 from quantrt.backends.triton.moe import _fp4_decode, _nibble_minus
 
-_INT4_BF16_LO = tl.constexpr("""{
-.reg .b32 t0, t1, m, g, one;
-mov.b32 m, 0x000F000F; mov.b32 g, 0x43004300; mov.b32 one, 0x3F803F80;
-prmt.b32 t0, $2, $2, 0x1100; prmt.b32 t1, $2, $2, 0x3322;
-lop3.b32 t0, t0, m, g, 0xEA; lop3.b32 t1, t1, m, g, 0xEA;
-fma.rn.bf16x2 $0, t0, one, $3; fma.rn.bf16x2 $1, t1, one, $4;
-}""")
-_INT4_BF16_HI = tl.constexpr("""{
+
+def _int4_asm(high: bool, magic: int, one: int, fma: str) -> tl.constexpr:
+    """The int4 block: two bytes spread into a register's halves (``prmt``), the nibble kept and the
+    16-bit float ``magic`` ORed in (``lop3``: (a & b) | c), then ``fma(v, one, -(magic + z))``."""
+    return tl.constexpr(f"""{{
 .reg .b32 r, t0, t1, m, g, one;
-mov.b32 m, 0x000F000F; mov.b32 g, 0x43004300; mov.b32 one, 0x3F803F80;
-shr.b32 r, $2, 4;
+mov.b32 m, 0x000F000F; mov.b32 g, {magic:#010x}; mov.b32 one, {one:#010x};
+{"shr.b32 r, $2, 4;" if high else "mov.b32 r, $2;"}
 prmt.b32 t0, r, r, 0x1100; prmt.b32 t1, r, r, 0x3322;
 lop3.b32 t0, t0, m, g, 0xEA; lop3.b32 t1, t1, m, g, 0xEA;
-fma.rn.bf16x2 $0, t0, one, $3; fma.rn.bf16x2 $1, t1, one, $4;
-}""")
-_INT4_F16_LO = tl.constexpr("""{
-.reg .b32 t0, t1, m, g, one;
-mov.b32 m, 0x000F000F; mov.b32 g, 0x64006400; mov.b32 one, 0x3C003C00;
-prmt.b32 t0, $2, $2, 0x1100; prmt.b32 t1, $2, $2, 0x3322;
-lop3.b32 t0, t0, m, g, 0xEA; lop3.b32 t1, t1, m, g, 0xEA;
-fma.rn.f16x2 $0, t0, one, $3; fma.rn.f16x2 $1, t1, one, $4;
-}""")
-_INT4_F16_HI = tl.constexpr("""{
-.reg .b32 r, t0, t1, m, g, one;
-mov.b32 m, 0x000F000F; mov.b32 g, 0x64006400; mov.b32 one, 0x3C003C00;
-shr.b32 r, $2, 4;
-prmt.b32 t0, r, r, 0x1100; prmt.b32 t1, r, r, 0x3322;
-lop3.b32 t0, t0, m, g, 0xEA; lop3.b32 t1, t1, m, g, 0xEA;
-fma.rn.f16x2 $0, t0, one, $3; fma.rn.f16x2 $1, t1, one, $4;
-}""")
+{fma} $0, t0, one, $3; {fma} $1, t1, one, $4;
+}}""")
+
+
+# bf16: 128 + q and 1.0; fp16: 1024 + q and 1.0 (both halves of a register)
+_INT4_BF16_LO = _int4_asm(False, 0x43004300, 0x3F803F80, "fma.rn.bf16x2")
+_INT4_BF16_HI = _int4_asm(True, 0x43004300, 0x3F803F80, "fma.rn.bf16x2")
+_INT4_F16_LO = _int4_asm(False, 0x64006400, 0x3C003C00, "fma.rn.f16x2")
+_INT4_F16_HI = _int4_asm(True, 0x64006400, 0x3C003C00, "fma.rn.f16x2")
 
 # e2m1 magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6 as bf16 0x0000 0x3F00 0x3F80 0x3FC0 0x4000 0x4040
 # 0x4080 0x40C0: high bytes {0x3F3F3F00, 0x40404040}, low bytes {0xC0800000, 0xC0804000}

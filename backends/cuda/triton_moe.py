@@ -108,8 +108,9 @@ def ptx_decode_enabled() -> bool:
     """``QUANTRT_MOE_PTX_DECODE=1``: the 4-bit K loops decode with :mod:`.triton_decode`'s PTX.
 
     Off by default until a GPU run has checked it: the asm is assembled by ptxas in
-    tests/triton/test_moe_compiles.py and its bit logic reproduced under PTX's documented prmt/lop3
-    semantics, but it has not run on a GPU yet (tests/gpu/test_moe_cuda.py forces it on)."""
+    tests/triton/test_moe_compiles.py and its bit logic checked under an emulation of PTX's documented
+    instructions (tests/triton/test_ptx_decode_emulated.py), but it has not run on a GPU yet
+    (tests/gpu/test_moe_cuda.py forces it on)."""
     import os
 
     return os.environ.get("QUANTRT_MOE_PTX_DECODE", "").strip() == "1"

@@ -1,0 +1,141 @@
+"""The PTX blocks of ``backends/cuda/triton_decode.py`` run through a small emulator of the PTX
+instructions they use (``mov``, ``shr``/``shl``/``and``/``or``, ``prmt`` in its default mode,
+``lop3`` and the packed ``fma``), as the PTX ISA documents them, against the decodes they stand
+for: ``q - z`` of int4 nibbles in bf16 and fp16, and e2m1 value x scale in bf16, every nibble of
+random bytes. It checks the selectors, masks and byte tables without a GPU; that the hardware
+agrees is tests/gpu/test_moe_cuda.py's ``ptx`` tests."""
+
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("triton")
+from quantrt.backends.cuda import triton_decode as td
+
+E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+
+
+def _prmt(a: int, b: int, c: int) -> int:
+    src = a | (b << 32)
+    out = 0
+    for i in range(4):
+        sel = (c >> (4 * i)) & 0xF
+        byte = (src >> (8 * (sel & 7))) & 0xFF
+        if sel & 8:  # sign-replicate mode
+            byte = 0xFF if byte & 0x80 else 0
+        out |= byte << (8 * i)
+    return out
+
+
+def _lop3(a: int, b: int, c: int, lut: int) -> int:
+    out = 0
+    for bit in range(32):
+        idx = ((a >> bit) & 1) << 2 | ((b >> bit) & 1) << 1 | ((c >> bit) & 1)
+        out |= ((lut >> idx) & 1) << bit
+    return out
+
+
+def _f16x2(v: int, kind: str) -> tuple[float, float]:
+    halves = (v & 0xFFFF, v >> 16)
+    if kind == "bf16":
+        return tuple(struct.unpack("<f", struct.pack("<I", h << 16))[0] for h in halves)  # type: ignore[return-value]
+    return tuple(float(np.frombuffer(np.uint16(h).tobytes(), np.float16)[0]) for h in halves)  # type: ignore[return-value]
+
+
+def _bits(x: float, kind: str) -> int:
+    t = torch.tensor([x], dtype=torch.float32).to(torch.bfloat16 if kind == "bf16" else torch.float16)
+    return int(t.view(torch.int16).item()) & 0xFFFF
+
+
+def run(asm: str, inputs: list[int]) -> tuple[int, int]:
+    """Execute one block: $0, $1 the outputs, $2.. the inputs (32-bit registers)."""
+    regs: dict[str, int] = {}
+    outs = [0, 0]
+
+    def val(tok: str) -> int:
+        tok = tok.strip()
+        if tok.startswith("$"):
+            i = int(tok[1:])
+            return outs[i] if i < 2 else inputs[i - 2]
+        if tok.lower().startswith("0x") or tok.isdigit():
+            return int(tok, 0)
+        return regs[tok]
+
+    def put(tok: str, v: int) -> None:
+        v &= 0xFFFFFFFF
+        if tok.startswith("$"):
+            outs[int(tok[1:])] = v
+        else:
+            regs[tok] = v
+
+    for ins in asm.replace("\n", " ").split(";"):
+        ins = ins.strip().strip("{}").strip()
+        if not ins or ins.startswith(".reg"):
+            continue
+        op, rest = ins.split(None, 1)
+        args = [x.strip() for x in rest.split(",")]
+        if op == "mov.b32":
+            put(args[0], val(args[1]))
+        elif op == "prmt.b32":
+            put(args[0], _prmt(val(args[1]), val(args[2]), val(args[3])))
+        elif op == "lop3.b32":
+            put(args[0], _lop3(val(args[1]), val(args[2]), val(args[3]), val(args[4])))
+        elif op in ("shr.b32", "shl.b32", "and.b32", "or.b32"):
+            a, b = val(args[1]), val(args[2])
+            put(args[0], {"shr.b32": a >> b, "shl.b32": a << b, "and.b32": a & b, "or.b32": a | b}[op])
+        elif op in ("fma.rn.bf16x2", "fma.rn.f16x2"):
+            kind = "bf16" if "bf16" in op else "f16"
+            a, b, c = (_f16x2(val(x), kind) for x in args[1:4])
+            lo, hi = (_bits(a[i] * b[i] + c[i], kind) for i in range(2))  # exact products here
+            put(args[0], lo | (hi << 16))
+        else:
+            raise AssertionError(f"the emulator lacks {op}")
+    return outs[0], outs[1]
+
+
+def _pack(vals: list[float], kind: str) -> list[int]:
+    b = [_bits(v, kind) for v in vals]
+    return [b[0] | b[1] << 16, b[2] | b[3] << 16]
+
+
+@pytest.mark.parametrize("kind", ["bf16", "f16"])
+@pytest.mark.parametrize("high", [False, True], ids=["lo", "hi"])
+def test_int4_minus(kind: str, high: bool) -> None:
+    asm = {
+        ("bf16", False): td._INT4_BF16_LO, ("bf16", True): td._INT4_BF16_HI,
+        ("f16", False): td._INT4_F16_LO, ("f16", True): td._INT4_F16_HI,
+    }[(kind, high)].value  # fmt: skip
+    magic = 128.0 if kind == "bf16" else 1024.0
+    rng = np.random.default_rng(1 + high + 2 * (kind == "f16"))
+    for _ in range(300):
+        b = [int(v) for v in rng.integers(0, 256, 4)]
+        z = [int(v) for v in rng.integers(0, 17, 4)]  # GPTQ v1's zero may be 2^b
+        o0, o1 = run(
+            asm, [b[0] | b[1] << 8 | b[2] << 16 | b[3] << 24, *_pack([-(magic + x) for x in z], kind)]
+        )
+        got = [*_f16x2(o0, kind), *_f16x2(o1, kind)]
+        want = [float(((x >> 4) if high else (x & 0xF)) - zz) for x, zz in zip(b, z, strict=True)]
+        assert got == want, (b, z, got, want)
+
+
+@pytest.mark.parametrize("high", [False, True], ids=["lo", "hi"])
+def test_e2m1_scaled(high: bool) -> None:
+    asm = (td._E2M1_BF16_HI if high else td._E2M1_BF16_LO).value
+    rng = np.random.default_rng(7 + high)
+    for _ in range(300):
+        b = [int(v) for v in rng.integers(0, 256, 4)]
+        # e8m0-like powers of two and e4m3-like 4-significant-bit scales
+        s = [float(2.0 ** int(rng.integers(-30, 30)) * rng.choice([1, 1.125, 1.5, 1.875])) for _ in range(4)]
+        o0, o1 = run(asm, [b[0] | b[1] << 8 | b[2] << 16 | b[3] << 24, *_pack(s, "bf16")])
+        got = [*_f16x2(o0, "bf16"), *_f16x2(o1, "bf16")]
+        codes = [(x >> 4) if high else (x & 0xF) for x in b]
+        want = [(-1.0 if c & 8 else 1.0) * E2M1[c & 7] * sc for c, sc in zip(codes, s, strict=True)]
+        assert got == want, (b, s, got, want)
+        neg_zero = [c == 8 for c in codes]  # -0 keeps its sign
+        assert [str(g).startswith("-") for g, nz in zip(got, neg_zero, strict=True) if nz] == [True] * sum(
+            neg_zero
+        )
