@@ -451,14 +451,21 @@ SWEEP_LARGE = [
 ]
 
 
+def one_layer(args: argparse.Namespace) -> tuple[QuantExperts, str, tuple[int, int, int]]:
+    """The ``--sweep-shape`` layer in ``--sweep-scheme`` (synthetic experts), its catalog scheme and
+    (E, H, top_k)."""
+    sh = SHAPES[args.sweep_shape]
+    E, H, Inter = sh["E"], sh["H"], sh["I"]
+    scheme = SCHEMES[args.sweep_scheme]
+    m = layer(synth(scheme, E, 2 * Inter, H, (Inter, Inter), 2), synth(scheme, E, H, Inter, (H,), 3), sh)
+    return m, scheme, (E, H, sh["top_k"])
+
+
 def sweep(args: argparse.Namespace) -> dict:
     t0 = T_START
     doc = header(args)
     doc["what"] = "MoE grouped GEMM tile sweep (every bucket forced to one tile; graph replay of the layer)"
-    sh = SHAPES[args.sweep_shape]
-    E, H, Inter, k = sh["E"], sh["H"], sh["I"], sh["top_k"]
-    scheme = SCHEMES[args.sweep_scheme]
-    m = layer(synth(scheme, E, 2 * Inter, H, (Inter, Inter), 2), synth(scheme, E, H, Inter, (H,), 3), sh)
+    m, scheme, (E, H, k) = one_layer(args)
     projections = [*m._gate_up, m._down]
     saved = [p.state.layout for p in projections]
     for M in [int(v) for v in args.ms.split(",")]:
@@ -510,10 +517,7 @@ def profile(args: argparse.Namespace) -> dict:
 
     doc = header(args)
     doc["what"] = "MoE layer kernel breakdown (torch.profiler over eager calls; graph replay of the call)"
-    sh = SHAPES[args.sweep_shape]
-    E, H, Inter, k = sh["E"], sh["H"], sh["I"], sh["top_k"]
-    scheme = SCHEMES[args.sweep_scheme]
-    m = layer(synth(scheme, E, 2 * Inter, H, (Inter, Inter), 2), synth(scheme, E, H, Inter, (H,), 3), sh)
+    m, scheme, (E, H, k) = one_layer(args)
     reps = args.profile_reps
     for M in [int(v) for v in args.ms.split(",")]:
         ids, w = routing(M, E, k, seed=M)

@@ -314,6 +314,18 @@ def _widen(c, KIND: tl.constexpr, HW: tl.constexpr, DT: tl.constexpr):
 
 
 @triton.jit
+def _words24(row, D: tl.constexpr, DP: tl.constexpr):
+    """3-bit codes: each row's little-endian 24-bit words (bytes 3g..3g+2, eight codes each), int32
+    [BN, DP / 8] (words past D read as 0)."""
+    g = tl.arange(0, DP // 8)
+    m = (g < D // 8)[None, :]
+    w = tl.load(row + 3 * g[None, :], mask=m, other=0).to(tl.int32)
+    w |= tl.load(row + 3 * g[None, :] + 1, mask=m, other=0).to(tl.int32) << 8
+    w |= tl.load(row + 3 * g[None, :] + 2, mask=m, other=0).to(tl.int32) << 16
+    return w
+
+
+@triton.jit
 def _unpack(row, D: tl.constexpr, DP: tl.constexpr, BITS: tl.constexpr):
     """Packed codes of each row (``row``: [BN, 1] pointers to the rows' first byte) -> int32 [BN, DP]
     (columns past D read as 0). 4 bits: element 2j in the low nibble of byte j; 3 bits: element
@@ -323,11 +335,7 @@ def _unpack(row, D: tl.constexpr, DP: tl.constexpr, BITS: tl.constexpr):
         b = tl.load(row + j[None, :], mask=(j < D // 2)[None, :], other=0).to(tl.int32)
         codes = tl.reshape(tl.join(b & 15, b >> 4), [b.shape[0], DP])
     else:
-        g = tl.arange(0, DP // 8)
-        m = (g < D // 8)[None, :]
-        w = tl.load(row + 3 * g[None, :], mask=m, other=0).to(tl.int32)
-        w |= tl.load(row + 3 * g[None, :] + 1, mask=m, other=0).to(tl.int32) << 8
-        w |= tl.load(row + 3 * g[None, :] + 2, mask=m, other=0).to(tl.int32) << 16
+        w = _words24(row, D, DP)
         even = tl.join(tl.join(w & 7, (w >> 12) & 7), tl.join((w >> 6) & 7, (w >> 18) & 7))
         odd = tl.join(tl.join((w >> 3) & 7, (w >> 15) & 7), tl.join((w >> 9) & 7, (w >> 21) & 7))
         codes = tl.reshape(tl.join(even, odd), [w.shape[0], DP])
@@ -630,11 +638,7 @@ def _pairs(row, D: tl.constexpr, DP: tl.constexpr, BITS: tl.constexpr):
         else:
             pairs = tl.load(row + j[None, :], mask=(j < D // 2)[None, :], other=0).to(tl.int32)
     else:
-        g = tl.arange(0, DP // 8)
-        m = (g < D // 8)[None, :]
-        w = tl.load(row + 3 * g[None, :], mask=m, other=0).to(tl.int32)
-        w |= tl.load(row + 3 * g[None, :] + 1, mask=m, other=0).to(tl.int32) << 8
-        w |= tl.load(row + 3 * g[None, :] + 2, mask=m, other=0).to(tl.int32) << 16
+        w = _words24(row, D, DP)
         q = tl.join(tl.join(w & 63, (w >> 12) & 63), tl.join((w >> 6) & 63, (w >> 18) & 63))
         pairs = tl.reshape(q, [w.shape[0], DP // 2])
     return pairs

@@ -16,12 +16,19 @@ namespace qrt {
 // dtype codes the Python side passes for activations and outputs
 enum DType : int32_t { F32 = 0, BF16 = 1, F16 = 2 };
 
-inline float bf16_to_f32(uint16_t h) {
-  uint32_t u = uint32_t(h) << 16;
+// an fp32's bits and back (memcpy: no aliasing rules broken)
+inline uint32_t bits_of(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+inline float float_of(uint32_t u) {
   float f;
   std::memcpy(&f, &u, 4);
   return f;
 }
+
+inline float bf16_to_f32(uint16_t h) { return float_of(uint32_t(h) << 16); }
 
 // round-to-nearest-even, NaN kept quiet (torch's conversion)
 inline uint16_t f32_to_bf16(float f) {

@@ -59,16 +59,8 @@ inline int64_t row_bytes(int32_t ct, int64_t D) {
   return ct == C_U4 ? D / 2 : ct == C_U3 ? D * 3 / 8 : D * code_size(ct);
 }
 
-inline uint32_t bits_of(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return u;
-}
-inline float float_of(uint32_t u) {
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
+using qrt::bits_of;
+using qrt::float_of;
 
 // fp32 -> fp8 (E exponent bits with bias B, M mantissa bits), round to nearest even. The callers
 // clamp to the format's largest finite value first, so a finite input is in range; NaN gives the
