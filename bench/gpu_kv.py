@@ -268,6 +268,7 @@ def run(args: argparse.Namespace) -> dict:
     doc = header()
     doc["budget_s"] = args.budget_s
     doc["block_size"] = args.block_size
+    doc["programs_per_sm"] = args.programs_per_sm
     names = args.schemes.split(",")
     unknown = [n for n in names if n not in SCHEMES]
     if unknown:
@@ -391,7 +392,14 @@ def main() -> int:
     ap.add_argument("--batches", default=",".join(map(str, BATCHES)))
     ap.add_argument("--schemes", default=",".join(SCHEMES))
     ap.add_argument("--block-size", type=int, default=16, help="slots per page of quantrt's cache")
+    ap.add_argument(
+        "--programs-per-sm", type=int, default=None, help="override the decode split rule's programs per SM"
+    )
     args = ap.parse_args()
+    if args.programs_per_sm is not None:  # a launch-shape experiment: the split rule reads it per call
+        import quantrt.backends.triton.kv as tkv
+
+        tkv.PROGRAMS_PER_SM = args.programs_per_sm
     if not torch.cuda.is_available():
         print("bench/gpu_kv.py needs a CUDA GPU", file=sys.stderr)
         return 2

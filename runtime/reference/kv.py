@@ -70,7 +70,10 @@ def kv_scales(x: torch.Tensor, scheme: KVCacheScheme) -> torch.Tensor:
         amax = a.movedim(-2, 0).reshape(x.shape[-2], -1).amax(dim=1)
     else:
         amax = a.unflatten(-1, (_groups(x, scheme), -1)).amax(dim=-1)
-    return torch.where(amax > 0, amax / kv_qmax(scheme), torch.ones_like(amax))
+    # a tensor divisor: CUDA torch divides by a Python scalar as a multiply by its reciprocal,
+    # which can differ from the CPU's (and the kernels') correctly rounded quotient by one ulp
+    qmax = torch.full_like(amax, kv_qmax(scheme))
+    return torch.where(amax > 0, amax / qmax, torch.ones_like(amax))
 
 
 def quantize_kv(x: torch.Tensor, scheme: KVCacheScheme, scale: torch.Tensor) -> torch.Tensor:

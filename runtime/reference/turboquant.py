@@ -167,7 +167,8 @@ def quantize_values(x: torch.Tensor, scheme: TurboQuantScheme) -> dict[str, torc
     xf = x.to(torch.float32)
     top = 2**scheme.value_bits - 1
     lo, hi = xf.amin(-1), xf.amax(-1)
-    scale, zero = _fp16((hi - lo) / top), _fp16(lo)
+    span = hi - lo  # divided by a tensor: correctly rounded on every device (see kv_scales)
+    scale, zero = _fp16(span / torch.full_like(span, top)), _fp16(lo)
     s, z = scale.to(torch.float32)[..., None], zero.to(torch.float32)[..., None]
     q = torch.where(s > 0, torch.floor((xf - z) / torch.where(s > 0, s, 1.0) + 0.5), 0.0).clamp(0, top)
     return {"v": pack_bits(q.to(torch.int64), scheme.value_bits), "v_scale": scale, "v_zero": zero}
