@@ -94,7 +94,7 @@ if [ "${QUANTRT_GPU_KV_BENCH:-0}" = 1 ]; then
   tail -n 30 "$OUT/kv-bench.log"
   ( cd /tmp && python3 "$ROOT/bench/gpu_model.py" --layout "$ROOT/bench/layouts/gemma-3-270m-q4_k_m.json" \
     --prompt-tokens "${QUANTRT_KV_PROMPT:-4096}" --new-tokens 64 --repeat 3 \
-    --kv-caches "${QUANTRT_KV_CACHES:-none,fp8,int8,turboquant_k8v4,turboquant_4bit_nc,turboquant_3bit_nc}" \
+    --kv-caches "${QUANTRT_KV_CACHES:-paged,fp8,int8,turboquant_k8v4,turboquant_4bit_nc,turboquant_3bit_nc}" \
     --out "$OUT/kv-model.json" ) > "$OUT/kv-model.log" 2>&1 || { tail -n 20 "$OUT/kv-model.log"; status=1; }
   tail -n 8 "$OUT/kv-model.log"
 fi

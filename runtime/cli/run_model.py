@@ -40,7 +40,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default="auto",
         metavar="SCHEME",
         help="KV cache: auto (the checkpoint's KV scales if it stores them, else unquantized), none, "
-        "fp8, fp8_e5m2, int8, a kv-* scheme or a turboquant_* preset (default auto)",
+        "paged (unquantized pages, quantrt's attention), fp8, fp8_e5m2, int8, a kv-* scheme or a "
+        "turboquant_* preset (default auto)",
     )
     g.add_argument("--check", action="store_true", help="compare the prompt's logits with the fp32 reference")
     g.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -123,7 +124,7 @@ def handle(args: argparse.Namespace) -> int:
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if args.cuda_graphs and device.type != "cuda":
         raise ConfigError(f"--cuda-graphs needs a CUDA device; this run is on {device}")
-    if args.kv_cache.strip().lower() not in ("auto", "none", "bf16", "bfloat16", "fp16", "float16"):
+    if args.kv_cache.strip().lower() not in ("auto", "none", "paged", "bf16", "bfloat16", "fp16", "float16"):
         from ..schemes import kv_scheme_from_name
 
         kv_scheme_from_name(args.kv_cache)  # a bad name fails before the model loads

@@ -32,6 +32,9 @@ from .pages import KVCacheError, KVPages, check_scheme
 FIRST_CAPACITY = 256
 #: TurboQuant leaves this many first and last layers unquantized (vLLM's boundary protection)
 TURBOQUANT_PROTECT = 2
+#: the cache name for unquantized pages read by quantrt's own attention (the quantized caches'
+#: baseline on the same kernels, and a cache CUDA graphs capture at any prompt length)
+PAGED = "paged"
 
 
 class KVRead:
@@ -274,15 +277,17 @@ def kv_cache(
     protect: int | None = None,
     fused: bool = True,
 ) -> QuantKVCache | None:
-    """A quantized KV cache for ``model`` (None when ``scheme`` resolves to no quantization).
+    """A quantized KV cache for ``model`` (None when ``scheme`` resolves to no quantization;
+    ``"paged"``: unquantized pages read by quantrt's attention).
 
     Static schemes take the checkpoint's k/v scales where it stores them for this scheme and are
     calibrated on the first prefill otherwise. ``protect``: first and last layers left unquantized
     (default 2 for TurboQuant, as vLLM does, 0 otherwise). ``fused``: switch the model's attention
     to quantrt's, which reads the pages directly (False: layers hand back dequantized tensors).
     """
-    s = resolve_scheme(model, scheme)
-    if s is None:
+    paged = isinstance(scheme, str) and scheme.strip().lower() == PAGED
+    s = None if paged else resolve_scheme(model, scheme)
+    if s is None and not paged:
         return None
     config = model.config.get_text_config(decoder=True)
     n = int(config.num_hidden_layers)

@@ -100,11 +100,13 @@ def test_sliding_window_model_decodes_from_pages(scheme: str) -> None:
 def test_unquantized_pages_equal_transformers_cache() -> None:
     model = _tiny_gemma3()
     ids = torch.randint(0, 96, (1, 20), generator=torch.Generator().manual_seed(2))
-    ours = QuantKVCache([QuantKVLayer(None) for _ in range(4)], None)
-    from quantrt.kv.cache import install_attention
-
-    install_attention(model)
-    assert rel(_walk(model, ours, ids, 3), _walk(model, DynamicCache(config=model.config), ids, 3)) < 1e-5
+    exact = _walk(model, DynamicCache(config=model.config), ids, 3)
+    ours = kv_cache(model, "paged")  # the public name: unquantized pages, quantrt's attention
+    assert isinstance(ours, QuantKVCache) and [layer.scheme for layer in ours.layers] == [None] * 4
+    assert ours.describe()["scheme"] == "unquantized"
+    assert rel(_walk(model, ours, ids, 3), exact) < 1e-5
+    by_hand = QuantKVCache([QuantKVLayer(None) for _ in range(4)], None)
+    assert rel(_walk(model, by_hand, ids, 3), exact) < 1e-5
 
 
 def test_generate_and_greedy_take_the_cache() -> None:
