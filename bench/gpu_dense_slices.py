@@ -18,7 +18,8 @@ import json
 import torch
 import torch.nn.functional as F
 
-from quantrt.backends.cuda import triton_gguf, triton_lut4
+from quantrt.backends.triton import gguf_kernel as triton_gguf
+from quantrt.backends.triton import lut4_kernel as triton_lut4
 from quantrt.bench import git_sha, median_us, versions
 from quantrt.env import Overrides
 from quantrt.layers import QuantLinear

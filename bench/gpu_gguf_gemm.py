@@ -22,7 +22,8 @@ import time
 import torch
 import torch.nn.functional as F
 
-from quantrt.backends.cuda import tile_table, triton_gguf
+from quantrt.backends.triton import gguf_kernel as triton_gguf
+from quantrt.backends.triton import tile_table
 from quantrt.backends.triton.gguf import gguf_dequant, gguf_planes
 from quantrt.backends.triton.gguf_gemm import gemm_candidates, gguf_gemm
 from quantrt.bench import git_sha, median_us, random_weight, versions

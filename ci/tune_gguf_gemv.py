@@ -27,8 +27,9 @@ from typing import Any
 import torch
 
 from quantrt import reference
-from quantrt.backends.cuda import gguf_gemv, tile_table
+from quantrt.backends.cuda import gguf_gemv
 from quantrt.backends.cuda.cupy_kernels import Launch, compile_all, function
+from quantrt.backends.triton import tile_table
 from quantrt.bench import median_us
 from quantrt.env import Overrides
 from quantrt.layers import QuantLinear
@@ -82,7 +83,7 @@ def main() -> int:
     def log(msg: str) -> None:
         print(f"[{time.monotonic() - start:7.1f}s] {msg}", flush=True)
 
-    doc = tile_table.load("gguf_gemv", "default")
+    doc = tile_table.load("quantrt.backends.cuda", "gguf_gemv", "default")
     types: dict[str, Any] = {}
     sweep: dict[str, Any] = {}
     for t in TYPES:

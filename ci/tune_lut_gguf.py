@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from quantrt import reference
-from quantrt.backends.cuda import tile_table
+from quantrt.backends.triton import tile_table
 from quantrt.bench import median_us
 from quantrt.env import Overrides
 from quantrt.layers import QuantLinear
@@ -62,7 +62,7 @@ def timed(built: list[tuple[QuantLinear, int]], m: int, patch: dict[str, Any], m
     """Geometric-mean microseconds of the layers at batch m, each rebuilt over its layout with
     ``patch`` applied (launch shapes, bounds) by ``module.build`` (the lut4 kernels' by default;
     ``triton_gguf`` for the GGUF ones)."""
-    from quantrt.backends.cuda import triton_lut4
+    from quantrt.backends.triton import lut4_kernel as triton_lut4
 
     module = module or triton_lut4
     times = []
@@ -102,7 +102,7 @@ def lut4_candidates(m: int) -> list[dict[str, int]]:
 def tune_lut4(shapes: list[tuple[int, int]], budget: float, log: Any) -> dict[str, Any]:
     from quantrt.backends.triton.common import TileConfig
 
-    doc = tile_table.load("lut4", "default")
+    doc = tile_table.load("quantrt.backends.cuda", "lut4", "default")
     table = {k: dict(v) for k, v in doc["lut4"].items()}
     sweep: dict[str, Any] = {}
     # by name: dispatch gives these schemes to the tensor-core kernels where CuPy is importable
@@ -158,10 +158,10 @@ def gguf_candidates(m: int) -> list[dict[str, int]]:
 
 
 def tune_gguf(shapes: list[tuple[int, int]], budget: float, log: Any) -> dict[str, Any]:
-    from quantrt.backends.cuda import triton_gguf
+    from quantrt.backends.triton import gguf_kernel as triton_gguf
     from quantrt.backends.triton.gguf import GGUFConfig
 
-    doc = tile_table.load("gguf", "default")
+    doc = tile_table.load("quantrt.backends.cuda", "gguf", "default")
     types: dict[str, Any] = dict(doc.get("types", {}))
     times: dict[str, Any] = {}
     for ti, t in enumerate(("q4_k", "q6_k", "q8_0")):

@@ -17,8 +17,8 @@ import sys
 
 import torch
 
-from quantrt.backends.cuda.tile_table import KEYS, tile_configs
 from quantrt.backends.triton.common import TileConfig
+from quantrt.backends.triton.tile_table import KEYS, tile_configs
 from quantrt.backends.triton.w4a16 import w4a16_matmul
 from quantrt.bench import median_us
 from quantrt.reference import quantize

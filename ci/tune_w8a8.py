@@ -24,11 +24,11 @@ from pathlib import Path
 
 import torch
 
-from quantrt.backends.cuda.tile_table import tile_configs
 from quantrt.backends.triton.common import TileConfig
 from quantrt.backends.triton.fp8_mm import fp8_block_matmul, fp8_rowwise_matmul
 from quantrt.backends.triton.fp8_weight_only import fp8_weight_only_matmul
 from quantrt.backends.triton.int8_mm import int8_matmul
+from quantrt.backends.triton.tile_table import tile_configs
 from quantrt.bench import median_us
 
 SHAPES = ((8192, 57344), (28672, 8192), (4096, 28672))

@@ -24,6 +24,18 @@ FP8_MAX = {torch.float8_e4m3fn: 448.0, torch.float8_e4m3fnuz: 240.0, torch.float
 SCHEME_FP8_MAX = 448.0
 
 
+def fp8_as_fnuz(q: torch.Tensor) -> torch.Tensor:
+    """OCP e4m3 codes as e4m3fnuz (MI300's flavour) of half the value: the same bits (the exponent
+    bias is 8, not 7), so a scale doubles to keep the values. e4m3's -0 (0x80) is fnuz's NaN,
+    hence +0; e4m3's NaNs (0x7f, 0xff) become fnuz's NaN. Equal, code for code, to torch's own
+    conversion of ``q / 2``."""
+    if q.dtype != torch.float8_e4m3fn:
+        raise TypeError(f"fp8_as_fnuz: expected float8_e4m3fn codes, found {q.dtype}")
+    bits = q.view(torch.uint8)
+    bits = torch.where(bits == 0x80, 0, bits)
+    return torch.where((bits & 0x7F) == 0x7F, 0x80, bits).to(torch.uint8).view(torch.float8_e4m3fnuz)
+
+
 def dynamic_scale(amax: torch.Tensor, qmax: float) -> torch.Tensor:
     """amax / qmax, with 1 where amax is 0 (an all-zero row quantizes to zeros either way)."""
     s = amax.float() / qmax
@@ -41,9 +53,11 @@ def quantize_int8_static(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     return torch.round(x.float() / scale).clamp_(-128, 127).to(torch.int8)
 
 
-def quantize_fp8(x: torch.Tensor, dtype: torch.dtype, scale: torch.Tensor) -> torch.Tensor:
-    """Saturating cast of x / scale to an fp8 type."""
-    fmax = FP8_MAX[dtype]
+def quantize_fp8(
+    x: torch.Tensor, dtype: torch.dtype, scale: torch.Tensor, fmax: float | None = None
+) -> torch.Tensor:
+    """Saturating cast of x / scale to an fp8 type, at ``fmax`` (the type's max by default)."""
+    fmax = FP8_MAX[dtype] if fmax is None else fmax
     return (x.float() / scale).clamp_(-fmax, fmax).to(dtype)
 
 
@@ -81,7 +95,7 @@ class ScaledMMLayout:
 
 def _scaled_mm_static(lay: ScaledMMLayout, x: torch.Tensor, bias: Any, out: Any, ws: Any) -> torch.Tensor:
     s = lay.in_scale
-    xq = quantize_fp8(x, lay.fp8_dtype, s)
+    xq = quantize_fp8(x, lay.fp8_dtype, s, SCHEME_FP8_MAX / lay.mult)  # fnuz: e4m3's 448, halved
     y = torch._scaled_mm(xq, lay.wt, s, lay.w_scale, out_dtype=lay.out_dtype)
     return finish(y, bias, out, lay.out_dtype)
 
@@ -90,7 +104,7 @@ def _scaled_mm_static_rowwise(
     lay: ScaledMMLayout, x: torch.Tensor, bias: Any, out: Any, ws: Any
 ) -> torch.Tensor:
     s = lay.in_scale
-    xq = quantize_fp8(x, lay.fp8_dtype, s)
+    xq = quantize_fp8(x, lay.fp8_dtype, s, SCHEME_FP8_MAX / lay.mult)
     a_scale = s.reshape(1, 1).repeat(x.shape[0], 1)
     y = torch._scaled_mm(xq, lay.wt, a_scale, lay.w_scale, out_dtype=lay.out_dtype)
     return finish(y, bias, out, lay.out_dtype)
@@ -171,9 +185,7 @@ class TorchScaledMMFp8(Kernel):
         # half the value, so its scale is doubled and the codes equal the reference's.
         mult = 1.0
         if self.fp8_dtype == torch.float8_e4m3fnuz:
-            bits = q.view(torch.int8).clone()
-            bits[bits == -128] = 0
-            q = bits.view(torch.float8_e4m3fnuz)
+            q = fp8_as_fnuz(q)
             w_scale = w_scale * 2.0
             in_scale = None if in_scale is None else in_scale * 2.0
             mult = 2.0

@@ -1,10 +1,10 @@
 """NVIDIA backend: which kernels run on NVIDIA GPUs, in what order, tuned how.
 
 The tensor-core W4A16/W8A16 kernel in CUDA C++ (``mma_wna16.py``, ``kernels/``, compiled through
-CuPy) ranks first where CuPy is importable, and serves NVFP4/MXFP4 and bitsandbytes NF4/FP4 weight-only too (``mma_codebook.py``); the portable Triton W4A16/W8A16 (``backends/triton``)
-next; the Triton fp8 (W8A8 per tensor/channel, block fp8, weight-only) and int8 W8A8 kernels
-(``triton_w8a8.py``); the Triton 4-bit code-book kernels for NVFP4, MXFP4 and bitsandbytes NF4/FP4
-(``triton_lut4.py``) and GGUF's ten block types (``triton_gguf.py``), with a CUDA GEMV for
+CuPy) ranks first where CuPy is importable, and serves NVFP4/MXFP4 and bitsandbytes NF4/FP4 weight-only too (``mma_codebook.py``); the portable Triton kernels
+(``backends/triton``, named and tuned for NVIDIA in ``triton_kernels.py`` with ``policy.py``) next:
+W4A16/W8A16, fp8 (W8A8 per tensor/channel, block fp8, weight-only) and int8 W8A8, the 4-bit
+code-book kernels for NVFP4, MXFP4 and bitsandbytes NF4/FP4 and GGUF's ten block types, with a CUDA GEMV for
 q4_k/q6_k ahead of it (``gguf_gemv.py``) and q4_k and q8_0 on the tensor-core kernel ahead of both (``mma_gguf.py``); W4A4 NVFP4 on Blackwell's fp4
 units through torch (``torch_fp4.py``); then torch's own ops (tinygemm int4, cuBLASLt fp8 and int8). Launch shapes
 come from ``tunings/``.
@@ -23,20 +23,28 @@ from typing import Any
 
 def register(registry: Any) -> None:
     """Entry point of the ``quantrt.backends`` group."""
+    from quantrt.backends.triton.kv_kernel import TritonKV
     from quantrt.moe import experts_loop
 
     from .gguf_gemv import CudaGemvGGUF
     from .mma_codebook import CudaMmaBnb4, CudaMmaFp4
     from .mma_gguf import CudaMmaGGUF, CudaMmaGGUFQ8
     from .mma_wna16 import CudaMmaW4A16, CudaMmaW8A16
+    from .policy import CUDA
     from .torch_fp4 import CudaScaledMMNvfp4
     from .torch_ops import CudaIntMM, CudaScaledMMFp8, CudaTinygemm
-    from .triton_gguf import CudaTritonGGUF
-    from .triton_kv import TritonKV
-    from .triton_lut4 import CudaTritonBnb4, CudaTritonFp4
+    from .triton_kernels import (
+        CudaTritonBlockFp8,
+        CudaTritonBnb4,
+        CudaTritonFp4,
+        CudaTritonFp8,
+        CudaTritonFp8WeightOnly,
+        CudaTritonGGUF,
+        CudaTritonInt8,
+        CudaTritonW4A16,
+        CudaTritonW8A16,
+    )
     from .triton_moe import FUSED_MOE_KERNELS
-    from .triton_w4a16 import CudaTritonW4A16, CudaTritonW8A16
-    from .triton_w8a8 import CudaTritonBlockFp8, CudaTritonFp8, CudaTritonFp8WeightOnly, CudaTritonInt8
 
     linear = [
         CudaMmaW4A16,  # tensor-core CUDA C++ (CuPy): int4/int8 weight-only, the fastest where it runs
@@ -63,4 +71,4 @@ def register(registry: Any) -> None:
     fused_moe_kernels = list(FUSED_MOE_KERNELS)  # MoE experts: one fused grouped GEMM per projection
     # then every linear kernel looped over the experts, for the schemes no fused kernel takes
     registry.register_ordered([*linear, *fused_moe_kernels, *(experts_loop(k) for k in linear)])
-    registry.register_kv("cuda", TritonKV())  # the KV cache: quantize-on-write, split-K decode
+    registry.register_kv("cuda", TritonKV(CUDA, "triton"))  # the KV cache: quantize-on-write, split-K decode

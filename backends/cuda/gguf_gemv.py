@@ -30,14 +30,22 @@ from typing import Any
 
 import torch
 
+from quantrt.backends.triton import dense_slices
+from quantrt.backends.triton.gguf_kernel import TABLE as TRITON_TABLE
+from quantrt.backends.triton.gguf_kernel import (
+    GGUFLayout,
+    gguf_condition,
+    gguf_layout,
+    gguf_rows,
+    gguf_strategies,
+)
 from quantrt.canonical import CanonicalWeight
 from quantrt.kernels import Kernel, Verdict, check
 from quantrt.prepared import ALL_M, Prepared, Strategy
 from quantrt.specs import LayerSpec
 
-from . import dense_slices, tile_table
 from .cupy_kernels import Launch, compile_all, function, stream
-from .triton_gguf import GGUFLayout, gguf_conditions, gguf_layout, gguf_rows, gguf_strategies
+from .policy import CUDA
 
 SOURCE = "gguf_gemv.cu"
 TABLE = "gguf_gemv"
@@ -160,7 +168,8 @@ class CudaGemvGGUF(Kernel):
     def can_implement(cls, spec: LayerSpec, caps: Any) -> Verdict:
         t = spec.scheme.gguf_type
         return check(
-            *gguf_conditions(spec, caps),
+            *CUDA.device_conditions(caps),
+            gguf_condition(spec),
             (
                 "cupy" in caps.libraries,
                 "cupy importable (NVRTC compiles the kernel)",
@@ -170,9 +179,10 @@ class CudaGemvGGUF(Kernel):
         )
 
     def prepare(self, weight: CanonicalWeight, spec: LayerSpec) -> Prepared:
-        base = gguf_layout(weight, spec)
+        target = CUDA.target(weight["qweight"].device)
+        base = gguf_layout(weight, spec, CUDA.table(TRITON_TABLE, target))
         dev = base.plane_list[0].device.index or 0
-        doc = tile_table.load(TABLE, tile_table.arch_of(base.plane_list[0]))
+        doc = CUDA.table(TABLE, target)
         shapes = shapes_for(doc, base.gguf_type, base.K)
         exprs = [s.expr(base.act, base.gguf_type) for s in shapes]
         compile_all(SOURCE, exprs, dev)

@@ -33,13 +33,13 @@ from typing import Any
 
 import torch
 
+from quantrt.backends.triton.lut4_kernel import prepare_bnb4, prepare_fp4
 from quantrt.canonical import CanonicalWeight
 from quantrt.kernels import Kernel, Verdict, check
 from quantrt.prepared import Prepared
 from quantrt.specs import LayerSpec
 
 from .mma_wna16 import E2M1, LUT4, Operands, fit_tiles, groups_per_chunk, prepare_mma, sz_bytes
-from .triton_lut4 import prepare_bnb4, prepare_fp4
 from .wna16_layout import KC, N_ALIGN
 from .wna16_rules import device_conditions
 

@@ -27,14 +27,15 @@ from typing import Any, ClassVar
 
 import torch
 
+from quantrt.backends.triton import tile_table
+from quantrt.backends.triton.dense_slices import in_act_dtype
 from quantrt.canonical import CanonicalWeight, act_order_perm
 from quantrt.kernels import Kernel, Verdict, check
 from quantrt.prepared import ALL_M, Prepared, Strategy
 from quantrt.specs import LayerSpec
 
-from . import tile_table
 from .cupy_kernels import Launch, compile_all, function, stream
-from .dense_slices import in_act_dtype
+from .policy import CUDA
 from .wna16_layout import KC, TG, group_params, repack_codes, wgmma_x_order
 from .wna16_rules import wna16_conditions
 
@@ -207,7 +208,7 @@ def mma_layout(
     n_pad = packed.shape[0] * TG * 8
     gpc = groups_per_chunk(bits, group)
     cap = torch.cuda.get_device_capability(dev)
-    table = tile_table.load("wna16_mma", f"sm_{cap[0]}{cap[1]}")
+    table = tile_table.load(CUDA.package, "wna16_mma", f"sm_{cap[0]}{cap[1]}")
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
     limit = smem_limit(dev) - BOOK_SMEM.get(code, 0)
     szb = sz_bytes(act, code)

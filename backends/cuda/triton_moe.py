@@ -38,13 +38,14 @@ from typing import Any, ClassVar
 
 import torch
 
+from quantrt.backends.triton import tile_table
+from quantrt.backends.triton.w8a8_kernel import int8_w8a8_conditions
 from quantrt.kernels import Kernel, Verdict
 from quantrt.moe import CanonicalExperts, ExpertBatch, ExpertsStrategy, PreparedExperts
 from quantrt.prepared import ALL_M
 from quantrt.specs import LayerSpec
 
-from . import tile_table
-from .triton_w8a8 import int8_w8a8_conditions
+from .policy import CUDA
 
 Condition = tuple  # (holds, predicate, values) or (holds, predicate, values, note)
 
@@ -95,7 +96,7 @@ def load_table(arch: str) -> dict[str, Any]:
     """``tunings/moe_<arch>.json`` section by section over :data:`DEFAULT_TABLE`."""
     table = copy.deepcopy(DEFAULT_TABLE)
     try:
-        found = tile_table.load("moe", arch)
+        found = tile_table.load(CUDA.package, "moe", arch)
     except FileNotFoundError:
         return table
     for name, section in found.items():
@@ -105,15 +106,12 @@ def load_table(arch: str) -> dict[str, Any]:
 
 
 def ptx_decode_enabled() -> bool:
-    """``QUANTRT_MOE_PTX_DECODE=1``: the 4-bit K loops decode with :mod:`.triton_decode`'s PTX.
-
-    Off by default until a GPU run has checked it: the asm is assembled by ptxas in
-    tests/triton/test_moe_compiles.py and its bit logic checked under an emulation of PTX's documented
-    instructions (tests/triton/test_ptx_decode_emulated.py), but it has not run on a GPU yet
-    (tests/gpu/test_moe_cuda.py forces it on)."""
+    """The 4-bit K loops decode with :mod:`.triton_decode`'s PTX (exact, about half the
+    instructions per code of the portable decode; checked on an H100 by tests/gpu/test_moe_cuda.py);
+    ``QUANTRT_MOE_PTX_DECODE=0`` takes the portable decode instead."""
     import os
 
-    return os.environ.get("QUANTRT_MOE_PTX_DECODE", "").strip() == "1"
+    return os.environ.get("QUANTRT_MOE_PTX_DECODE", "").strip() != "0"
 
 
 def _pow2_floor(v: int) -> int:
@@ -284,7 +282,7 @@ class CudaTritonMoe(Kernel):
         from quantrt.backends.triton.moe import MoeTile, moe_matmul, quantize_per_expert
         from quantrt.backends.triton.moe_act import gated_activation
 
-        table = load_table(tile_table.arch_of(weights.w))[section or self.section]
+        table = load_table(CUDA.target(weights.w.device).arch)[section or self.section]
         min_bk = weights.min_block_k()
         tiles, targets = [], []
         for key in KEYS:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from quantrt.backends.triton.wna16_kernel import wna16_scheme_conditions
 from quantrt.specs import LayerSpec
 
 Condition = tuple[bool, str, dict[str, Any]]
@@ -25,19 +26,4 @@ def device_conditions(spec: LayerSpec, caps: Any, library: str, built_by: str) -
 
 def wna16_conditions(spec: LayerSpec, caps: Any, bits: int, library: str, built_by: str) -> list[Condition]:
     """The shared requirements, in the order ``explain`` reports the first that fails."""
-    s = spec.scheme
-    return [
-        *device_conditions(spec, caps, library, built_by),
-        (
-            s.weight == "int" and s.bits == bits,
-            f"{bits}-bit integer weights",
-            {"weight": s.weight, "bits": s.bits},
-        ),
-        (s.weight_only, "weight-only scheme", {"act": s.act}),
-        (s.granularity in ("group", "channel"), "group or channel scales", {"granularity": s.granularity}),
-        (
-            not s.act_order or spec.k_full,
-            "act-order with the full K on this rank",
-            {"K_part": spec.K_part, "K": spec.K},
-        ),
-    ]
+    return [*device_conditions(spec, caps, library, built_by), *wna16_scheme_conditions(spec, bits)]

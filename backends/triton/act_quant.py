@@ -417,10 +417,13 @@ def quantize_static(
     kind: str,
     *,
     fp8_dtype: torch.dtype = torch.float8_e4m3fn,
+    fmax: float | None = None,
 ) -> torch.Tensor:
     """Codes of x with a static per-tensor scale (calibrated ``input_scale``): torchops'
     quantize_fp8 / quantize_int8_static code for code. ``scale``: one float element on x's device,
-    any shape; it is read by the kernel, never by the host."""
+    any shape; it is read by the kernel, never by the host. ``fmax``: the magnitude fp8 codes
+    saturate at (the flavour's max by default; e4m3fnuz holding the e4m3 grid at half the value
+    saturates at 224, as e4m3 does at 448, and not at its own 240)."""
     M, K = _check_x(x, "quantize_static")
     if scale.numel() != 1 or not scale.is_floating_point():
         raise ValueError(
@@ -429,6 +432,10 @@ def quantize_static(
     if scale.device != x.device:
         raise ValueError(f"quantize_static: scale is on {scale.device}, x on {x.device}")
     q, meta = _codes_args(x, kind, fp8_dtype, "quantize_static")
+    if fmax is not None and kind == "fp8":
+        if not 0 < fmax <= meta["FMAX"]:
+            raise ValueError(f"quantize_static: fmax must be in (0, {meta['FMAX']}], found {fmax}")
+        meta["FMAX"] = float(fmax)
     if q.numel() == 0:
         return q
     BM, BK = _tensor_tiles(K)

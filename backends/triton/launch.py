@@ -11,7 +11,8 @@ The key is exactly Triton's own specialization of the runtime arguments (``nativ
 the function Triton's binder calls: dtype, 16-byte alignment, ints equal to 1 or divisible by 16,
 32 or 64 bits) plus every constexpr and option, so a hit always runs the binary Triton itself would
 have picked. Anything unusual takes Triton's own path: the interpreter (``TRITON_INTERPRET=1``),
-launch hooks (profilers) being set, or a Triton without this launcher layout.
+launch hooks (profilers) being set, a Triton without this launcher layout, or a torch without CUDA
+streams (Intel's XPU: its streams are not torch.cuda's; ROCm torch answers torch.cuda's calls).
 """
 
 from __future__ import annotations
@@ -48,7 +49,11 @@ class Launcher:
         self.fn = fn
         self._hits: dict[tuple, tuple[Any, Any, Any, tuple]] = {}
         self.direct_launches = 0  # calls served from the cache (tests check the fast path runs)
-        self._direct = native_specialize_impl is not None and hasattr(fn, "params")  # not interpreted
+        self._direct = (
+            native_specialize_impl is not None
+            and hasattr(fn, "params")  # not interpreted
+            and torch.cuda.is_available()  # CUDA or ROCm streams, which the direct call passes
+        )
         if not self._direct:
             return
         names = fn.arg_names

@@ -105,7 +105,7 @@ def select_kv(
     cands: list[KVKernels] = [*registry().kv.get(device.type, []), TorchKV()]
     want = os.environ.get("QUANTRT_KV_BACKEND", "").strip().lower()
     if want:
-        named = [c for c in cands if c.name == want]
+        named = [c for c in cands if want in (c.name, c.name.rsplit(".", 1)[-1])]  # "triton": any vendor's
         if not named:
             from .pages import KVCacheError
 
@@ -113,7 +113,7 @@ def select_kv(
                 f"QUANTRT_KV_BACKEND={want!r}: no such KV kernels on {device.type}; "
                 f"known: {', '.join(c.name for c in cands)}"
             )
-        cands = named + [c for c in cands if c.name != want]
+        cands = named + [c for c in cands if c not in named]
     verdicts = [(c.name, c.supports(scheme, head_dim, dtype, device)) for c in cands]
     chosen = next(c for c, (_, v) in zip(cands, verdicts, strict=True) if v.ok)
     return chosen, verdicts

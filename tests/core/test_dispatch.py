@@ -3,6 +3,7 @@ the fallback policy, and the execution re-check under QUANTRT_CAPABILITIES."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from pathlib import Path
@@ -67,17 +68,34 @@ def test_a100_runs_w8a8_fp8_weight_only_by_arch() -> None:
     assert cands(sel)["cuda.triton_fp8"][:2] == (REJECTED, "fp8 matrix units (sm >= 89)")
 
 
-def test_mi300x_plans_fnuz_fp8_and_explains_int4() -> None:
+def test_mi300x_plans_fnuz_fp8_and_the_triton_kernels() -> None:
     caps = load_preset("mi300x")
     assert (
         select(layer_spec("w8a8-fp8-tensor", 4096, 4096), "cuda:0", caps, ov()).kernel.name
         == "rocm.torch_scaled_mm_fnuz"
     )
-    sel = select(layer_spec("w4a16-int-g128-asym", 4096, 4096), "cuda:0", caps, ov(QUANTRT_FALLBACK="allow"))
-    assert sel.kernel.name == "reference"
+    sel = select(layer_spec("w4a16-int-g128-asym", 4096, 4096), "cuda:0", caps, ov())
+    assert sel.kernel.name == "rocm.triton_w4a16" and sel.label == "native"
     names = [c.name for c in sel.candidates]
     assert {"rocm.torch_scaled_mm_fnuz", "rocm.torch_scaled_mm", "rocm.torch_int_mm"} <= set(names)
     assert all(c.verdict.reason for c in sel.candidates)
+    assert not [n for n in names if n.startswith(("cuda.", "xpu."))]  # only the device's own vendor
+    # 3-bit weights: no kernel anywhere, and every rejection says why
+    sel = select(layer_spec("w3a16-int-g128-asym", 4096, 4096), "cuda:0", caps, ov(QUANTRT_FALLBACK="allow"))
+    assert sel.kernel.name == "reference"
+    assert cands(sel)["rocm.triton_w4a16"][:2] == (REJECTED, "4-bit integer weights")
+
+
+def test_vendor_device_conditions_name_what_is_missing() -> None:
+    """A GPU the vendor's Triton backend does not target is refused with its arch named."""
+    caps = load_preset("mi300x")
+    sel = select(layer_spec("w4a16-int-g128-asym", 4096, 4096), "cuda:0", caps, ov())
+    rdna = dataclasses.replace(caps.default_device, arch="gfx1100")
+    v = sel.kernel.supports(layer_spec("w4a16-int-g128-asym", 4096, 4096), rdna)
+    assert not v.ok and "gfx942" in v.predicate and dict(v.values) == {"arch": "gfx1100"}
+    pvc = load_preset("pvc")
+    sel = select(layer_spec("w8a8-fp8-ch", 4096, 4096), "xpu:0", pvc, ov(QUANTRT_FALLBACK="allow"))
+    assert (sel.kernel.name, sel.label) == ("xpu.triton_fp8_w8a16", "weight-only substitute")
 
 
 def test_spr_amx_plans_cpu_kernels() -> None:

@@ -9,8 +9,9 @@ import dataclasses
 import pytest
 import torch
 
-from quantrt.backends.cuda import gguf_gemv, tile_table
+from quantrt.backends.cuda import gguf_gemv
 from quantrt.backends.cuda.gguf_gemv import CudaGemvGGUF, GemvShape, shapes_for
+from quantrt.backends.triton import tile_table
 from quantrt.capability import load_preset
 from quantrt.dispatch import select
 from quantrt.schemes import parse_scheme
@@ -79,7 +80,7 @@ def test_malformed_rows_are_refused(row: dict[str, int]) -> None:
 
 
 def test_the_committed_table_reads_for_every_type() -> None:
-    doc = tile_table.load(gguf_gemv.TABLE, "default")
+    doc = tile_table.load("quantrt.backends.cuda", gguf_gemv.TABLE, "default")
     for t in gguf_gemv.TYPE_ID:
         shapes = shapes_for(doc, t, 8192)
         assert shapes and [s.max_m for s in shapes] == sorted(s.max_m for s in shapes)

@@ -47,4 +47,9 @@ def test_golden_facts_that_must_hold() -> None:
     assert plans["h100"]["w4a16-int-g128-asym-actorder"] == "cuda.mma_w4a16"
     assert plans["zen4"]["w4a16-int-g128-asym"] == "cpu.native_wint"  # AVX-512 BF16: the native kernels
     assert plans["zen4"]["w8a8-int-ch-sym"] == "cpu.native_w8a8_int8"  # VNNI
-    assert all(k == NO_NATIVE for k in plans["pvc"].values())  # no XPU kernel yet, said explicitly
+    assert plans["mi300x"]["w4a16-int-g128-asym"] == "rocm.triton_w4a16"  # the portable Triton kernels
+    assert plans["mi300x"]["w8a8-fp8-block128"] == "rocm.triton_block_fp8"
+    assert plans["pvc"]["w4a16-nvfp4"] == "xpu.triton_fp4"
+    assert plans["pvc"]["w8a8-fp8-ch"] == "xpu.triton_fp8_w8a16 (weight-only substitute)"  # no fp8 units
+    for preset, least in (("mi300x", 40), ("mi355x", 40), ("pvc", 30)):  # issue 24's floor
+        assert sum(k != NO_NATIVE for k in plans[preset].values()) >= least, preset

@@ -12,8 +12,8 @@ import torch
 
 from quantrt import reference
 from quantrt.backends.cuda.mma_codebook import bnb4_operands, book_pairs, fp4_operands
-from quantrt.backends.cuda.triton_lut4 import prepare_bnb4
 from quantrt.backends.cuda.wna16_layout import TG, repack_codes
+from quantrt.backends.triton.lut4_kernel import prepare_bnb4
 from quantrt.canonical import CanonicalWeight
 from quantrt.schemes import parse_scheme
 

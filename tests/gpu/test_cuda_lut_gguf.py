@@ -43,7 +43,9 @@ def build(scheme: str, K: int, N: int, dtype: torch.dtype, seed: int, kernel: st
 
 def with_slices(layer: QuantLinear, rows: int) -> None:
     """The layer's dense strategy (the last one) dequantizing ``rows`` rows of W per cuBLAS call."""
-    from quantrt.backends.cuda import dense_slices, triton_gguf, triton_lut4
+    from quantrt.backends.triton import dense_slices
+    from quantrt.backends.triton import gguf_kernel as triton_gguf
+    from quantrt.backends.triton import lut4_kernel as triton_lut4
 
     state, spec = layer._state, layer.layer_spec()
     module = triton_gguf if layer.kernel_name == "cuda.triton_gguf" else triton_lut4

@@ -1,4 +1,4 @@
-"""The Triton KV-cache kernels (``cuda.triton_kv.TritonKV``) on a real GPU, in bf16 and fp16 at
+"""The Triton KV-cache kernels (``backends/triton/kv_kernel.TritonKV``) on a real GPU, in bf16 and fp16 at
 realistic sizes (head_dim 128, GQA with G = 4, a few thousand tokens): a CUDA cache picks them for
 every scheme; writes equal the torch codec's planes (TurboQuant key codes within one level at a
 boundary); decode matches ``attention_reference`` over the dequantized cache, with a random

@@ -225,7 +225,7 @@ def test_projection_matches_oracle(scheme: str, E: int, K: int, N: int, split: b
 def test_ptx_decodes_match_oracle(
     scheme: str, E: int, K: int, N: int, dtype: torch.dtype, split: bool
 ) -> None:
-    """The PTX 4-bit decodes (backends/cuda/triton_decode.py, opt-in by QUANTRT_MOE_PTX_DECODE)
+    """The PTX 4-bit decodes (backends/cuda/triton_decode.py, the default; QUANTRT_MOE_PTX_DECODE=0 is off)
     forced on, in bf16 and fp16, through the tiles and the transposed product."""
     from quantrt.backends.cuda.triton_decode import e2m1_scaled, int4_minus
 

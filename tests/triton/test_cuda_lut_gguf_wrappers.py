@@ -10,9 +10,10 @@ import pytest
 import torch
 
 from quantrt import reference
-from quantrt.backends.cuda import dense_slices, triton_gguf, triton_lut4
-from quantrt.backends.cuda.triton_gguf import CudaTritonGGUF
-from quantrt.backends.cuda.triton_lut4 import CudaTritonBnb4, CudaTritonFp4
+from quantrt.backends.cuda.triton_kernels import CudaTritonBnb4, CudaTritonFp4, CudaTritonGGUF
+from quantrt.backends.triton import dense_slices
+from quantrt.backends.triton import gguf_kernel as triton_gguf
+from quantrt.backends.triton import lut4_kernel as triton_lut4
 from quantrt.capability import load_preset
 from quantrt.specs import LayerSpec
 
@@ -89,12 +90,12 @@ def test_gguf_table_routes_mid_batches_to_the_fused_gemm(gtype: str, K: int, mon
     """A table with a ``gemm_max_m`` for the type: batches above the GEMV's bound up to it take the
     fused GEMM (its tile per M bucket, this type's row over the default), larger ones dequant +
     cuBLAS; a type the table leaves out never takes it."""
-    from quantrt.backends.cuda import tile_table
+    from quantrt.backends.triton import tile_table
 
     real = tile_table.load
 
-    def load(name: str, arch: str) -> dict:
-        doc = real(name, arch)
+    def load(package: str, name: str, arch: str) -> dict:
+        doc = real(package, name, arch)
         if name != "gguf":
             return doc
         tile = {"block_m": 16, "block_n": 32, "block_k": 64, "num_warps": 4, "num_stages": 2}

@@ -289,8 +289,8 @@ def test_prepared_gemm_strategy_compiles_through_the_one_op(monkeypatch):
     is [M, N] in the output dtype and whose result is the eager one."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from quantrt.backends.cuda import tile_table
-    from quantrt.backends.cuda.triton_gguf import CudaTritonGGUF
+    from quantrt.backends.cuda.triton_kernels import CudaTritonGGUF
+    from quantrt.backends.triton import tile_table
     from quantrt.canonical import CanonicalWeight
     from quantrt.schemes import parse_scheme
     from quantrt.specs import LayerSpec
@@ -298,8 +298,8 @@ def test_prepared_gemm_strategy_compiles_through_the_one_op(monkeypatch):
     real = tile_table.load
     tile = {"block_m": 16, "block_n": 16, "block_k": 128, "num_warps": 4, "num_stages": 2, "group_m": 4}
 
-    def load(name: str, arch: str) -> dict:
-        doc = real(name, arch)
+    def load(package: str, name: str, arch: str) -> dict:
+        doc = real(package, name, arch)
         if name != "gguf":
             return doc
         return {**doc, "gemm": {"16": tile}, "gemm_types": {}, "gemm_max_m": {"q6_k": 64}}
@@ -372,11 +372,11 @@ def test_bad_arguments_are_refused():
 def test_committed_h200_table_is_complete_and_valid():
     """tunings/gguf_sm_90.json: every type it bounds is a GEMM type with a valid tile in every M
     bucket (the loader's fill-in included), and the bound lies above the GEMV's."""
-    from quantrt.backends.cuda import tile_table
-    from quantrt.backends.cuda.triton_gguf import _gemm
+    from quantrt.backends.triton import tile_table
     from quantrt.backends.triton.gguf_gemm import _check_gemm_config
+    from quantrt.backends.triton.gguf_kernel import _gemm
 
-    doc = tile_table.load("gguf", "sm_90")
+    doc = tile_table.load("quantrt.backends.cuda", "gguf", "sm_90")
     assert doc["gemm_max_m"], "the H200 table enables the GEMM for some type"
     for gtype, bound in doc["gemm_max_m"].items():
         tiles, got = _gemm(doc, gtype, GemmConfig)

@@ -286,7 +286,7 @@ def test_prepared_layer_compiles_through_the_one_op():
     batch and at a dequant + cuBLAS one; its exact rows are gguf-py's fp32 weights."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from quantrt.backends.cuda.triton_gguf import CudaTritonGGUF
+    from quantrt.backends.cuda.triton_kernels import CudaTritonGGUF
     from quantrt.canonical import CanonicalWeight
     from quantrt.schemes import parse_scheme
     from quantrt.specs import LayerSpec

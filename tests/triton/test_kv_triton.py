@@ -1,4 +1,4 @@
-"""The Triton KV-cache kernels (``backends/triton/kv.py`` through ``cuda.triton_kv.TritonKV``) against
+"""The Triton KV-cache kernels (``backends/triton/kv.py`` through ``backends/triton/kv_kernel.TritonKV``) against
 the torch codec and the attention oracle, for every scheme of ``KV_CATALOG`` and the unquantized cache.
 
 Write: the planes TritonKV writes equal the torch codec's (``KVPages`` with ``TorchKV`` on the CPU,
@@ -24,8 +24,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from quantrt.backends.cuda.triton_kv import TritonKV
+from quantrt.backends.cuda.policy import CUDA
 from quantrt.backends.triton.kv import DecodeConfig, decode_config, decode_kv, kv_format
+from quantrt.backends.triton.kv_kernel import TritonKV
 from quantrt.kv.kernels import TorchKV, decode_attention
 from quantrt.kv.pages import KVPages
 from quantrt.kv.reference import attention_reference
@@ -70,7 +71,7 @@ def triton_pages(
     name: str | None, num_blocks: int, heads: int, dim: int, dtype: torch.dtype, block_size: int = 16
 ) -> KVPages:
     pages = KVPages(scheme_of(name), num_blocks, block_size, heads, dim, dtype=dtype, device=DEV)
-    pages.kernels = TritonKV()  # on the CPU the cache picks torch; the interpreter runs these
+    pages.kernels = TritonKV(CUDA, "triton")  # on the CPU the cache picks torch; the interpreter runs these
     return pages
 
 
@@ -280,7 +281,7 @@ def test_decode_config_fills_the_gpu_once() -> None:
 
 
 def test_supports(monkeypatch: pytest.MonkeyPatch) -> None:
-    kv = TritonKV()
+    kv = TritonKV(CUDA, "triton")
     fp8 = parse_kv_scheme("kv-fp8")
     no = kv.supports(fp8, 128, torch.bfloat16, torch.device("cpu"))
     assert not no and no.predicate == "a CUDA device" and no.values == {"device": "cpu"}

@@ -329,7 +329,7 @@ def test_traced_op_matches_and_fakes() -> None:
     launcher's result, the fake's shape and dtype, a fullgraph trace without a graph break."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from quantrt.backends.cuda.triton_lut4 import CudaTritonBnb4
+    from quantrt.backends.cuda.triton_kernels import CudaTritonBnb4
     from quantrt.specs import LayerSpec
 
     g = gen()

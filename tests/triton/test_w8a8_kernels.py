@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from quantrt import reference
-from quantrt.backends.cuda.triton_w8a8 import (
+from quantrt.backends.cuda.triton_kernels import (
     CudaTritonBlockFp8,
     CudaTritonFp8,
     CudaTritonFp8WeightOnly,

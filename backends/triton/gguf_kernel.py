@@ -1,4 +1,4 @@
-"""GGUF (llama.cpp's ten block types) on NVIDIA GPUs through the Triton kernels of
+"""GGUF (llama.cpp's ten block types) through the portable Triton kernels of
 ``backends/triton/gguf.py``.
 
 The blocks are decoded as llama.cpp wrote them, never re-quantized: at load each row's blocks are
@@ -9,7 +9,7 @@ above ``gemv_max_m`` rows, up to the type's ``gemm_max_m``, a tensor-core GEMM t
 planes inside its K loop (``backends/triton/gguf_gemm.py``: no dense weight, no scratch); above
 that, where cuBLAS's arithmetic wins, the weight is dequantized slice by slice for cuBLAS
 (``dense_slices``: bounded scratch, full-K GEMMs). Launch shapes per M and the bounds come from
-``tunings/gguf_<arch>.json``; a type without a ``gemm_max_m`` there skips the GEMM.
+the vendor's ``tunings/gguf_<arch>.json``; a type without a ``gemm_max_m`` there skips the GEMM.
 
 :func:`gguf_layout` and :func:`gguf_strategies` are shared: the CUDA GEMV of ``gguf_gemv.py`` reads
 the same planes and puts its own strategy in front of these.
@@ -28,10 +28,9 @@ from quantrt.prepared import Prepared, Strategy, StrategyFn
 from quantrt.specs import LayerSpec
 
 from . import dense_slices, tile_table
+from .vendor import Condition, TritonKernel
 
 TABLE = "gguf"
-
-Condition = tuple[bool, str, dict[str, Any]]
 
 
 @dataclass(frozen=True)
@@ -75,29 +74,21 @@ def _gemm(doc: dict[str, Any], gguf_type: str, make: Any) -> tuple[tuple[Any, ..
     return tuple(tiles), bound
 
 
-def gguf_conditions(spec: LayerSpec, caps: Any) -> list[Condition]:
-    """What the Triton GGUF kernels need: the device, Triton, GGUF weights."""
-    return [
-        ((caps.sm or 0) >= 80, "sm >= 80", {"sm": caps.sm}),
-        (
-            "triton" in caps.libraries,
-            "triton importable (it builds the kernel)",
-            {"libraries": caps.libraries},
-        ),
-        (spec.scheme.family == "gguf", "GGUF weights", {"weight": spec.scheme.weight}),
-    ]
+def gguf_condition(spec: LayerSpec) -> Condition:
+    """What the GGUF kernels need of the scheme (the device's needs are the vendor's)."""
+    return (spec.scheme.family == "gguf", "GGUF weights", {"weight": spec.scheme.weight})
 
 
-def gguf_layout(weight: CanonicalWeight, spec: LayerSpec) -> GGUFLayout:
-    """The planes of ``weight`` and the launch shapes of the device's table."""
-    from quantrt.backends.triton.gguf import GGUFConfig, gguf_dequant, gguf_matmul, gguf_planes, plane_list
-    from quantrt.backends.triton.gguf_gemm import GEMM_TYPES, GemmConfig, gguf_gemm
+def gguf_layout(weight: CanonicalWeight, spec: LayerSpec, doc: dict[str, Any]) -> GGUFLayout:
+    """The planes of ``weight`` and the launch shapes of the device's table ``doc``
+    (``gguf_<arch>.json``)."""
+    from .gguf import GGUFConfig, gguf_dequant, gguf_matmul, gguf_planes, plane_list
+    from .gguf_gemm import GEMM_TYPES, GemmConfig, gguf_gemm
 
     t = weight.scheme.gguf_type
     assert t is not None
     q = weight["qweight"]
     planes = gguf_planes(q, t, weight.N, weight.K)
-    doc = tile_table.load(TABLE, tile_table.arch_of(q))
     gemm_tiles, gemm_max_m = _gemm(doc, t, GemmConfig) if t in GEMM_TYPES else ((), 0)
     return GGUFLayout(
         planes, plane_list(planes, t), t, weight.N, weight.K, spec.act_dtype, _configs(doc, t, GGUFConfig),
@@ -110,7 +101,7 @@ def gguf_strategies(layout: GGUFLayout) -> list[Strategy]:
     """The GEMV per batch bound up to ``gemv_max_m``, the fused GEMM per M bucket up to
     ``gemm_max_m``, then dequant + cuBLAS for every larger batch. Their ``fn`` takes x, bias and
     ``out`` in the activation dtype (wrap the list with ``dense_slices.in_act_dtype``)."""
-    from quantrt.backends.triton.common import tile_strategies
+    from .common import tile_strategies
 
     gemv = tile_strategies(
         [b for b, _ in layout.configs],
@@ -168,11 +159,11 @@ def _gemm_name(c: Any) -> str:
     return f"fused gemm BM{c.block_m} BN{c.block_n} BK{c.block_k} W{c.num_warps} S{c.num_stages}"
 
 
-class CudaTritonGGUF(Kernel):
+class TritonGGUF(TritonKernel):
     """GGUF weight-only: fused dequant GEMV for small M, the fused GEMM for mid-size M (tuned
     types), dequant + cuBLAS for large M."""
 
-    name = "cuda.triton_gguf"
+    short_name = "triton_gguf"
     description = (
         "GGUF (all ten llama.cpp types): native blocks split into aligned planes, fused dequant GEMV for "
         "small M, a tensor-core GEMM decoding the blocks in its K loop for mid-size M (tuned types), "
@@ -181,7 +172,8 @@ class CudaTritonGGUF(Kernel):
 
     @classmethod
     def can_implement(cls, spec: LayerSpec, caps: Any) -> Verdict:
-        return check(*gguf_conditions(spec, caps))
+        return check(*cls.policy.device_conditions(caps), gguf_condition(spec))
 
     def prepare(self, weight: CanonicalWeight, spec: LayerSpec) -> Prepared:
-        return build(self, gguf_layout(weight, spec), spec)
+        doc = self.policy.table(TABLE, self.policy.target(weight["qweight"].device))
+        return build(self, gguf_layout(weight, spec, doc), spec)

@@ -1,4 +1,4 @@
-"""Committed launch tables of this folder's kernels (``tunings/<name>_<arch>.json``, else
+"""Committed launch tables (a vendor folder's ``tunings/<name>_<arch>.json``, else
 ``<name>_default.json``) and, for the Triton kernels, their tile configurations per M bucket,
 resolved for one layer at load: nothing tunes while a user waits, and a call only compares M.
 """
@@ -9,29 +9,20 @@ import json
 from importlib import resources
 from typing import Any
 
-import torch
-
 #: M buckets: a batch of m rows uses the first bucket whose bound is >= m
 BUCKETS = (1, 16, 64, 256, 1 << 62)
 KEYS = ("1", "16", "64", "256", "large")  # their names in the tables
 
 
-def load(name: str, arch: str) -> dict[str, Any]:
-    """The table for this architecture, or the hand-set default every install carries."""
-    base = resources.files("quantrt.backends.cuda") / "tunings"
+def load(package: str, name: str, arch: str) -> dict[str, Any]:
+    """The table of ``package`` (a vendor folder) for this architecture, or the hand-set default
+    every install carries."""
+    base = resources.files(package) / "tunings"
     for file in (f"{name}_{arch}.json", f"{name}_default.json"):
         path = base / file
         if path.is_file():
             return json.loads(path.read_text())
-    raise FileNotFoundError(f"quantrt.backends.cuda.tunings/{name}_default.json is missing from the install")
-
-
-def arch_of(t: torch.Tensor) -> str:
-    """``sm_XY`` of the GPU holding ``t`` ("default" off the GPU: the CPU interpreter's tests)."""
-    if not t.is_cuda:
-        return "default"
-    major, minor = torch.cuda.get_device_capability(t.device)
-    return f"sm_{major}{minor}"
+    raise FileNotFoundError(f"{package}.tunings/{name}_default.json is missing from the install")
 
 
 def fit(tile: int, block: int | None) -> int:

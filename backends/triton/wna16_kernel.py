@@ -1,4 +1,4 @@
-"""W4A16 and W8A16 on NVIDIA GPUs through the portable Triton kernel, with NVIDIA's tile choices.
+"""W4A16 and W8A16 through the portable Triton kernel, with the vendor's tile choices.
 
 Batch size is unknown at load, so ``prepare`` fixes one tile configuration per M bucket
 (GEMV-like with split-K for tiny M, wider tiles for large M) from the committed tuning table
@@ -14,12 +14,32 @@ from typing import Any, ClassVar
 import torch
 
 from quantrt.canonical import CanonicalWeight, act_order_perm, int_codes, pack_int_codes
-from quantrt.kernels import Kernel, Verdict, check
+from quantrt.kernels import Verdict, check
 from quantrt.prepared import Prepared, StrategyFn
 from quantrt.specs import LayerSpec
 
 from . import tile_table
-from .wna16_rules import wna16_conditions
+from .vendor import Condition, TritonKernel
+
+
+def wna16_scheme_conditions(spec: LayerSpec, bits: int) -> list[Condition]:
+    """What every integer weight-only kernel (Triton, and a vendor's own) needs of the scheme, in
+    the order ``explain`` reports the first that fails."""
+    s = spec.scheme
+    return [
+        (
+            s.weight == "int" and s.bits == bits,
+            f"{bits}-bit integer weights",
+            {"weight": s.weight, "bits": s.bits},
+        ),
+        (s.weight_only, "weight-only scheme", {"act": s.act}),
+        (s.granularity in ("group", "channel"), "group or channel scales", {"granularity": s.granularity}),
+        (
+            not s.act_order or spec.k_full,
+            "act-order with the full K on this rank",
+            {"K_part": spec.K_part, "K": spec.K},
+        ),
+    ]
 
 
 def _block_k(group: int) -> int:
@@ -50,9 +70,9 @@ def _tile(matmul: Any, config: Any) -> StrategyFn:
     return fn
 
 
-class CudaTritonWNA16(Kernel):
+class TritonWNA16(TritonKernel):
     """The integer weight-only Triton family (declarations only differ: ``bits``): GEMV/GEMM
-    tiles per M bucket from the committed tunings."""
+    tiles per M bucket from the vendor's tunings."""
 
     bits: ClassVar[int] = 4
 
@@ -61,13 +81,14 @@ class CudaTritonWNA16(Kernel):
         s = spec.scheme
         G = s.group_size if s.granularity == "group" else spec.K_part
         return check(
-            *wna16_conditions(spec, caps, cls.bits, "triton", "it builds the kernel"),
+            *cls.policy.device_conditions(caps),
+            *wna16_scheme_conditions(spec, cls.bits),
             (_block_k(G) > 0, "group size a multiple of 32", {"G": G}),
         )
 
     def prepare(self, weight: CanonicalWeight, spec: LayerSpec) -> Prepared:
-        from quantrt.backends.triton.common import TileConfig, tile_strategies
-        from quantrt.backends.triton.w4a16 import w4a16_matmul
+        from .common import TileConfig, tile_strategies
+        from .w4a16 import w4a16_matmul
 
         s = weight.scheme
         G = s.group_size if s.granularity == "group" else weight.K
@@ -78,7 +99,7 @@ class CudaTritonWNA16(Kernel):
             perm = perm.to(torch.int32).contiguous()
         act = spec.act_dtype
         zeros = weight.get("zeros")
-        table = tile_table.load("w4a16", tile_table.arch_of(q))
+        table = self.policy.table("w4a16", self.policy.target(q.device))
         # the GEMV kernel (block_m 1) serves int4 at M=1 only; tiles need 16 rows
         section = {
             k: table[k]
@@ -105,13 +126,13 @@ class CudaTritonWNA16(Kernel):
         return self.prepared(layout, strategies, spec, q.device, act_dtypes=(*self.act_dtypes, *extra))
 
 
-class CudaTritonW4A16(CudaTritonWNA16):
-    name = "cuda.triton_w4a16"
+class TritonW4A16(TritonWNA16):
+    short_name = "triton_w4a16"
     description = "Triton int4 weight-only: dequantize in registers, split-K for small M"
     bits = 4
 
 
-class CudaTritonW8A16(CudaTritonWNA16):
-    name = "cuda.triton_w8a16"
+class TritonW8A16(TritonWNA16):
+    short_name = "triton_w8a16"
     description = "Triton int8 weight-only: dequantize in registers, split-K for small M"
     bits = 8

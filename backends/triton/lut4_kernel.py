@@ -1,4 +1,4 @@
-"""4-bit code-book weights on NVIDIA GPUs: NVFP4, MXFP4 and bitsandbytes NF4/FP4 (W4A16).
+"""4-bit code-book weights through the portable Triton kernels: NVFP4, MXFP4 and bitsandbytes NF4/FP4 (W4A16).
 
 All four decode one nibble through a 16-value code book (e2m1 by bit tricks, NF4/FP4 from a
 table) times a per-group scale, so one Triton kernel family serves them
@@ -13,7 +13,7 @@ for cuBLAS (``dense_slices``). Prepared layout, chosen so no byte is added:
   once at load (4 bytes per 64 weights instead of 1, the price of a single load per group).
 
 A W4A4 NVFP4 checkpoint runs here as a weight-only substitute (activations stay 16-bit), which
-``explain`` labels. Tiles per M bucket come from ``tunings/lut4_<arch>.json``, one strategy each
+``explain`` labels. Tiles per M bucket come from the vendor's ``tunings/lut4_<arch>.json``, one strategy each
 (:func:`lut4_strategies`); :func:`build` makes the prepared layer of a layout, so tools can rebuild
 one from a layout with other tiles or bounds.
 """
@@ -31,6 +31,7 @@ from quantrt.prepared import Prepared, Strategy, StrategyFn
 from quantrt.specs import LayerSpec
 
 from . import dense_slices, tile_table
+from .vendor import TritonKernel
 
 TABLE = "lut4"
 
@@ -52,17 +53,6 @@ class Lut4Layout:
     slice_rows: int  # rows of W dequantized per cuBLAS call
     matmul: Any  # lut4_matmul, bound at load so a call imports nothing
     dequant: Any  # lut4_dequant
-
-
-def _conditions(caps: Any) -> list[tuple[bool, str, dict[str, Any]]]:
-    return [
-        ((caps.sm or 0) >= 80, "sm >= 80", {"sm": caps.sm}),
-        (
-            "triton" in caps.libraries,
-            "triton importable (it builds the kernel)",
-            {"libraries": caps.libraries},
-        ),
-    ]
 
 
 def _fused(config: Any) -> StrategyFn:
@@ -133,11 +123,11 @@ def prepare_bnb4(weight: CanonicalWeight) -> tuple[torch.Tensor, torch.Tensor, t
     return codes, absmax.reshape(N, K // G).contiguous(), weight["code"].float().contiguous()
 
 
-def lut4_layout(weight: CanonicalWeight, spec: LayerSpec) -> Lut4Layout:
+def lut4_layout(weight: CanonicalWeight, spec: LayerSpec, doc: dict[str, Any]) -> Lut4Layout:
     """The weight's codes and scales (:func:`prepare_fp4`, :func:`prepare_bnb4`) and the launch
-    shapes of the device's table."""
-    from quantrt.backends.triton.common import TileConfig
-    from quantrt.backends.triton.lut4 import lut4_dequant, lut4_matmul
+    shapes of the device's table ``doc`` (``lut4_<arch>.json``)."""
+    from .common import TileConfig
+    from .lut4 import lut4_dequant, lut4_matmul
 
     s = weight.scheme
     if s.family in ("nvfp4", "mxfp4"):
@@ -149,7 +139,6 @@ def lut4_layout(weight: CanonicalWeight, spec: LayerSpec) -> Lut4Layout:
     G = s.group_size
     assert G is not None
     act = spec.act_dtype
-    doc = tile_table.load(TABLE, tile_table.arch_of(codes))
     configs = tile_table.tile_configs(doc[TABLE], weight.N, weight.K, TileConfig)
     # the GEMV serves one row: a larger bucket whose table row is a GEMV takes the 16-row one's tile
     configs = (configs[0], *(configs[1] if c.block_m == 1 else c for c in configs[1:]))
@@ -163,7 +152,7 @@ def lut4_strategies(layout: Lut4Layout) -> list[Strategy]:
     """The GEMV (one row) and the tiles per M bucket below ``dense_from``, then dequant + cuBLAS for
     every larger batch. Their ``fn`` takes x, bias and ``out`` in the activation dtype (wrap the list
     with ``dense_slices.in_act_dtype``)."""
-    from quantrt.backends.triton.common import tile_strategies
+    from .common import tile_strategies
 
     return [
         *tile_strategies(tile_table.BUCKETS, layout.configs, _name, _fused, upto=layout.dense_from - 1),
@@ -178,16 +167,17 @@ def build(kernel: Kernel, layout: Lut4Layout, spec: LayerSpec) -> Prepared:
     return kernel.prepared(layout, strategies, spec, layout.codes.device, rows=_rows)
 
 
-class CudaTritonLut4(Kernel):
+class TritonLut4(TritonKernel):
     """The 4-bit code-book Triton family (its two kernels differ in the schemes they take): the
     GEMV for one row, tiles per M bucket below ``dense_from_m``, dequant + cuBLAS from there."""
 
     def prepare(self, weight: CanonicalWeight, spec: LayerSpec) -> Prepared:
-        return build(self, lut4_layout(weight, spec), spec)
+        doc = self.policy.table(TABLE, self.policy.target(weight["qweight"].device))
+        return build(self, lut4_layout(weight, spec, doc), spec)
 
 
-class CudaTritonFp4(CudaTritonLut4):
-    name = "cuda.triton_fp4"
+class TritonFp4(TritonLut4):
+    short_name = "triton_fp4"
     description = (
         "NVFP4/MXFP4 weight-only: e2m1 codes and e4m3/e8m0 scales decoded in registers (Triton GEMV and "
         "tiles); dequant + cuBLAS for large M"
@@ -201,13 +191,13 @@ class CudaTritonFp4(CudaTritonLut4):
     def can_implement(cls, spec: LayerSpec, caps: Any) -> Verdict:
         s = spec.scheme
         return check(
-            *_conditions(caps),
+            *cls.policy.device_conditions(caps),
             (s.family in ("nvfp4", "mxfp4"), "NVFP4 or MXFP4 weights", {"weight": s.weight}),
         )
 
 
-class CudaTritonBnb4(CudaTritonLut4):
-    name = "cuda.triton_bnb4"
+class TritonBnb4(TritonLut4):
+    short_name = "triton_bnb4"
     description = (
         "bitsandbytes NF4/FP4 weight-only: code-book lookup in registers (Triton GEMV and tiles), double "
         "quant resolved at load; dequant + cuBLAS for large M"
@@ -217,7 +207,7 @@ class CudaTritonBnb4(CudaTritonLut4):
     def can_implement(cls, spec: LayerSpec, caps: Any) -> Verdict:
         s = spec.scheme
         return check(
-            *_conditions(caps),
+            *cls.policy.device_conditions(caps),
             (s.family == "bnb4", "bitsandbytes NF4/FP4 weights", {"weight": s.weight}),
             (
                 s.group_size is not None and spec.K_part % s.group_size == 0,

@@ -1,5 +1,6 @@
-"""The KV cache on NVIDIA GPUs: the portable Triton kernels of ``backends/triton/kv.py`` for every
-KV scheme (unquantized, fp8/int8 with tensor, head, token or group scales, TurboQuant).
+"""The KV cache on GPUs: the portable Triton kernels of ``backends/triton/kv.py`` for every KV scheme
+(unquantized, fp8/int8 with tensor, head, token or group scales, TurboQuant), one instance per
+vendor, whose policy says which devices it runs on.
 
 ``write`` quantizes in registers and scatters into the pages' slots (codes equal to the torch
 codec's); ``decode`` is split-K flash decoding over the block table that dequantizes each tile in
@@ -20,6 +21,8 @@ from quantrt.kv.kernels import KVKernels
 from quantrt.reference.turboquant import codebook, rotation
 from quantrt.schemes import KVScheme, TurboQuantScheme
 
+from .vendor import VendorPolicy
+
 if TYPE_CHECKING:
     from quantrt.kv.pages import KVPages
 
@@ -29,22 +32,19 @@ MIN_HEAD_DIM, MAX_HEAD_DIM = 16, 256
 
 
 class TritonKV(KVKernels):
-    """Quantize-on-write and split-K decode attention in Triton, every KV scheme."""
+    """Quantize-on-write and split-K decode attention in Triton, every KV scheme, on the devices
+    ``policy`` runs on (``name``: how caches and ``QUANTRT_KV_BACKEND`` call it)."""
 
-    name = "triton"
-
-    def __init__(self) -> None:
+    def __init__(self, policy: VendorPolicy, name: str) -> None:
+        self.policy, self.name = policy, name
         self._tables: dict[tuple[Any, ...], Any] = {}
 
     def supports(
         self, scheme: KVScheme | None, head_dim: int, dtype: torch.dtype, device: torch.device
     ) -> Verdict:
-        if device.type != "cuda":
-            return Verdict.no("a CUDA device", device=device.type)
-        if torch.version.hip is not None:
-            return Verdict.no(
-                "an NVIDIA GPU", note="the Triton KV kernels are untested on ROCm", hip=torch.version.hip
-            )
+        v = self.policy.runs_on(device)
+        if not v.ok:
+            return v
         if importlib.util.find_spec("triton") is None:
             return Verdict.no("triton importable (it builds the kernels)")
         if dtype not in _DTYPES:
@@ -55,10 +55,6 @@ class TritonKV(KVKernels):
                 note="the dot's depth and the tiles' registers",
                 head_dim=head_dim,
             )
-        index = device.index if device.index is not None else torch.cuda.current_device()
-        sm = torch.cuda.get_device_capability(index)
-        if sm < (8, 0):
-            return Verdict.no("sm >= 80", sm=f"{sm[0]}{sm[1]}")
         return Verdict.yes("Triton: quantize in registers, split-K decode over the pages")
 
     def tables(self, pages: KVPages) -> Any:
@@ -70,7 +66,7 @@ class TritonKV(KVKernels):
         key = (pages.device, pages.head_dim, s.key_bits)
         t = self._tables.get(key)
         if t is None:
-            from quantrt.backends.triton.kv import TQTables
+            from .kv import TQTables
 
             centroids, bounds = codebook(pages.head_dim, s.key_bits)
             signs = torch.sign(rotation(pages.head_dim)[:, 0])
@@ -80,7 +76,7 @@ class TritonKV(KVKernels):
         return t
 
     def write(self, pages: KVPages, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor) -> None:
-        from quantrt.backends.triton.kv import write_kv
+        from .kv import write_kv
 
         slots = slots.to(device=pages.device).reshape(-1)
         write_kv(
@@ -102,7 +98,7 @@ class TritonKV(KVKernels):
         sinks: torch.Tensor | None = None,
         mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        from quantrt.backends.triton.kv import decode_kv
+        from .kv import decode_kv
 
         return decode_kv(
             q, pages.scheme, pages.flat(), pages.block_size, block_table, seq_lens, max_len,
