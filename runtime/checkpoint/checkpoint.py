@@ -120,7 +120,7 @@ class Checkpoint:
         config: dict[str, Any] | None,
         files: list[SafetensorsFile],
         weight_map: dict[str, str] | None,
-        quantization: str | None = None,
+        quantization: Any = None,
     ) -> None:
         self.path, self.directory, self.config = path, directory, config
         self.index = TensorIndex(files, weight_map)
@@ -425,25 +425,31 @@ class Checkpoint:
 
 
 def _online(
-    quantization: str, qconfig: dict[str, Any] | None, source: str, path: Path
+    quantization: Any, qconfig: dict[str, Any] | None, source: str, path: Path
 ) -> tuple[dict[str, Any], str]:
-    """The quantization config of ``quantization=`` (a dense checkpoint quantized at load)."""
+    """The quantization config of ``quantization=`` (a dense checkpoint quantized at load): one of
+    :data:`ONLINE` or an :class:`~quantrt.formats.online.OnlineQuantization`."""
     from ..formats import ONLINE
+    from ..formats.online import OnlineQuantization
 
-    if quantization not in ONLINE:
+    if isinstance(quantization, OnlineQuantization):
+        doc, what = quantization.qconfig(), f"quantize={quantization.scheme!r}"
+    elif quantization in ONLINE:
+        doc, what = {"quant_method": quantization}, f"quantization={quantization!r}"
+    else:
         raise CheckpointError(f"quantization={quantization!r}: expected one of {', '.join(ONLINE)}")
     if qconfig is not None:
         raise CheckpointError(
-            f"{path}: quantization={quantization!r} applies to dense checkpoints, but this one is quantized "
-            f"already ({source})"
+            f"{path}: {what} applies to dense checkpoints, but this one is quantized already ({source})"
         )
-    return {"quant_method": quantization}, f"quantization={quantization!r}"
+    return doc, what
 
 
-def open_checkpoint(path: str | Path, *, quantization: str | None = None) -> Checkpoint:
+def open_checkpoint(path: str | Path, *, quantization: Any = None) -> Checkpoint:
     """Open a checkpoint directory (config.json + *.safetensors, with or without an index) or one
     .safetensors file. Only headers and configs are read. ``quantization``: quantize a dense
-    checkpoint at load (``"experts_int8"``: its MoE experts, int8 per channel)."""
+    checkpoint at load (``"experts_int8"``: its MoE experts, int8 per channel; an
+    :class:`~quantrt.formats.online.OnlineQuantization`: every linear layer to a catalog scheme)."""
     p = Path(path)
     if not p.exists():
         raise CheckpointError(f"{p}: no such file or directory")
@@ -453,9 +459,7 @@ def open_checkpoint(path: str | Path, *, quantization: str | None = None) -> Che
             from ..formats.gguf import open_gguf
 
             if quantization is not None:
-                raise CheckpointError(
-                    f"{p}: quantization={quantization!r} applies to dense checkpoints, not GGUF"
-                )
+                raise CheckpointError(f"{p}: quantizing at load applies to dense checkpoints, not GGUF")
 
             index, reader = open_gguf(p)
             return Checkpoint.from_parts(p, index, reader)

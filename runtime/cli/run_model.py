@@ -43,6 +43,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "paged (unquantized pages, quantrt's attention), fp8, fp8_e5m2, int8, a kv-* scheme or a "
         "turboquant_* preset (default auto)",
     )
+    g.add_argument(
+        "--quantize",
+        metavar="SCHEME",
+        help="quantize a dense checkpoint's linear layers at load to a catalog scheme (round to nearest; "
+        "the output head and MoE routers stay dense)",
+    )
     g.add_argument("--check", action="store_true", help="compare the prompt's logits with the fp32 reference")
     g.add_argument("--quiet", action="store_true", help="no progress bar")
 
@@ -92,13 +98,17 @@ def _prompt(args: argparse.Namespace, path: Path) -> tuple[list[int], Any]:
     return tok(args.prompt)["input_ids"], tok
 
 
-def _check(path: Path, model: Any, ids: list[int], device: torch.device) -> dict[str, Any]:
+def _check(
+    path: Path, model: Any, ids: list[int], device: torch.device, quantize: str | None = None
+) -> dict[str, Any]:
     """The prompt's logits beside the same model with every quantized layer on the reference."""
     from ..models import from_pretrained
 
     ov = Overrides.from_env()
     ref_ov = Overrides("reference", None, {}, ov.disabled, None, "allow")
-    ref = from_pretrained(path, device=device, dtype=torch.float32, overrides=ref_ov, progress=False)
+    ref = from_pretrained(
+        path, device=device, dtype=torch.float32, overrides=ref_ov, progress=False, quantize=quantize
+    )
     x = torch.tensor([ids], device=device)
     with torch.inference_mode():
         got = model(input_ids=x).logits.double()
@@ -142,6 +152,7 @@ def handle(args: argparse.Namespace) -> int:
         device=device,
         dtype=DTYPES[args.dtype] if args.dtype else None,
         progress=False if args.quiet else None,
+        quantize=args.quantize,
     )
     load_s = time.perf_counter() - t0
     host_peak = max(0, _peak() - base)
@@ -163,6 +174,7 @@ def handle(args: argparse.Namespace) -> int:
         "device": str(device),
         "dtype": report.dtype,
         "load_seconds": round(load_s, 3),
+        "quantized_at_load": args.quantize,
         "checkpoint_bytes": size,
         "peak_host_bytes": host_peak,
         "peak_gpu_bytes": torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None,
@@ -173,7 +185,7 @@ def handle(args: argparse.Namespace) -> int:
     }
     status = 0
     if args.check:
-        out["check"] = _check(path, model, ids, device)
+        out["check"] = _check(path, model, ids, device, args.quantize)
         status = 0 if out["check"]["ok"] else 1
     if args.json:
         emit(out)

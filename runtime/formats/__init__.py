@@ -23,6 +23,8 @@ from .fp8 import FbgemmFP8Reader, FP8Reader
 from .gptq import GPTQReader
 from .modelopt import ModelOptReader
 from .mxfp4 import GptOssMXFP4Reader
+from .online import METHOD as ONLINE_METHOD
+from .online import OnlineReader
 from .quark import QuarkReader
 from .torchao import TorchAOReader
 
@@ -39,6 +41,7 @@ READERS: dict[str, type[FormatReader]] = {
     "quark": QuarkReader,
     "torchao": TorchAOReader,
     "experts_int8": ExpertsInt8Reader,
+    ONLINE_METHOD: OnlineReader,
 }
 #: quantization a dense checkpoint can be given at load (``open_checkpoint(path, quantization=...)``)
 ONLINE = ("experts_int8",)

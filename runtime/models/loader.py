@@ -651,6 +651,7 @@ def from_pretrained(
     overrides: Any = None,
     progress: bool | None = None,
     quantization: str | None = None,
+    quantize: Any = None,
 ) -> nn.Module:
     """A ready transformers model (``PreTrainedModel``: ``generate`` works) from a checkpoint folder
     (any format quantrt reads; sharded or not) or a ``.gguf`` file, with quantrt's layers.
@@ -659,7 +660,10 @@ def from_pretrained(
     unquantized tensors (default: the checkpoint's own, bfloat16 for GGUF). ``tp``: tensor
     parallelism, a rank count with torch.distributed initialised or a :class:`TensorParallel`
     (quantrt runs the all-reduce and all-gather). ``overrides``: dispatch overrides (default:
-    the QUANTRT_* environment). ``quantization``: quantize a dense checkpoint at load
+    the QUANTRT_* environment). ``quantize``: quantize a dense checkpoint's linear layers at load,
+    one at a time on ``device``: a catalog scheme name, or a
+    :class:`~quantrt.formats.online.OnlineQuantization` with per-layer overrides and the layers kept
+    dense (default: the output head and MoE routers). ``quantization``: vLLM's online methods
     (``"experts_int8"``). ``model.quantrt`` holds the :class:`LoadReport`.
     """
     from ..checkpoint import open_checkpoint
@@ -667,6 +671,14 @@ def from_pretrained(
 
     par = _tp(tp)
     dev = _device(device, par)
+    if quantize is not None:
+        from ..formats.online import online_quantization
+
+        if quantization is not None:
+            from ..errors import ConfigError
+
+            raise ConfigError(f"quantize={quantize!r} and quantization={quantization!r}: give one of them")
+        quantization = online_quantization(quantize)
     ckpt = open_checkpoint(path, quantization=quantization)
     config = model_config(ckpt)
     act = _dtype(dtype, ckpt)
