@@ -1,4 +1,4 @@
-"""The ``quantrt`` command: probe, inspect, explain, matrix, run. Every command takes ``--json``.
+"""The ``quantrt`` command: probe, inspect, explain, matrix, run, quantize. Every command takes ``--json``.
 
 Exit codes, so that scripts can tell a refusal from a bug: 0 ok; 1 refused input (a quantrt
 error: bad option value, unknown preset, checkpoint it cannot read, a check that failed); 2 usage
@@ -76,10 +76,10 @@ def _main(argv: Sequence[str] | None) -> int:
         "-v", "--verbose", action="count", default=0, help="log dispatch decisions (-vv: debug)"
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    from . import bench, explain, inspect, matrix, probe, run, verify
+    from . import bench, explain, inspect, matrix, probe, quantize, run, verify
 
     verbose = _verbose_parent()
-    for mod in (probe, inspect, explain, matrix, run, bench, verify):
+    for mod in (probe, inspect, explain, matrix, run, quantize, bench, verify):
         p = sub.add_parser(mod.NAME, help=mod.HELP, description=mod.__doc__, parents=[verbose])
         p.add_argument("--json", action="store_true", help="print machine-readable JSON on stdout")
         mod.add_arguments(p)
