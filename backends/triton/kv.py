@@ -22,7 +22,9 @@ softmax (base 2); a second kernel merges the splits by log-sum-exp (one split: t
 finishes itself). A split's share is cut from its sequence's own length, read on the device, so
 the grid depends only on (B, H, max_len) and a call captures into a CUDA graph. The slots and
 per-token scales of the next tile are loaded one iteration ahead; the pipeliner keeps two tiles of
-codes in flight. Per scheme:
+codes in flight. The sums of the probabilities (and of probability x zero-point) are kept per
+score element and reduced once after the loop, so only the running max is exchanged between
+threads per tile. Per scheme:
 
 * unquantized: the 16/32-bit rows in their own dtype;
 * fp8 / int8: codes in the dots (exact in fp16: e4m3 by the hardware conversion on NVIDIA sm_89+
@@ -32,10 +34,18 @@ codes in flight. Per scheme:
   per-group scales dequantize the tile element-wise;
 * TurboQuant 3/4-bit keys: the query is rotated once (``qR``, the same transform) and scored against
   ``centroid[idx]`` directly (``q.k = norm * (qR).c``, R orthogonal), the norm multiplying the
-  logits; codes become fp16 through a table of code pairs in shared memory (``tl.gather``: one
-  lookup per two elements, for the centroids and for the value codes alike); fp8 (k8) keys
-  unscaled; values ``q * scale + zero`` as ``(p * scale) . q + (p . zero)``: codes in the dot, the
-  scale on the probabilities, the zero-point as one extra sum per row.
+  logits; fp8 (k8) keys unscaled; values ``q * scale + zero`` as ``(p * scale) . q + (p . zero)``:
+  codes in the dot, the scale on the probabilities, the zero-point as one extra sum per row.
+  Given decoders (``decode_kv(decoders=...)``: NVIDIA's are PTX, ``backends/cuda/triton_kv_decode.py``;
+  :data:`PORTABLE_DECODERS` read the centroids from the code book in global memory and make a value
+  code fp16 as the mantissa of 1024), 4-bit codes (keys and values) are read as 16-bit words, four
+  channels each, and the dots run once per code position ``n`` (q's channels ``4w + n`` against
+  code n of each key word; value accumulators per n, interleaved after the loop): the decode of a
+  word is elementwise, so Triton loads the words straight into the dots' operand registers and
+  decodes there. Otherwise (and for 3-bit codes, and under ``QUANTRT_KV_TQ_DECODE=pairs``, read at
+  import for side-by-side timings) codes become fp16 through tables of code pairs in shared memory
+  (``tl.gather``, one lookup per two elements), decoded tiles passing through shared memory to the
+  dots.
 
 Dot operands are fp16 for every quantized cache (the query scaled by the softmax scale first), the
 cache's own dtype for an unquantized one, fp32 (IEEE) for fp32 queries. Launch shapes come from
@@ -48,6 +58,7 @@ import functools
 import math
 import os
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import triton
@@ -88,9 +99,9 @@ WRITE_ROWS = 32
 @dataclass(frozen=True)
 class DecodeConfig:
     """One decode launch: ``block_n`` tokens per tile, ``num_splits`` programs per (sequence, KV
-    head); ``transposed`` computes scores as keys x q^T and the output transposed (the keys fill
-    the dot's 64-row side: Hopper's warp-group MMA, and fewer register moves around the codes'
-    table lookups)."""
+    head); ``transposed`` computes scores as keys x q^T (the keys fill the dot's 64-row side:
+    Hopper's warp-group MMA, the decoded keys its register operand) and the output transposed, but
+    for 4-bit value words (their dots take the probabilities on the left)."""
 
     block_n: int = 64
     num_splits: int = 1
@@ -209,12 +220,21 @@ def kv_format(scheme: KVScheme | None, head_dim: int) -> KVFormat:
 class TQTables:
     """TurboQuant's constants on the device: the key code book (fp32 centroids [2^b], boundaries
     [2^b - 1]) and the rotation's signs (fp32 [D], ``R = diag(signs) H / sqrt(D)``). Made once per
-    cache (a copy to the device cannot be captured in a CUDA graph)."""
+    cache (a copy to the device cannot be captured in a CUDA graph); the centroids' fp16 bits are
+    read back to the host then, once, for decoders that compile the code book into the kernel."""
 
     centroids: torch.Tensor
     bounds: torch.Tensor
     signs: torch.Tensor
     _cast: dict = field(default_factory=dict, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        bits = self.centroids.to(torch.float16).view(torch.int16).tolist()
+        self._cast["bits"] = tuple(b & 0xFFFF for b in bits)
+
+    def centroid_bits(self) -> tuple[int, ...]:
+        """The centroids as fp16 bit patterns (Python ints), read when the tables were made."""
+        return self._cast["bits"]
 
     def centroids_as(self, dtype: torch.dtype) -> torch.Tensor:
         """The centroids in the dot's dtype, cast once."""
@@ -657,6 +677,39 @@ def _lookup(pairs, tab, DT: tl.constexpr):
 
 
 @triton.jit
+def _code_words(row, D: tl.constexpr, DP: tl.constexpr):
+    """4-bit codes as 16-bit words, uint16 [BN, DP / 4] (``row``: [BN, 1] pointers to the rows'
+    first byte): word w holds channels 4w .. 4w + 3, channel 4w + n in bits 4n .. 4n + 3; words past
+    D / 4 read as 0."""
+    w = tl.arange(0, DP // 4)
+    ptr = row.to(tl.pointer_type(tl.uint16))
+    if D == DP:
+        c = tl.load(ptr + w[None, :])
+    else:
+        c = tl.load(ptr + w[None, :], mask=(w < D // 4)[None, :], other=0)
+    return c
+
+
+@triton.jit
+def _centroid_code(w, N: tl.constexpr, CB, CBITS: tl.constexpr, DT: tl.constexpr):
+    """Key decode (portable): the centroid of code N of each 16-bit word, read from the code book
+    in global memory (a small table the cache keeps)."""
+    return tl.load(CB + ((w >> (4 * N)) & 15)).to(DT)
+
+
+@triton.jit
+def _uint_code(w, N: tl.constexpr, DT: tl.constexpr):
+    """Value decode (portable): code N of each 16-bit word in DT, exact. fp16: the code ORed into
+    the mantissa of 1024, minus 1024 (integer ops and one subtraction, no conversion)."""
+    c = (w >> (4 * N)) & 15
+    if DT == tl.float16:
+        v = (c | 0x6400).to(tl.float16, bitcast=True) - 1024.0
+    else:
+        v = c.to(DT)
+    return v
+
+
+@triton.jit
 def _tile_keys(
     KP, KS, slot, h, skp_slot, skp_h, sks_slot, sks_h, CB, ktab,
     D: tl.constexpr, DP: tl.constexpr, KIND: tl.constexpr, SC: tl.constexpr, GS: tl.constexpr,
@@ -742,6 +795,34 @@ def _dot(a, b, IEEE: tl.constexpr):
 
 
 @triton.jit
+def _dot_acc(a, b, acc, IEEE: tl.constexpr):
+    """``acc + a . b`` accumulated in the matrix unit."""
+    if IEEE:
+        out = tl.dot(a, b, acc, input_precision="ieee")
+    else:
+        out = tl.dot(a, b, acc)
+    return out
+
+
+@triton.jit
+def _word_scores(kw, q0, q1, q2, q3, CB, CBITS: tl.constexpr, KDEC: tl.constexpr, DT: tl.constexpr,
+                 TRANS: tl.constexpr, IEEE: tl.constexpr):  # fmt: skip
+    """Scores of a tile of 4-bit key words [BN, DP / 4]: one dot per code position n against q's
+    channels 4w + n (``qn``: [BG, DP / 4]); [BN, BG] when TRANS, else [BG, BN]."""
+    if TRANS:
+        s = _dot(KDEC(kw, 0, CB, CBITS, DT), tl.trans(q0), IEEE)
+        s = _dot_acc(KDEC(kw, 1, CB, CBITS, DT), tl.trans(q1), s, IEEE)
+        s = _dot_acc(KDEC(kw, 2, CB, CBITS, DT), tl.trans(q2), s, IEEE)
+        s = _dot_acc(KDEC(kw, 3, CB, CBITS, DT), tl.trans(q3), s, IEEE)
+    else:
+        s = _dot(q0, tl.trans(KDEC(kw, 0, CB, CBITS, DT)), IEEE)
+        s = _dot_acc(q1, tl.trans(KDEC(kw, 1, CB, CBITS, DT)), s, IEEE)
+        s = _dot_acc(q2, tl.trans(KDEC(kw, 2, CB, CBITS, DT)), s, IEEE)
+        s = _dot_acc(q3, tl.trans(KDEC(kw, 3, CB, CBITS, DT)), s, IEEE)
+    return s
+
+
+@triton.jit
 def _tok(x, TRANS: tl.constexpr):
     """A per-token vector [BN] broadcast along the score tile's token axis."""
     if TRANS:
@@ -785,10 +866,12 @@ def _decode_kernel(
     V_SC: tl.constexpr, K_GS: tl.constexpr, V_GS: tl.constexpr, LOG: tl.constexpr, HW: tl.constexpr,
     KDT: tl.constexpr, VDT: tl.constexpr, IEEE: tl.constexpr, PAIRS: tl.constexpr, IDX: tl.constexpr,
     HAS_MASK: tl.constexpr, SOFTCAP: tl.constexpr, HAS_SINKS: tl.constexpr, DIRECT: tl.constexpr,
-    K_TOK: tl.constexpr, V_TOK: tl.constexpr, TRANS: tl.constexpr,
+    K_TOK: tl.constexpr, V_TOK: tl.constexpr, TRANS: tl.constexpr, KW: tl.constexpr, VW: tl.constexpr,
+    KDEC: tl.constexpr, VDEC: tl.constexpr, CBITS: tl.constexpr,
 ):  # fmt: skip
     """Program (KV head h, split sp, sequence b): the G query heads of h over the split's tiles.
-    DIRECT (one split): the output itself; else the split's max, sum and accumulator (base 2)."""
+    DIRECT (one split): the output itself; else the split's max, sum and accumulator (base 2).
+    KW / VW: 4-bit key / value codes read as 16-bit words and decoded by KDEC / VDEC."""
     h = tl.program_id(0)
     sp = tl.program_id(1)
     b = tl.program_id(2)
@@ -814,6 +897,10 @@ def _decode_kernel(
     # the softmax scale goes into q before the 16-bit cast (an fp16 q then overflows only past
     # 65504 / scale)
     qd = (q * sm_scale).to(KDT)
+    if KW:  # q's channels 4w + n, n = 0..3, each scored against code n of the key words
+        qa, qb = tl.split(tl.reshape(qd, [BG, DP // 4, 2, 2]))
+        q0, q2 = tl.split(qa)
+        q1, q3 = tl.split(qb)
     if K_SC == 1:  # a static key scale multiplies every logit
         ksc = tl.load(KS + h * sks_h)
         qk_mult = qk_mult * ksc
@@ -822,68 +909,97 @@ def _decode_kernel(
     ktab = 0
     vtab = 0
     if PAIRS:
-        if K_KIND >= 4:
+        if K_KIND >= 4 and not KW:
             ktab = _pair_table(CB, 4 if K_KIND == 4 else 3, True)
-        if V_KIND >= 4:
+        if V_KIND >= 4 and not VW:
             vtab = _pair_table(CB, 4 if V_KIND == 4 else 3, False)
 
     # the running max (log2 units) starts finite: a tile without a live token then leaves every
     # accumulator as it was, with no NaN from (-inf) - (-inf)
     m = tl.full([BG], -1.0e30, tl.float32)
-    den = tl.zeros([BG], tl.float32)
-    accz = tl.zeros([BG], tl.float32)
+    # the sums of the probabilities (and, for TurboQuant values, of probability x zero-point) are
+    # kept per score element and reduced once after the loop: no exchange between threads per tile
+    if TRANS:
+        dsum = tl.zeros([BN, BG], tl.float32)
+    else:
+        dsum = tl.zeros([BG, BN], tl.float32)
+    zsum = dsum
     # per-token data (slots, mask, scales) of the next tile is loaded one iteration ahead, so its
     # latency hides behind this tile's work (the pipeliner stages only the dots' operands)
     live, slot, kt, vt, vz = _tile_meta(
         start, L, lo, BT + b64 * sbt_b, MASK + b64 * sm_b, KS, VS, VZ, h, sbt_t, sm_t, sks_slot, sks_h,
         svs_slot, svs_h, BN, BS, IDX, HAS_MASK, K_TOK, V_TOK,
     )  # fmt: skip
-    # TRANS: scores as [BN, BG] (keys the dot's M side, q^T resident), the accumulator as [DP, BG]
-    if TRANS:
+    # TRANS: scores as [BN, BG] (keys the dot's M side, q^T resident), the accumulator as [DP, BG];
+    # VW: four accumulators [BG, DP / 4] (channels 4w + n), the probabilities the dots' left side
+    if TRANS and not VW:
         acc = tl.zeros([DP, BG], tl.float32)
     else:
         acc = tl.zeros([BG, DP], tl.float32)
+    a0 = tl.zeros([BG, DP // 4], tl.float32)
+    a1 = tl.zeros([BG, DP // 4], tl.float32)
+    a2 = tl.zeros([BG, DP // 4], tl.float32)
+    a3 = tl.zeros([BG, DP // 4], tl.float32)
     for n0 in range(start, end, BN):
         nxt = _tile_meta(
             n0 + BN, L, lo, BT + b64 * sbt_b, MASK + b64 * sm_b, KS, VS, VZ, h, sbt_t, sm_t, sks_slot, sks_h,
             svs_slot, svs_h, BN, BS, IDX, HAS_MASK, K_TOK, V_TOK,
         )  # fmt: skip
-        k = _tile_keys(KP, KS, slot, h, skp_slot, skp_h, sks_slot, sks_h, CB, ktab,
-                       D, DP, K_KIND, K_SC, K_GS, HW, KDT, PAIRS)  # fmt: skip
-        if TRANS:
-            s = _dot(k, tl.trans(qd), IEEE)
+        if KW:
+            kw = _code_words(KP + slot[:, None] * skp_slot + h * skp_h, D, DP)
+            s = _word_scores(kw, q0, q1, q2, q3, CB, CBITS, KDEC, KDT, TRANS, IEEE)
         else:
-            s = _dot(qd, tl.trans(k), IEEE)
-        if K_TOK:  # per-token key scales, TurboQuant key norms
-            s = s * _tok(kt, TRANS)
+            k = _tile_keys(KP, KS, slot, h, skp_slot, skp_h, sks_slot, sks_h, CB, ktab,
+                           D, DP, K_KIND, K_SC, K_GS, HW, KDT, PAIRS)  # fmt: skip
+            if TRANS:
+                s = _dot(k, tl.trans(qd), IEEE)
+            else:
+                s = _dot(qd, tl.trans(k), IEEE)
         if SOFTCAP:
+            if K_TOK:  # per-token key scales, TurboQuant key norms
+                s = s * _tok(kt, TRANS)
             e = tl.math.exp2((2.0 * 1.4426950408889634) * (s * cap_in))
             s = (1.0 - 2.0 / (e + 1.0)) * cap_out
+        elif K_TOK:  # the logit factor joins the per-token one (a product per token, not per score)
+            s = s * _tok(kt * qk_mult, TRANS)
         else:
             s = s * qk_mult
         s = tl.where(_tok(live, TRANS), s, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, axis=TOK))
         alpha = tl.math.exp2(m - m_new)
         p = tl.math.exp2(s - _row(m_new, TRANS))
-        den = den * alpha + tl.sum(p, axis=TOK)
+        dsum = dsum * _row(alpha, TRANS) + p
         if V_TOK == 2:  # TurboQuant values: scale on the probabilities, zero-point as a row sum
-            accz = accz * alpha + tl.sum(p * _tok(vz, TRANS), axis=TOK)
+            zsum = zsum * _row(alpha, TRANS) + p * _tok(vz, TRANS)
         if V_TOK:
             p = p * _tok(vt, TRANS)
-        v = _tile_values(VP, VS, slot, h, svp_slot, svp_h, svs_slot, svs_h, vtab,
-                         D, DP, V_KIND, V_SC, V_GS, HW, VDT, PAIRS)  # fmt: skip
-        if TRANS:
-            acc = acc * alpha[None, :] + _dot(tl.trans(v), p.to(VDT), IEEE)
+        if VW:  # the words are the dots' right side as stored (their decode needs no transpose)
+            vw = _code_words(VP + slot[:, None] * svp_slot + h * svp_h, D, DP)
+            pv = p.to(VDT)
+            if TRANS:
+                pv = tl.trans(pv)
+            a0 = _dot_acc(pv, VDEC(vw, 0, VDT), a0 * alpha[:, None], IEEE)
+            a1 = _dot_acc(pv, VDEC(vw, 1, VDT), a1 * alpha[:, None], IEEE)
+            a2 = _dot_acc(pv, VDEC(vw, 2, VDT), a2 * alpha[:, None], IEEE)
+            a3 = _dot_acc(pv, VDEC(vw, 3, VDT), a3 * alpha[:, None], IEEE)
         else:
-            acc = acc * alpha[:, None] + _dot(p.to(VDT), v, IEEE)
+            v = _tile_values(VP, VS, slot, h, svp_slot, svp_h, svs_slot, svs_h, vtab,
+                             D, DP, V_KIND, V_SC, V_GS, HW, VDT, PAIRS)  # fmt: skip
+            if TRANS:
+                acc = acc * alpha[None, :] + _dot(tl.trans(v), p.to(VDT), IEEE)
+            else:
+                acc = acc * alpha[:, None] + _dot(p.to(VDT), v, IEEE)
         m = m_new
         live, slot, kt, vt, vz = nxt
-    if TRANS:
+    if VW:  # channel 4w + n from accumulator n
+        acc = tl.reshape(tl.join(tl.join(a0, a2), tl.join(a1, a3)), [BG, DP])
+    elif TRANS:
         acc = tl.trans(acc)
+    den = tl.sum(dsum, axis=TOK)
     if V_SC == 1:
         acc = acc * tl.load(VS + h * svs_h)
     elif V_SC == 4:
-        acc = acc + accz[:, None]
+        acc = acc + tl.sum(zsum, axis=TOK)[:, None]
 
     if DIRECT:
         o = _finish(acc, m, den, SINKS, hq, gmask, HAS_SINKS)
@@ -897,6 +1013,17 @@ def _decode_kernel(
 
 
 _decode_launch = Launcher(_decode_kernel)
+
+#: the portable 4-bit decoders (key centroids, value codes) of the word path
+PORTABLE_DECODERS = (_centroid_code, _uint_code)
+#: ``QUANTRT_KV_TQ_DECODE=pairs``: 4-bit TurboQuant codes through the shared-memory pair tables
+#: even where decoders are given (read once, as ``TRITON_INTERPRET``; for side-by-side timings)
+_TQ_WORDS = os.environ.get("QUANTRT_KV_TQ_DECODE", "words").strip().lower() != "pairs"
+
+
+def _words(plane: torch.Tensor, D: int) -> bool:
+    """Whether a plane of 4-bit codes reads as aligned 16-bit words (4 channels each)."""
+    return D % 4 == 0 and plane.data_ptr() % 2 == 0 and all(s % 2 == 0 for s in plane.stride()[:2])
 
 
 @triton.jit
@@ -947,12 +1074,17 @@ def decode_kv(
     v_scale: torch.Tensor | None = None,
     tables: TQTables | None = None,
     config: DecodeConfig | None = None,
+    decoders: tuple[Any, Any] | None = None,
 ) -> torch.Tensor:
     """Decode attention, q [B, Hq, D] (fp16/bf16/fp32) -> [B, Hq, D] in q's dtype, over the pages'
     flat ``planes`` ([slots, H, *shape]) through ``block_table`` [B, >= cdiv(max_len, block_size)]
     (int32/int64), ``seq_lens`` [B] int32 on q's device (read by the kernel), ``mask`` [B, >= max_len]
     bool. Semantics as ``quantrt.kv.kernels``; ``tables``: TurboQuant's (rotated keys); ``config``:
-    the launch shape (default :func:`decode_config`). No host synchronisation."""
+    the launch shape (default :func:`decode_config`); ``decoders``: the (key, value) decodes of
+    4-bit TurboQuant codes read as 16-bit words, exact ones a backend makes fast for its GPU
+    (``backends/cuda/triton_kv_decode.py``; :data:`PORTABLE_DECODERS` run anywhere, and stand in
+    for any under the interpreter, which runs no inline assembly), None for the shared-memory pair
+    tables. No host synchronisation."""
     B, Hq, D = q.shape
     kp, vp = planes["k"], planes["v"]
     H = kp.shape[1]
@@ -988,6 +1120,10 @@ def decode_kv(
         po = torch.empty(B, Hq, S, DP, dtype=torch.float32, device=q.device)
     kdt, vdt = dot_dtypes(q.dtype, fmt, planes["k"].dtype)
     cb = tables.centroids_as(kdt) if rotated else kp
+    words = _TQ_WORDS and decoders is not None
+    kw = words and fmt.k_kind == U4 and _words(kp, D)
+    vw = words and fmt.v_kind == U4 and _words(vp, D)
+    kdec, vdec = PORTABLE_DECODERS if decoders is None or _interpreted() else decoders
     dummy = kp
     sks = _scale_strides(ks)
     svs = _scale_strides(vs)
@@ -1008,6 +1144,7 @@ def decode_kv(
         K_KIND=fmt.k_kind, V_KIND=fmt.v_kind, K_SC=fmt.k_scale, V_SC=fmt.v_scale,
         K_GS=fmt.k_group, V_GS=fmt.v_group, LOG=_log2(DP), HW=hw, KDT=_DOT_DTYPES[kdt], VDT=_DOT_DTYPES[vdt],
         IEEE=q.dtype == torch.float32, PAIRS=q.dtype != torch.float32,
+        KW=kw, VW=vw, KDEC=kdec, VDEC=vdec, CBITS=tables.centroid_bits() if kw else (),
         IDX=tl.int64 if _wide(planes) else tl.int32,
         K_TOK=fmt.k_scale == NORM or (fmt.k_scale == DYNAMIC and fmt.k_group == D),
         V_TOK=2 if fmt.v_scale == AFFINE else int(fmt.v_scale == DYNAMIC and fmt.v_group == D),

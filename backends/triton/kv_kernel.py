@@ -38,6 +38,8 @@ class TritonKV(KVKernels):
     def __init__(self, policy: VendorPolicy, name: str) -> None:
         self.policy, self.name = policy, name
         self._tables: dict[tuple[Any, ...], Any] = {}
+        self._decoders: Any = None  # the vendor's, asked at the first decode (it imports Triton)
+        self._asked = False
 
     def supports(
         self, scheme: KVScheme | None, head_dim: int, dtype: torch.dtype, device: torch.device
@@ -104,4 +106,10 @@ class TritonKV(KVKernels):
             q, pages.scheme, pages.flat(), pages.block_size, block_table, seq_lens, max_len,
             scale=scale, window=window, softcap=softcap, sinks=sinks, mask=mask,
             k_scale=pages.k_scale, v_scale=pages.v_scale, tables=self.tables(pages),
+            decoders=self._vendor_decoders(),
         )  # fmt: skip
+
+    def _vendor_decoders(self) -> Any:
+        if not self._asked:
+            self._decoders, self._asked = self.policy.kv_decoders(), True
+        return self._decoders

@@ -73,6 +73,11 @@ class VendorPolicy(ABC):
             return self.pin
         return self.offline if device.type == "cpu" else self.device_target(device)
 
+    def kv_decoders(self) -> tuple[Any, Any] | None:
+        """The vendor's (key, value) 4-bit decoders for the KV decode kernel (jit functions,
+        ``backends/triton/kv.py``'s word path), or None for the portable pair tables."""
+        return None
+
     def table(self, name: str, target: Target) -> dict[str, Any]:
         """The tile table ``name`` for the target's architecture (the folder's default otherwise)."""
         return tile_table.load(self.package, name, target.arch)

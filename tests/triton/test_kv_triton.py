@@ -12,8 +12,11 @@ codes agree (99.9% equal) and within 2% where they do not.
 Decode: against ``attention_reference`` over the dequantized cache (``KVPages.read``): a random
 permuted block table of 16-slot pages, ragged lengths (37, 1, 50, 0), GQA with G = 1 and 3, every
 option at once (window, softcap, sinks, a mask), with the default launch and with forced ones
-(16/32-token tiles, 2-3 splits merged by the second kernel, transposed or not). Each scheme's error
-against attention over the unquantized keys and values is printed and loosely bounded.
+(16/32-token tiles, 2-3 splits merged by the second kernel, transposed or not). 4-bit TurboQuant
+codes go through the shared-memory pair tables in the default launch (TritonKV gives no decoders)
+and as 16-bit words through the portable decoders in the forced ones; NVIDIA's PTX decoders where
+a GPU runs them (their compile and an emulation: tests/triton/test_kv_compiles.py). Each scheme's
+error against attention over the unquantized keys and values is printed and loosely bounded.
 
 On the CPU it runs under TRITON_INTERPRET=1 with fp16 and fp32 (the interpreter's bf16 dot is
 wrong); tests/gpu/test_kv_cuda.py repeats the checks in bf16 and fp16 at real sizes.
@@ -25,6 +28,7 @@ import pytest
 import torch
 
 from quantrt.backends.cuda.policy import CUDA
+from quantrt.backends.triton import kv
 from quantrt.backends.triton.kv import DecodeConfig, decode_config, decode_kv, kv_format
 from quantrt.backends.triton.kv_kernel import TritonKV
 from quantrt.kv.kernels import TorchKV, decode_attention
@@ -232,7 +236,7 @@ def test_decode_matches_oracle(name: str | None, dtype: torch.dtype) -> None:
             if config is None:
                 out = decode_attention(q, pages, table, lens, T, **kw)
             else:
-                out = forced_decode(q, pages, table, lens, T, config, **kw)
+                out = forced_decode(q, pages, table, lens, T, config, decoders=kv.PORTABLE_DECODERS, **kw)
             assert out.dtype == dtype and out.shape == q.shape
             ref = _oracle(q, kd, vd, lens, **kw)
             err = (out.float().cpu() - ref).abs().max().item()
@@ -251,6 +255,51 @@ def test_decode_any_page_size(bs: int) -> None:
     out = forced_decode(q, pages, table, lens, T, DecodeConfig(16, 2), scale=0.125, window=30)
     err = (out.float().cpu() - _oracle(q, kd, vd, lens, scale=0.125, window=30)).abs().max().item()
     assert err <= ATOL[torch.float16]
+
+
+@pytest.mark.parametrize(
+    "name, dim, words",
+    [("kv-tq-4bit-nc", 64, False), ("kv-tq-k8v4", 64, False), ("kv-tq-k8v4", 74, True)],
+    ids=["4bit-pairs", "k8v4-pairs", "k8v4-odd-words"],
+)
+def test_decode_tq_pair_tables(monkeypatch: pytest.MonkeyPatch, name: str, dim: int, words: bool) -> None:
+    """Decoders given, 4-bit codes through the shared-memory pair tables all the same: under
+    ``QUANTRT_KV_TQ_DECODE=pairs``, and where a row's bytes do not make whole 16-bit words (head_dim
+    74: 37 bytes of value codes)."""
+    monkeypatch.setattr(kv, "_TQ_WORDS", words)
+    g = torch.Generator().manual_seed(9)
+    pages, table, lens, _, _ = _filled_pages(name, torch.float16, dim, 2, g)
+    T = max(LENS)
+    kd, vd = on_cpu(pages).read(table.cpu(), T)
+    q = torch.randn(len(LENS), 6, dim, generator=g).to(DEV, torch.float16)
+    for config in (None, DecodeConfig(16, 2, transposed=False)):
+        out = forced_decode(q, pages, table, lens, T, config, scale=dim**-0.5, decoders=kv.PORTABLE_DECODERS)
+        err = (out.float().cpu() - _oracle(q, kd, vd, lens, scale=dim**-0.5)).abs().max().item()
+        assert err <= ATOL[torch.float16], f"{name} D={dim} {config}: max error {err:.2e}"
+
+
+@pytest.mark.parametrize("name", ["kv-tq-4bit-nc", "kv-tq-k8v4", "kv-tq-k3v4-nc"])
+def test_decode_nvidia_decoders(name: str) -> None:
+    """The PTX decoders of ``backends/cuda/triton_kv_decode.py`` on a GPU; under the interpreter
+    (which runs no inline assembly) the portable ones stand in for them."""
+    from quantrt.backends.cuda.triton_kv_decode import DECODERS
+
+    g = torch.Generator().manual_seed(13)
+    pages, table, lens, _, _ = _filled_pages(name, torch.float16, 64, 2, g)
+    T = max(LENS)
+    kd, vd = on_cpu(pages).read(table.cpu(), T)
+    q = torch.randn(len(LENS), 8, 64, generator=g).to(DEV, torch.float16)
+    out = forced_decode(q, pages, table, lens, T, None, scale=0.125, decoders=DECODERS)
+    err = (out.float().cpu() - _oracle(q, kd, vd, lens, scale=0.125)).abs().max().item()
+    assert err <= ATOL[torch.float16], f"{name}: max error {err:.2e}"
+
+
+def test_centroid_bits() -> None:
+    """The code book's fp16 bits on the host, read once when the tables are made."""
+    pages = triton_pages("kv-tq-4bit-nc", 2, 1, 128, torch.float16)
+    t = pages.kernels.tables(pages)
+    want = t.centroids.to(torch.float16).view(torch.int16).cpu()
+    assert list(t.centroid_bits()) == [b & 0xFFFF for b in want.tolist()]
 
 
 @pytest.mark.parametrize("name", SCHEMES, ids=str)
@@ -284,7 +333,7 @@ def test_supports(monkeypatch: pytest.MonkeyPatch) -> None:
     kv = TritonKV(CUDA, "triton")
     fp8 = parse_kv_scheme("kv-fp8")
     no = kv.supports(fp8, 128, torch.bfloat16, torch.device("cpu"))
-    assert not no and no.predicate == "a CUDA device" and no.values == {"device": "cpu"}
+    assert not no and no.predicate == "an NVIDIA GPU" and no.values["device"] == "cpu"
     monkeypatch.setattr(torch.version, "hip", None)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None: (9, 0))
@@ -298,3 +347,5 @@ def test_supports(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None: (7, 5))
     old = kv.supports(fp8, 128, torch.float16, cuda)
     assert not old and old.predicate == "sm >= 80" and old.values == {"sm": "75"}
+    monkeypatch.setattr(torch.version, "hip", "7.1")  # ROCm torch: AMD's kernels, not these
+    assert kv.supports(fp8, 128, torch.float16, cuda).predicate == "an NVIDIA GPU"
