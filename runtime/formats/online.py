@@ -35,6 +35,9 @@ METHOD = "quantrt_online"
 DEFAULT_SKIP = ("lm_head", "*.lm_head", "*.gate", "*.router", "*.mlp.gate", "*.block_sparse_moe.gate")
 #: most overrides and skip patterns one call may carry
 MAX_RULES = 1000
+#: rows quantized at a time where rows are independent, so the quantizer's fp32 temporaries stay a
+#: fraction of one layer (peak memory: the model plus about one dense layer)
+CHUNK_ROWS = 1024
 
 
 @dataclass(frozen=True)
@@ -83,7 +86,23 @@ class OnlineAdapter:
     ) -> CanonicalWeight:
         from ..reference import quantize
 
-        return quantize(tensors["weight"], scheme, output_sizes=output_sizes)
+        w = tensors["weight"]
+        if not _row_independent(scheme) or N <= CHUNK_ROWS:
+            return quantize(w, scheme, output_sizes=output_sizes)
+        parts = [quantize(w[r : r + CHUNK_ROWS], scheme).tensors for r in range(0, N, CHUNK_ROWS)]
+        return CanonicalWeight(
+            scheme, N, K, {k: torch.cat([p[k] for p in parts]) for k in parts[0]}, output_sizes
+        )
+
+
+def _row_independent(s: Scheme) -> bool:
+    """Schemes whose every canonical tensor has one row per weight row (integer and fp8 per group
+    or channel, GGUF blocks), so row chunks quantize to the same codes as the whole."""
+    return (
+        (s.weight == "int" and s.granularity in ("group", "channel") and not s.act_order)
+        or (s.weight in ("fp8_e4m3", "fp8_e5m2") and s.granularity == "channel")
+        or s.weight == "gguf"
+    )
 
 
 class OnlineConfig(Config):

@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 from ..errors import CheckpointError
+from .host_memory import release_freed
 from .modules import GatherColumns, QuantEmbedding, RowParallel, TiedEmbedding
 from .parallel import NONE, LayerCut, TensorParallel, local_config, plan
 
@@ -371,6 +372,7 @@ class ModelLoader:
         self.model.set_submodule(name, layer)
         self.report.kernels[name] = kernel_label(layer)
         self._consume(entry.stored_names())
+        release_freed()  # the layer's read buffers and temporaries, back to the system
 
     def _quant_embedding(self, name: str, module: nn.Embedding, entry: Any) -> None:
         from ..checkpoint.checkpoint import QuantizedWeight

@@ -168,3 +168,17 @@ def test_cli_run_quantize(tiny: tuple[str, Path]) -> None:
     doc = json.loads(done.stdout)
     assert doc["quantized_at_load"] == "w4a16-int-g32-asym" and doc["check"]["ok"], doc["check"]
     assert doc["new_tokens"] == 3 and doc["format"] == "quantrt_online"
+
+
+@pytest.mark.parametrize("scheme", ["w4a16-int-g32-asym", "w8a16-int-ch-sym", "w8a8-fp8-ch", "gguf-q4_k"])
+def test_row_chunks_quantize_to_the_whole_layers_codes(scheme: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Quantized a chunk of rows at a time (peak memory), a layer gets the codes of the whole."""
+    from quantrt.formats import online
+
+    monkeypatch.setattr(online, "CHUNK_ROWS", 48)
+    w = torch.randn(200, 256, generator=torch.Generator().manual_seed(4)).bfloat16()
+    s = quantrt.parse_scheme(scheme)
+    got = online.OnlineAdapter(torch.bfloat16).to_canonical({"weight": w}, s, 200, 256, (200,))
+    want = reference.quantize(w, s)
+    assert got.tensors.keys() == want.tensors.keys()
+    assert all(torch.equal(got[k], want[k]) for k in want.tensors), scheme
