@@ -37,7 +37,7 @@ path, device, scheme = sys.argv[1], sys.argv[2], sys.argv[3]
 base = hwm()
 t0 = time.perf_counter()
 model = quantrt.from_pretrained(path, device=device, dtype=torch.bfloat16, progress=False,
-                                quantize=None if scheme == "dense" else scheme)
+                                quantize=None if scheme in ("dense", "stored") else scheme)
 if device.startswith("cuda"):
     torch.cuda.synchronize()
 dt = time.perf_counter() - t0
@@ -133,18 +133,30 @@ def main() -> int:
         "rows": [],
     }
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
-        path = Path(tmp)
+        path = Path(tmp) / "dense"
+        path.mkdir()
         t0 = time.perf_counter()
         doc["checkpoint_bytes"] = write_checkpoint(path, args.shape)
         doc["write_s"] = time.perf_counter() - t0
-        for scheme in ["dense", *args.schemes.split(",")]:
+        runs = [("dense", path, "dense")]
+        for scheme in args.schemes.split(","):
+            runs.append((scheme, path, scheme))
+            # the same scheme written by ``quantrt quantize`` (compressed-tensors), loaded as stored
+            from quantrt.writers import write_quantized
+
+            written = path.parent / f"{path.name}-{scheme}"
+            t0 = time.perf_counter()
+            write_quantized(path, written, scheme, device=args.device)
+            doc.setdefault("quantize_write_s", {})[scheme] = time.perf_counter() - t0
+            runs.append((f"{scheme} (written, loaded as stored)", written, "stored"))
+        for label, where, scheme in runs:
             done = subprocess.run(
-                [sys.executable, "-c", CHILD, str(path), args.device, scheme], capture_output=True, text=True
+                [sys.executable, "-c", CHILD, str(where), args.device, scheme], capture_output=True, text=True
             )
             if done.returncode:
-                row = {"scheme": scheme, "error": done.stderr.strip().splitlines()[-1:]}
+                row = {"scheme": label, "error": done.stderr.strip().splitlines()[-1:]}
             else:
-                row = {"scheme": scheme, **json.loads(done.stdout.strip().splitlines()[-1])}
+                row = {"scheme": label, **json.loads(done.stdout.strip().splitlines()[-1])}
                 row["input_GB_per_s"] = doc["checkpoint_bytes"] / row["load_s"] / 1e9
             doc["rows"].append(row)
             Path(args.out).write_text(json.dumps(doc, indent=1))
