@@ -1,4 +1,4 @@
-"""Quantize a dense checkpoint and write it in a format other tools read (compressed-tensors, GPTQ):
+"""Quantize a dense checkpoint and write it in a format other tools read (compressed-tensors, GPTQ, fp8):
 ``quantrt quantize SRC DST --scheme w4a16-int-g128-asym``. Layers are chosen as ``quantrt run
 --quantize`` chooses them (the output head and MoE routers stay dense); one layer at a time, so
 host memory stays one shard plus one layer."""
@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 NAME = "quantize"
-HELP = "quantize a dense checkpoint and write it (compressed-tensors, GPTQ)"
+HELP = "quantize a dense checkpoint and write it (compressed-tensors, GPTQ, fp8)"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
