@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from ptx_emulator import lop3, prmt
 
 #: KV format -> (scheme name or None for bf16 pages, the 4-bit decoders: PTX, portable, or none
 #: (the shared-memory pair tables)); bf16 queries but for the one named fp32
@@ -186,26 +187,6 @@ def test_words_decode_in_registers(compiled: dict, name: str) -> None:
 # -- the PTX decodes under an emulator of the instructions they use --------------------------------
 
 
-def _prmt(a: int, b: int, c: int) -> int:
-    src = a | (b << 32)
-    out = 0
-    for i in range(4):
-        sel = (c >> (4 * i)) & 0xF
-        byte = (src >> (8 * (sel & 7))) & 0xFF
-        if sel & 8:  # sign-replicate mode
-            byte = 0xFF if byte & 0x80 else 0
-        out |= byte << (8 * i)
-    return out
-
-
-def _lop3(a: int, b: int, c: int, lut: int) -> int:
-    out = 0
-    for bit in range(32):
-        idx = ((a >> bit) & 1) << 2 | ((b >> bit) & 1) << 1 | ((c >> bit) & 1)
-        out |= ((lut >> idx) & 1) << bit
-    return out
-
-
 def _half(h: int) -> float:
     return float(np.frombuffer(np.uint16(h).tobytes(), np.float16)[0])
 
@@ -232,9 +213,9 @@ def run(asm: str, reg: int) -> int:
         if op == "mov.b32":
             r = v[0]
         elif op == "prmt.b32":
-            r = _prmt(*v)
+            r = prmt(*v)
         elif op == "lop3.b32":
-            r = _lop3(*v)
+            r = lop3(*v)
         elif op == "shr.b32":
             r = v[0] >> v[1]
         elif op == "shl.b32":

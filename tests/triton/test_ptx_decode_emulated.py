@@ -12,31 +12,12 @@ import struct
 import numpy as np
 import pytest
 import torch
+from ptx_emulator import lop3, prmt
 
 pytest.importorskip("triton")
 from quantrt.backends.cuda import triton_decode as td
 
 E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
-
-
-def _prmt(a: int, b: int, c: int) -> int:
-    src = a | (b << 32)
-    out = 0
-    for i in range(4):
-        sel = (c >> (4 * i)) & 0xF
-        byte = (src >> (8 * (sel & 7))) & 0xFF
-        if sel & 8:  # sign-replicate mode
-            byte = 0xFF if byte & 0x80 else 0
-        out |= byte << (8 * i)
-    return out
-
-
-def _lop3(a: int, b: int, c: int, lut: int) -> int:
-    out = 0
-    for bit in range(32):
-        idx = ((a >> bit) & 1) << 2 | ((b >> bit) & 1) << 1 | ((c >> bit) & 1)
-        out |= ((lut >> idx) & 1) << bit
-    return out
 
 
 def _f16x2(v: int, kind: str) -> tuple[float, float]:
@@ -81,9 +62,9 @@ def run(asm: str, inputs: list[int]) -> tuple[int, int]:
         if op == "mov.b32":
             put(args[0], val(args[1]))
         elif op == "prmt.b32":
-            put(args[0], _prmt(val(args[1]), val(args[2]), val(args[3])))
+            put(args[0], prmt(val(args[1]), val(args[2]), val(args[3])))
         elif op == "lop3.b32":
-            put(args[0], _lop3(val(args[1]), val(args[2]), val(args[3]), val(args[4])))
+            put(args[0], lop3(val(args[1]), val(args[2]), val(args[3]), val(args[4])))
         elif op in ("shr.b32", "shl.b32", "and.b32", "or.b32"):
             a, b = val(args[1]), val(args[2])
             put(args[0], {"shr.b32": a >> b, "shl.b32": a << b, "and.b32": a & b, "or.b32": a | b}[op])

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors import safe_open
+from writer_testing import stored_tensors
 
 import quantrt
 from quantrt.checkpoint import open_checkpoint
@@ -34,14 +34,6 @@ WRITTEN_BY_THE_TOOL = [
 TOOL_ONLY = {"observer", "observer_kwargs", "actorder", "block_structure", "scale_dtype", "zp_dtype"}
 
 
-def _stored(path: Path) -> dict[str, torch.Tensor]:
-    out = {}
-    for f in sorted(path.glob("*.safetensors")):
-        with safe_open(str(f), "pt") as h:
-            out.update({k: h.get_tensor(k) for k in h.keys()})
-    return out
-
-
 def _args(section: dict | None) -> dict | None:
     return None if section is None else {k: v for k, v in section.items() if k not in TOOL_ONLY}
 
@@ -51,7 +43,7 @@ def test_layers_written_back_byte_for_byte(name: str, tmp_path: Path) -> None:
     from safetensors.torch import save_file
 
     ckpt = open_checkpoint(FIXTURES / name)
-    stored = _stored(FIXTURES / name)
+    stored = stored_tensors(FIXTURES / name)
     out, schemes, canon = {}, {}, {}
     for prefix, w in ckpt.weights():
         canon[prefix] = w.canonical()
@@ -97,25 +89,6 @@ def test_layers_written_back_byte_for_byte(name: str, tmp_path: Path) -> None:
         assert all(torch.equal(got[k].view(torch.uint8) if got[k].element_size() == 1 else got[k],
                                canon[prefix][k].view(torch.uint8) if got[k].element_size() == 1 else canon[prefix][k])
                    for k in canon[prefix].tensors), prefix  # fmt: skip
-
-
-@pytest.fixture(scope="module")
-def dense_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    transformers = pytest.importorskip("transformers")
-    cfg = transformers.LlamaConfig(
-        hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, vocab_size=97, tie_word_embeddings=False,
-    )  # fmt: skip
-    torch.manual_seed(5)
-    model = transformers.LlamaForCausalLM(cfg).to(torch.bfloat16)
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() > 1:
-                p.normal_(0, 0.05)
-    path = tmp_path_factory.mktemp("dense")
-    model.save_pretrained(path)
-    (path / "tokenizer_config.json").write_text("{}")
-    return path
 
 
 @pytest.mark.parametrize(

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors import safe_open
+from writer_testing import stored_tensors
 
 import quantrt
 from quantrt.checkpoint import open_checkpoint
@@ -22,8 +22,7 @@ FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "interop" / "hf-fp8
 
 def test_layers_written_back_byte_for_byte() -> None:
     ckpt = open_checkpoint(FIXTURE)
-    with safe_open(str(FIXTURE / "model.safetensors"), "pt") as h:
-        stored = {k: h.get_tensor(k) for k in h.keys()}
+    stored = stored_tensors(FIXTURE)
     schemes = {}
     for prefix, w in ckpt.weights():
         mine = fp8.layer_tensors(prefix, w.canonical())

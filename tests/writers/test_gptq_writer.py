@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors import safe_open
+from writer_testing import stored_tensors
 
 import quantrt
 from quantrt.checkpoint import open_checkpoint
@@ -27,18 +27,10 @@ V1 = [
 ]
 
 
-def _stored(path: Path) -> dict[str, torch.Tensor]:
-    out = {}
-    for f in sorted(path.glob("*.safetensors")):
-        with safe_open(str(f), "pt") as h:
-            out.update({k: h.get_tensor(k) for k in h.keys()})
-    return out
-
-
 @pytest.mark.parametrize("name", V1)
 def test_layers_written_back_byte_for_byte(name: str) -> None:
     ckpt = open_checkpoint(FIXTURES / name)
-    stored = _stored(FIXTURES / name)
+    stored = stored_tensors(FIXTURES / name)
     schemes = {}
     for prefix, w in ckpt.weights():
         mine = gptq.layer_tensors(prefix, w.canonical())
@@ -53,24 +45,6 @@ def test_layers_written_back_byte_for_byte(name: str) -> None:
     mine = gptq.quantization_config(schemes, [])
     for key in ("bits", "group_size", "desc_act", "sym", "quant_method", "lm_head"):
         assert mine[key] == tool[key], key
-
-
-@pytest.fixture(scope="module")
-def dense_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    transformers = pytest.importorskip("transformers")
-    cfg = transformers.LlamaConfig(
-        hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, vocab_size=97, tie_word_embeddings=False,
-    )  # fmt: skip
-    torch.manual_seed(6)
-    model = transformers.LlamaForCausalLM(cfg).to(torch.bfloat16)
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() > 1:
-                p.normal_(0, 0.05)
-    path = tmp_path_factory.mktemp("dense")
-    model.save_pretrained(path)
-    return path
 
 
 @pytest.mark.parametrize("scheme", ["w4a16-int-g128-sym", "w8a16-int-ch-sym"])
