@@ -20,10 +20,10 @@ import torch
 
 from ..errors import CheckpointError
 from ..formats.online import OnlineQuantization
-from . import compressed_tensors, fp8, gptq
+from . import awq, compressed_tensors, fp8, gptq
 
 #: format name -> writer module (``why_not``, ``layer_tensors``, ``quantization_config``)
-WRITERS: dict[str, Any] = {"compressed-tensors": compressed_tensors, "gptq": gptq, "fp8": fp8}
+WRITERS: dict[str, Any] = {"compressed-tensors": compressed_tensors, "gptq": gptq, "awq": awq, "fp8": fp8}
 #: bytes per written shard
 SHARD_BYTES = 2 << 30
 #: side files copied beside the weights, at most this large each
