@@ -215,6 +215,8 @@ class GGUFFile(TensorFile):
         self.data_start = 0
         self.metadata: dict[str, Any] = {}
         self.metadata_types: dict[str, str] = {}
+        #: element type of each top-level array value ("array" for arrays of arrays)
+        self.array_types: dict[str, str] = {}
         self.tensors: dict[str, TensorInfo] = {}
         self.ggml_types: dict[str, str] = {}
         self.dims: dict[str, tuple[int, ...]] = {}
@@ -265,7 +267,12 @@ class GGUFFile(TensorFile):
         if key in self.metadata:
             raise h.fail(f"metadata key {key!r} appears twice")
         vtype = h.unpack("I", f"metadata {key!r} value type")
-        self.metadata[key] = self._value(h, vtype, f"metadata {key!r}", 0)
+        if vtype == ARRAY:
+            etype = h.unpack("I", f"metadata {key!r} array element type")
+            self.metadata[key] = self._array(h, etype, f"metadata {key!r}", 0)
+            self.array_types[key] = VALUE_TYPES[etype][0]
+        else:
+            self.metadata[key] = self._value(h, vtype, f"metadata {key!r}", 0)
         self.metadata_types[key] = VALUE_TYPES[vtype][0]
 
     def _value(self, h: _Header, vtype: int, what: str, depth: int) -> Any:
@@ -276,9 +283,11 @@ class GGUFFile(TensorFile):
             return h.unpack(fmt, what)
         if vtype == STRING:
             return h.string(what, strict=False)
+        return self._array(h, h.unpack("I", f"{what} array element type"), what, depth)
+
+    def _array(self, h: _Header, etype: int, what: str, depth: int) -> list[Any]:
         if depth >= MAX_ARRAY_DEPTH:
             raise h.fail(f"{what}: arrays nested deeper than {MAX_ARRAY_DEPTH}")
-        etype = h.unpack("I", f"{what} array element type")
         if etype not in VALUE_TYPES:
             raise h.fail(f"{what}: unknown array element type {etype}; known: 0-12 ({_type_list()})")
         ename, efmt, esize = VALUE_TYPES[etype]

@@ -1,7 +1,8 @@
-"""Quantize a dense checkpoint and write it in a format other tools read (compressed-tensors, GPTQ, fp8):
-``quantrt quantize SRC DST --scheme w4a16-int-g128-asym``. Layers are chosen as ``quantrt run
---quantize`` chooses them (the output head and MoE routers stay dense); one layer at a time, so
-host memory stays one shard plus one layer."""
+"""Quantize a dense checkpoint and write it in a format other tools read (compressed-tensors, GPTQ,
+AWQ, fp8): ``quantrt quantize SRC DST --scheme w4a16-int-g128-asym``; or re-quantize a GGUF into
+another GGUF (``quantrt quantize model.gguf out.gguf --scheme gguf-q8_0``). Layers are chosen as
+``quantrt run --quantize`` chooses them (the output head and MoE routers stay dense); one layer at a
+time, so host memory stays one shard plus one layer."""
 
 from __future__ import annotations
 
@@ -10,24 +11,40 @@ import sys
 from pathlib import Path
 
 NAME = "quantize"
-HELP = "quantize a dense checkpoint and write it (compressed-tensors, GPTQ, fp8)"
+HELP = "quantize a dense checkpoint and write it (compressed-tensors, GPTQ, AWQ, fp8, GGUF)"
+#: what --format takes (quantrt.writers.WRITERS and the GGUF writer; a test keeps them equal)
+FORMATS = ("compressed-tensors", "gptq", "awq", "fp8", "gguf")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("src", help="a dense checkpoint folder (config.json + safetensors)")
-    p.add_argument("dst", help="the folder to write (new or empty)")
+    p.add_argument("src", help="a dense checkpoint folder (config.json + safetensors), or a .gguf file")
+    p.add_argument("dst", help="the folder to write (new or empty), or the .gguf file to write")
     p.add_argument(
         "--scheme", required=True, help="a catalog scheme (quantrt explain --scheme all lists them)"
     )
     p.add_argument(
-        "--format", default="compressed-tensors", choices=["compressed-tensors", "gptq"], dest="fmt"
+        "--format",
+        choices=FORMATS,
+        dest="fmt",
+        help="default: gguf for a .gguf source, compressed-tensors otherwise",
+    )
+    p.add_argument(
+        "--override",
+        action="append",
+        default=[],
+        metavar="PATTERN=SCHEME",
+        help="another scheme (or 'dense') for the layers or GGUF tensors matching an fnmatch pattern",
     )
     p.add_argument("--device", default="cpu", help="where the quantizer runs (default cpu; cuda: on the GPU)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
 def handle(args: argparse.Namespace) -> int:
+    from ..errors import CheckpointError
+    from ..formats.online import OnlineQuantization
     from ..writers import write_quantized
+    from ..writers.gguf import DEFAULT_SKIP as GGUF_SKIP
+    from ..writers.gguf import write_gguf
     from . import emit
 
     bar = None
@@ -41,15 +58,38 @@ def handle(args: argparse.Namespace) -> int:
             bar.total = total
             bar.update(done - bar.n)
 
-    try:
-        out = write_quantized(
-            Path(args.src), Path(args.dst), args.scheme, args.fmt, device=args.device, progress=progress
+    src = Path(args.src)
+    gguf_source = src.suffix.lower() == ".gguf"
+    fmt = args.fmt or ("gguf" if gguf_source else "compressed-tensors")
+    if gguf_source and fmt != "gguf":
+        raise CheckpointError(f"{src}: a .gguf source is re-quantized into a GGUF (--format gguf), not {fmt}")
+    if fmt == "gguf" and not gguf_source:
+        raise CheckpointError(
+            f"{src}: --format gguf re-quantizes a .gguf file; a safetensors checkpoint is written as "
+            f"{', '.join(f for f in FORMATS if f != 'gguf')} (llama.cpp's convert_hf_to_gguf.py makes a GGUF of it)"
         )
+    overrides = {}
+    for rule in args.override:
+        pattern, sep, scheme = rule.partition("=")
+        if not sep or not pattern or not scheme:
+            raise CheckpointError(f"--override {rule!r}: expected PATTERN=SCHEME (or PATTERN=dense)")
+        overrides[pattern] = None if scheme == "dense" else scheme
+    try:
+        if fmt == "gguf":
+            spec = OnlineQuantization(args.scheme, overrides=overrides, skip=GGUF_SKIP)
+            out = write_gguf(src, Path(args.dst), spec, progress=progress)
+        else:
+            spec = OnlineQuantization(args.scheme, overrides=overrides)
+            out = write_quantized(src, Path(args.dst), spec, fmt, device=args.device, progress=progress)
     finally:
         if bar is not None:
             bar.close()
     if args.json:
         emit(out)
+    elif fmt == "gguf":
+        tensors = ", ".join(f"{n} x {t}" for t, n in out["tensors"].items())
+        print(f"wrote {out['destination']} (gguf): {tensors}; {out['bytes_written'] / 2**20:.1f} MiB")
+        print(f"copied as stored: {len(out['copied_as_stored'])} tensors (norms, skipped, not whole blocks)")
     else:
         layers = ", ".join(f"{n} x {s}" for s, n in out["layers"].items())
         print(
