@@ -1,0 +1,65 @@
+"""Checkpoints quantrt writes, read back by the third-party tool that defines the format: a dense
+bf16 model -> ``quantrt quantize`` -> compressed-tensors 0.20's own decompressor, per layer, equals
+quantrt's own dequantization of the same file (``quantrt.reference.dequantize``).
+
+The other formats' readers are checked elsewhere: GGUF by gguf-py and transformers' GGUF loader
+(test_gguf_writer.py); GPTQ, AWQ and block fp8 byte for byte against files the tools themselves wrote
+(test_gptq_writer.py, test_awq_writer.py, test_fp8_writer.py), because their readers (GPTQModel,
+AutoAWQ) need CUDA builds that a CPU test cannot install.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from writer_testing import stored_tensors
+
+from quantrt import reference
+from quantrt.checkpoint import open_checkpoint
+from quantrt.writers import write_quantized
+
+ct = pytest.importorskip("compressed_tensors")
+
+SCHEMES = [
+    "w4a16-int-g128-asym",
+    "w4a16-int-g32-sym",
+    "w8a16-int-ch-sym",
+    "w8a16-fp8-ch",
+    "w8a8-fp8-tensor",
+    "w8a8-fp8-block128",
+]
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_compressed_tensors_decompressor_reads_quantrts_file(
+    dense_llama: Path, tmp_path: Path, scheme: str
+) -> None:
+    from compressed_tensors.compressors import BaseCompressor
+    from compressed_tensors.quantization import QuantizationScheme
+
+    out = tmp_path / "q"
+    write_quantized(dense_llama, out, scheme, fmt="compressed-tensors")
+    qc = json.loads((out / "config.json").read_text())["quantization_config"]
+    tensors = stored_tensors(out)
+    ours = {p: reference.dequantize(w.canonical()) for p, w in open_checkpoint(out).weights()}
+    assert len(ours) == 14
+    seen = 0
+    for group in qc["config_groups"].values():
+        sch = QuantizationScheme.model_validate(group)
+        fmt = group.get("format") or qc["format"]
+        for prefix, want in ours.items():
+            if f"{prefix}.weight_scale" not in tensors:
+                continue
+            sd = {k[len(prefix) + 1 :]: v for k, v in tensors.items() if k.startswith(prefix + ".")}
+            theirs = BaseCompressor.get_value_from_registry(fmt).decompress(sd, sch)["weight"]
+            assert theirs.shape == want.shape, prefix
+            # the tool dequantizes in the scale dtype; quantrt's fp32 reference rounded to it once
+            assert torch.equal(theirs, want.to(theirs.dtype)), (
+                prefix,
+                float((theirs.float() - want).abs().max()),
+            )
+            seen += 1
+    assert seen == 14
