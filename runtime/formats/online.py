@@ -25,7 +25,7 @@ from ..canonical import CanonicalWeight
 from ..errors import CheckpointError
 from ..schemes import Scheme, SchemeError, parse_scheme
 from ..specs import TensorSpec
-from .base import FLOAT_DTYPES, FormatReader, LayerEntry, dense_layers
+from .base import FLOAT_DTYPES, FormatReader, LayerEntry, check_finite, dense_layers
 from .patterns import compile_patterns
 from .schema import Config
 
@@ -87,6 +87,7 @@ class OnlineAdapter:
         from ..reference import quantize
 
         w = tensors["weight"]
+        check_finite(w, "weight")  # here, on the layer's device: a GPU checks at its own speed
         if not _row_independent(scheme) or N <= CHUNK_ROWS:
             return quantize(w, scheme, output_sizes=output_sizes)
         parts = [quantize(w[r : r + CHUNK_ROWS], scheme).tensors for r in range(0, N, CHUNK_ROWS)]
@@ -159,7 +160,6 @@ class OnlineReader(FormatReader):
                 scheme, why = default, "the default"
             if scheme is None:
                 continue
-            self.index.finite.add(weight)
             out[prefix] = LayerEntry(
                 prefix,
                 scheme,

@@ -182,3 +182,17 @@ def test_row_chunks_quantize_to_the_whole_layers_codes(scheme: str, monkeypatch:
     want = reference.quantize(w, s)
     assert got.tensors.keys() == want.tensors.keys()
     assert all(torch.equal(got[k], want[k]) for k in want.tensors), scheme
+
+
+def test_non_finite_weight_is_refused_with_its_layer(tmp_path: Path) -> None:
+    """The finiteness check runs where the layer is quantized (on its device); it still names it."""
+    from safetensors.torch import load_file, save_file
+
+    cfg = transformers.AutoConfig.for_model("llama", **TINY["llama"])
+    transformers.AutoModelForCausalLM.from_config(cfg).save_pretrained(tmp_path)
+    (f,) = tmp_path.glob("*.safetensors")
+    tensors = load_file(f)
+    tensors["model.layers.1.mlp.down_proj.weight"][3, 5] = float("nan")
+    save_file(tensors, str(f), metadata={"format": "pt"})
+    with pytest.raises(CheckpointError, match=r"model\.layers\.1\.mlp\.down_proj.*1 of 6144 values are NaN"):
+        quantrt.from_pretrained(tmp_path, quantize="w4a16-int-g32-sym", device="cpu", progress=False)
