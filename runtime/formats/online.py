@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from pydantic import Field
@@ -48,6 +48,8 @@ class OnlineQuantization:
     scheme: str
     overrides: Mapping[str, str | None] = field(default_factory=dict)
     skip: tuple[str, ...] = DEFAULT_SKIP
+    #: "mse": integer schemes pick each group's range by least squared error (reference.intq)
+    search: str | None = None
 
     def qconfig(self) -> dict[str, Any]:
         """As a quantization config (the reader validates it as it would one read from a file)."""
@@ -56,6 +58,7 @@ class OnlineQuantization:
             "scheme": self.scheme,
             "overrides": dict(self.overrides),
             "skip": list(self.skip),
+            "search": self.search,
         }
 
 
@@ -75,8 +78,8 @@ class OnlineAdapter:
 
     name = "online"
 
-    def __init__(self, dtype: torch.dtype) -> None:
-        self.dtype = dtype
+    def __init__(self, dtype: torch.dtype, search: str | None = None) -> None:
+        self.dtype, self.search = dtype, search
 
     def tensor_specs(self, scheme: Scheme, N: int, K: int, num_slices: int = 1) -> dict[str, TensorSpec]:
         return {"weight": TensorSpec("weight", (N, K), self.dtype, input_dim=1, output_dim=0)}
@@ -88,9 +91,15 @@ class OnlineAdapter:
 
         w = tensors["weight"]
         check_finite(w, "weight")  # here, on the layer's device: a GPU checks at its own speed
+        searchable = (
+            scheme.family == "int" and scheme.granularity in ("group", "channel") and not scheme.act_order
+        )
+        search = self.search if searchable else None  # other schemes: plain round to nearest
         if not _row_independent(scheme) or N <= CHUNK_ROWS:
-            return quantize(w, scheme, output_sizes=output_sizes)
-        parts = [quantize(w[r : r + CHUNK_ROWS], scheme).tensors for r in range(0, N, CHUNK_ROWS)]
+            return quantize(w, scheme, output_sizes=output_sizes, search=search)
+        parts = [
+            quantize(w[r : r + CHUNK_ROWS], scheme, search=search).tensors for r in range(0, N, CHUNK_ROWS)
+        ]
         return CanonicalWeight(
             scheme, N, K, {k: torch.cat([p[k] for p in parts]) for k in parts[0]}, output_sizes
         )
@@ -111,6 +120,7 @@ class OnlineConfig(Config):
     scheme: str
     overrides: dict[str, str | None] = Field(default_factory=dict)
     skip: list[str] = Field(default_factory=list)
+    search: Literal["mse"] | None = None
 
 
 def _scheme(text: str, where: str) -> Scheme:
@@ -166,7 +176,7 @@ class OnlineReader(FormatReader):
                 entry.N,
                 entry.K,
                 dict(entry.tensors),
-                OnlineAdapter(self.index.dtype(weight)),
+                OnlineAdapter(self.index.dtype(weight), cfg.search),
                 bias=entry.bias,
                 notes=[f"quantized at load to {scheme.name} ({why}), round to nearest"],
             )

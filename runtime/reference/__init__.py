@@ -13,6 +13,7 @@ from types import ModuleType
 import torch
 
 from ..canonical import CanonicalWeight
+from ..errors import ReferenceInputError
 from ..schemes import Scheme, parse_scheme
 
 
@@ -41,12 +42,15 @@ def quantize(
     calib: torch.Tensor | None = None,
     g_idx: torch.Tensor | None = None,
     output_sizes: tuple[int, ...] = (),
+    search: str | None = None,
 ) -> CanonicalWeight:
     """Round-to-nearest quantization of a dense [N, K] weight into canonical tensors.
 
     ``calib``: activations [M, K] to set static activation scales (required by static schemes).
     ``g_idx``: act-order group index per input channel (made from column norms when omitted).
     ``output_sizes``: slice widths of a fused layer (per-slice tensor scales).
+    ``search="mse"``: integer schemes with group or channel scales pick each group's range by least
+    squared error first (``quantrt.reference.intq``).
     """
     scheme = parse_scheme(scheme) if isinstance(scheme, str) else scheme
     if w.dim() != 2:
@@ -54,7 +58,12 @@ def quantize(
     N, K = w.shape
     sizes = tuple(output_sizes) or (N,)
     w = w.detach().to(torch.float32)
-    tensors = family_module(scheme).quantize(w, scheme, g_idx=g_idx, output_sizes=sizes, calib=calib)
+    extra = {}
+    if search is not None:
+        if scheme.family != "int":
+            raise ReferenceInputError(f"quantize {scheme}: search={search!r} covers integer schemes only")
+        extra["search"] = search
+    tensors = family_module(scheme).quantize(w, scheme, g_idx=g_idx, output_sizes=sizes, calib=calib, **extra)
     if scheme.act is not None and not scheme.act_dynamic:
         from .activations import static_input_scales
 

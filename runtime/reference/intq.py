@@ -104,6 +104,55 @@ def check_g_idx(g_idx: torch.Tensor, K: int, num_groups: int, what: str) -> torc
     return g
 
 
+#: range factors the mse search tries, 1 first (GPTQ's grid of 100 over its first 20 % of shrink)
+SEARCH_GRID = tuple(1 - i / 100 for i in range(21))
+
+
+def _scale_zero(
+    wmax: torch.Tensor, wmin: torch.Tensor, scheme: Scheme
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Scales (rounded up to the scale dtype) and zero points (asymmetric) for these ranges."""
+    b = scheme.bits
+    if scheme.symmetric:
+        half = 1 << (b - 1)
+        amax = torch.maximum(wmax.abs(), wmin.abs())
+        s = round_scale(
+            torch.where(amax > 0, amax.double() / (half - 1), torch.ones_like(amax)), scheme.scale_dtype
+        )
+        return s, None
+    qmax = (1 << b) - 1
+    lo = wmin.clamp(max=0.0)
+    hi = wmax.clamp(min=0.0)
+    span = hi - lo
+    s = round_scale(torch.where(span > 0, span.double() / qmax, torch.ones_like(span)), scheme.scale_dtype)
+    return s, torch.round(-lo / s).clamp(0, qmax)
+
+
+def _round_trip(w3: torch.Tensor, s: torch.Tensor, z: torch.Tensor | None, bits: int) -> torch.Tensor:
+    """fp32 [N, ng, G] weights through codes and back, with per-group s, z [N, ng]."""
+    s3 = s[..., None]
+    if z is None:
+        half = 1 << (bits - 1)
+        return torch.round(w3 / s3).clamp(1 - half, half - 1) * s3
+    z3 = z[..., None]
+    return ((torch.round(w3 / s3) + z3).clamp(0, (1 << bits) - 1) - z3) * s3
+
+
+def _search_range(
+    w3: torch.Tensor, wmax: torch.Tensor, wmin: torch.Tensor, scheme: Scheme
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per group [N, ng], the range shrunk by the SEARCH_GRID factor of least squared error."""
+    best_err = torch.full_like(wmax, float("inf"))
+    best = torch.ones_like(wmax)
+    for p in SEARCH_GRID:
+        s, z = _scale_zero(wmax * p, wmin * p, scheme)
+        err = (_round_trip(w3, s, z, scheme.bits) - w3).square().sum(-1)
+        better = err < best_err
+        best_err = torch.where(better, err, best_err)
+        best = torch.where(better, torch.full_like(best, p), best)
+    return wmax * best, wmin * best
+
+
 def _check_scheme(scheme: Scheme) -> None:
     if scheme.family != "int":
         raise ReferenceInputError(f"intq handles integer weights, not {scheme}")
@@ -116,6 +165,7 @@ def quantize(
     g_idx: torch.Tensor | None = None,
     output_sizes: tuple[int, ...] = (),
     calib: torch.Tensor | None = None,
+    search: str | None = None,
 ) -> dict[str, torch.Tensor]:
     """Round-to-nearest integer quantization of an fp32 [N, K] weight into canonical tensors.
 
@@ -125,6 +175,11 @@ def quantize(
     scheme's scale dtype before the codes are computed, so the codes match the stored scales.
     A group whose range is zero gets ``s = 1``. ``calib`` is unused (static activation scales
     are made by :func:`quantrt.reference.activations.static_input_scales`).
+
+    ``search="mse"`` (group and channel scales, no act-order): each group's range is first shrunk
+    by the factor of :data:`SEARCH_GRID` whose round trip has the least squared error, as GPTQ's
+    ``mse`` quantizer and llama.cpp's scale search do: clipping a few outliers buys a finer step
+    for the rest. Factor 1 is tried first, so no group ends worse than plain round to nearest.
     """
     _check_scheme(scheme)
     what = f"quantize {scheme}"
@@ -159,21 +214,18 @@ def quantize(
             wg = w.reshape(N, ng, G)
             wmax, wmin = wg.amax(dim=2), wg.amin(dim=2)
 
-    if scheme.symmetric:
-        half = 1 << (b - 1)
-        amax = torch.maximum(wmax.abs(), wmin.abs())
-        s = round_scale(
-            torch.where(amax > 0, amax.double() / (half - 1), torch.ones_like(amax)), scheme.scale_dtype
-        )
-        z = None
-    else:
-        lo = wmin.clamp(max=0.0)
-        hi = wmax.clamp(min=0.0)
-        span = hi - lo
-        s = round_scale(
-            torch.where(span > 0, span.double() / qmax, torch.ones_like(span)), scheme.scale_dtype
-        )
-        z = torch.round(-lo / s).clamp(0, qmax)
+    if search is not None:
+        if search != "mse":
+            raise ReferenceInputError(f"{what}: search={search!r}: the search offered is 'mse'")
+        if gran not in ("group", "channel") or scheme.act_order:
+            raise ReferenceInputError(
+                f"{what}: the mse search covers group and channel scales without act-order"
+            )
+        G = K if gran == "channel" else scheme.group_size
+        assert G is not None
+        wmax, wmin = _search_range(w.reshape(N, K // G, G), wmax.reshape(N, -1), wmin.reshape(N, -1), scheme)
+        wmax, wmin = (wmax, wmin) if gran == "group" else (wmax.reshape(N, 1), wmin.reshape(N, 1))
+    s, z = _scale_zero(wmax, wmin, scheme)
 
     if gran == "tensor":
         s_full, z_full = s[rows][:, None], (z[rows][:, None] if z is not None else None)
