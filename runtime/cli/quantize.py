@@ -35,6 +35,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="PATTERN=SCHEME",
         help="another scheme (or 'dense') for the layers or GGUF tensors matching an fnmatch pattern",
     )
+    p.add_argument(
+        "--search",
+        choices=["mse"],
+        help="integer schemes: pick each group's range by least squared error (slower, lower error)",
+    )
     p.add_argument("--device", default="cpu", help="where the quantizer runs (default cpu; cuda: on the GPU)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
@@ -76,10 +81,14 @@ def handle(args: argparse.Namespace) -> int:
         overrides[pattern] = None if scheme == "dense" else scheme
     try:
         if fmt == "gguf":
+            if args.search:
+                raise CheckpointError(
+                    "--search mse covers integer schemes; GGUF types are rounded to nearest"
+                )
             spec = OnlineQuantization(args.scheme, overrides=overrides, skip=GGUF_SKIP)
             out = write_gguf(src, Path(args.dst), spec, progress=progress)
         else:
-            spec = OnlineQuantization(args.scheme, overrides=overrides)
+            spec = OnlineQuantization(args.scheme, overrides=overrides, search=args.search)
             out = write_quantized(src, Path(args.dst), spec, fmt, device=args.device, progress=progress)
     finally:
         if bar is not None:
@@ -97,4 +106,11 @@ def handle(args: argparse.Namespace) -> int:
         )
         if out["dense_linear_layers"]:
             print(f"kept dense: {', '.join(out['dense_linear_layers'])}")
+        errs = sorted(out["relative_error"].items(), key=lambda kv: kv[1])
+        if errs:
+            worst = ", ".join(f"{p} {e:.4f}" for p, e in errs[:-4:-1])
+            print(
+                f"relative error ||W - Q(W)|| / ||W||: median {errs[len(errs) // 2][1]:.4f}, worst {worst} "
+                "(--json lists every layer)"
+            )
     return 0

@@ -49,6 +49,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="quantize a dense checkpoint's linear layers at load to a catalog scheme (round to nearest; "
         "the output head and MoE routers stay dense)",
     )
+    g.add_argument(
+        "--quantize-search",
+        choices=["mse"],
+        help="with --quantize: integer schemes pick each group's range by least squared error",
+    )
     g.add_argument("--check", action="store_true", help="compare the prompt's logits with the fp32 reference")
     g.add_argument("--quiet", action="store_true", help="no progress bar")
 
@@ -99,7 +104,7 @@ def _prompt(args: argparse.Namespace, path: Path) -> tuple[list[int], Any]:
 
 
 def _check(
-    path: Path, model: Any, ids: list[int], device: torch.device, quantize: str | None = None
+    path: Path, model: Any, ids: list[int], device: torch.device, quantize: Any = None
 ) -> dict[str, Any]:
     """The prompt's logits beside the same model with every quantized layer on the reference."""
     from ..models import from_pretrained
@@ -146,13 +151,20 @@ def handle(args: argparse.Namespace) -> int:
     base = _rss()
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
+    quantize: Any = args.quantize
+    if args.quantize_search:
+        if not args.quantize:
+            raise ConfigError("--quantize-search needs --quantize SCHEME")
+        from ..formats.online import OnlineQuantization
+
+        quantize = OnlineQuantization(args.quantize, search=args.quantize_search)
     t0 = time.perf_counter()
     model = from_pretrained(
         path,
         device=device,
         dtype=DTYPES[args.dtype] if args.dtype else None,
         progress=False if args.quiet else None,
-        quantize=args.quantize,
+        quantize=quantize,
     )
     load_s = time.perf_counter() - t0
     host_peak = max(0, _peak() - base)
@@ -185,7 +197,7 @@ def handle(args: argparse.Namespace) -> int:
     }
     status = 0
     if args.check:
-        out["check"] = _check(path, model, ids, device, args.quantize)
+        out["check"] = _check(path, model, ids, device, quantize)
         status = 0 if out["check"]["ok"] else 1
     if args.json:
         emit(out)

@@ -65,6 +65,14 @@ class _Shards:
         (self.dst / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
 
 
+def relative_error(approx: torch.Tensor, w: torch.Tensor) -> float:
+    """||approx - w||_F / ||w||_F in fp32 (0 for an all-zero w that is kept exactly)."""
+    w = w.float()
+    ref = float(w.norm())
+    diff = float((approx.float() - w).norm())
+    return diff / ref if ref else diff
+
+
 def write_quantized(
     src: str | Path,
     dst: str | Path,
@@ -78,7 +86,7 @@ def write_quantized(
     returns a summary (layers quantized per scheme, layers kept dense, bytes written)."""
     from ..checkpoint import open_checkpoint
     from ..formats.online import online_quantization
-    from ..reference import quantize as rtn
+    from ..reference import dequantize
 
     writer = WRITERS.get(fmt)
     if writer is None:
@@ -102,9 +110,15 @@ def write_quantized(
     shards = _Shards(dst)
     written: set[str] = set()
     names = ckpt.index.names()
+    errors: dict[str, float] = {}
     for i, (p, e) in enumerate(quantized.items()):
         w = ckpt.read(e)["weight"].to(device)
-        for name, t in writer.layer_tensors(p, rtn(w, e.scheme)).items():
+        try:
+            canonical = e.adapter.to_canonical({"weight": w}, e.scheme, e.N, e.K, (e.N,))
+        except CheckpointError as err:
+            raise CheckpointError(f"{ckpt.index.where(e.tensors['weight'])}: {err}") from None
+        errors[p] = relative_error(dequantize(canonical), w)
+        for name, t in writer.layer_tensors(p, canonical).items():
             shards.add(name, t)
         if e.bias is not None:
             shards.add(e.bias, ckpt.index.read(e.bias))
@@ -135,6 +149,9 @@ def write_quantized(
         "format": fmt,
         "layers": schemes,
         "dense_linear_layers": dense,
+        "search": spec.search,
+        # ||W - dequantize(quantize(W))||_F / ||W||_F per layer, in the order written
+        "relative_error": {p: round(v, 6) for p, v in errors.items()},
         "bytes_written": sum(f.stat().st_size for f in dst.glob("*.safetensors")),
         "source_bytes": sum(f.path.stat().st_size for f in ckpt.files) if hasattr(ckpt, "files") else None,
     }

@@ -54,36 +54,37 @@ def tiny(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
     return kind, path
 
 
-def _round_trip(w: torch.Tensor, scheme: str) -> torch.Tensor:
-    return reference.dequantize(reference.quantize(w, scheme)).to(w.dtype)
+def _round_trip(w: torch.Tensor, scheme: str, search: str | None = None) -> torch.Tensor:
+    return reference.dequantize(reference.quantize(w, scheme, search=search)).to(w.dtype)
 
 
 class _Reference(torch.nn.Module):
     """A linear layer as the fp32 reference computes its quantized scheme (activations too)."""
 
-    def __init__(self, linear: torch.nn.Linear, scheme: str) -> None:
+    def __init__(self, linear: torch.nn.Linear, scheme: str, search: str | None = None) -> None:
         super().__init__()
-        self.canon, self.bias = reference.quantize(linear.weight.detach(), scheme), linear.bias
+        self.canon = reference.quantize(linear.weight.detach(), scheme, search=search)
+        self.bias = linear.bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = reference.linear(x.reshape(-1, x.shape[-1]), self.canon, self.bias, out_dtype=torch.float32)
         return y.reshape(*x.shape[:-1], -1)
 
 
-def _oracle(path: Path, scheme: str) -> torch.nn.Module:
+def _oracle(path: Path, scheme: str, search: str | None = None) -> torch.nn.Module:
     """transformers' model with every linear layer but the head and the routers computed by the
     reference on the scheme's quantized weight (experts: each projection's weight round trip)."""
     oracle = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     with torch.no_grad():
         for name, m in list(oracle.named_modules()):
             if isinstance(m, torch.nn.Linear) and name != "lm_head" and not name.endswith("mlp.gate"):
-                oracle.set_submodule(name, _Reference(m, scheme))
+                oracle.set_submodule(name, _Reference(m, scheme, search))
             if name.endswith("mlp.experts") and hasattr(m, "gate_up_proj"):
                 for pname in ("gate_up_proj", "down_proj"):
                     p = getattr(m, pname)
                     for e in range(p.shape[0]):
                         parts = p[e].chunk(2) if pname == "gate_up_proj" else (p[e],)
-                        p[e] = torch.cat([_round_trip(w, scheme) for w in parts])
+                        p[e] = torch.cat([_round_trip(w, scheme, search) for w in parts])
     return oracle
 
 
@@ -196,3 +197,17 @@ def test_non_finite_weight_is_refused_with_its_layer(tmp_path: Path) -> None:
     save_file(tensors, str(f), metadata={"format": "pt"})
     with pytest.raises(CheckpointError, match=r"model\.layers\.1\.mlp\.down_proj.*1 of 6144 values are NaN"):
         quantrt.from_pretrained(tmp_path, quantize="w4a16-int-g32-sym", device="cpu", progress=False)
+
+
+def test_mse_search_at_load(tiny: tuple[str, Path]) -> None:
+    """``OnlineQuantization(search="mse")``: every layer (experts too) takes the searched codes."""
+    kind, path = tiny
+    spec = OnlineQuantization("w4a16-int-g32-asym", search="mse")
+    model = quantrt.from_pretrained(path, device="cpu", dtype=torch.float32, quantize=spec, progress=False)
+    ids = torch.randint(0, 97, (2, 9), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        got = model(ids).logits
+        want = _oracle(path, "w4a16-int-g32-asym", "mse")(ids).logits
+        plain = _oracle(path, "w4a16-int-g32-asym")(ids).logits
+    assert rel(got, want) < 1e-4, rel(got, want)
+    assert rel(plain, want) > 1e-3  # the search changed the codes

@@ -143,3 +143,28 @@ def test_cli(dense_llama: Path, tmp_path: Path) -> None:
     assert doc["format"] == "compressed-tensors" and doc["layers"] == {"w4a16-int-g128-sym": 14}
     again = subprocess.run(cmd, capture_output=True, text=True, cwd="/tmp", timeout=600)
     assert again.returncode == 1 and "not empty" in again.stderr and "Traceback" not in again.stderr
+
+
+def test_mse_search_and_the_error_report(dense_llama: Path, tmp_path: Path) -> None:
+    """``OnlineQuantization(search="mse")`` writes the codes ``reference.quantize(search="mse")`` gives;
+    the summary's per-layer error is ||W - Q(W)|| / ||W|| of what was written, below plain RTN's."""
+    from safetensors.torch import load_file
+
+    from quantrt.formats.online import OnlineQuantization
+
+    dense = {}
+    for f in dense_llama.glob("*.safetensors"):
+        dense.update(load_file(f))
+    plain = write_quantized(dense_llama, tmp_path / "rtn", "w4a16-int-g32-asym")
+    spec = OnlineQuantization("w4a16-int-g32-asym", search="mse")
+    searched = write_quantized(dense_llama, tmp_path / "mse", spec)
+    assert searched["search"] == "mse" and set(searched["relative_error"]) == set(plain["relative_error"])
+    for prefix, w in open_checkpoint(tmp_path / "mse").weights():
+        c = w.canonical()
+        W = dense[prefix + ".weight"].float()
+        want = quantrt.reference.quantize(W, "w4a16-int-g32-asym", search="mse")
+        for k in ("qweight", "scales", "zeros"):
+            assert torch.equal(c[k].cpu(), want[k].to(c[k].dtype)), (prefix, k)
+        err = float((quantrt.reference.dequantize(c) - W).norm() / W.norm())
+        assert searched["relative_error"][prefix] == pytest.approx(err, abs=2e-6)
+        assert searched["relative_error"][prefix] < plain["relative_error"][prefix]
