@@ -201,7 +201,7 @@ def test_non_finite_weight_is_refused_with_its_layer(tmp_path: Path) -> None:
 
 def test_mse_search_at_load(tiny: tuple[str, Path]) -> None:
     """``OnlineQuantization(search="mse")``: every layer (experts too) takes the searched codes."""
-    kind, path = tiny
+    _, path = tiny
     spec = OnlineQuantization("w4a16-int-g32-asym", search="mse")
     model = quantrt.from_pretrained(path, device="cpu", dtype=torch.float32, quantize=spec, progress=False)
     ids = torch.randint(0, 97, (2, 9), generator=torch.Generator().manual_seed(4))
