@@ -29,15 +29,19 @@ from typing import Any
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Quantization of neural networks"]
 
 
-def quantrt_once(model: str, prompt: str, new: int, threads: int, dtype: str) -> dict[str, Any]:
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+def quantrt_once(
+    model: str, prompt: str, new: int, threads: int, dtype: str, env: dict[str, str] | None = None
+) -> dict[str, Any]:
+    env = {**os.environ, **(env or {}), "OMP_NUM_THREADS": str(threads)}
     cmd = [sys.executable, "-m", "quantrt", "run", model, "--prompt", prompt, "--max-new-tokens", str(new)]
     cmd += ["--ignore-eos", "--dtype", dtype, "--quiet", "--json"]
     out = subprocess.run(cmd, capture_output=True, text=True, env=env, check=True).stdout
     return json.loads(out)
 
 
-def llama_once(python: str, model: str, prompt: str, new: int, threads: int) -> dict[str, Any]:
+def llama_once(
+    python: str, model: str, prompt: str, new: int, threads: int, extra: tuple[str, ...] = ()
+) -> dict[str, Any]:
     with tempfile.NamedTemporaryFile(suffix=".json") as f:
         cmd = [
             python,
@@ -48,6 +52,7 @@ def llama_once(python: str, model: str, prompt: str, new: int, threads: int) -> 
             prompt,
         ]
         cmd += ["--max-new-tokens", str(new), "--threads", str(threads), "--repeat", "1", "--out", f.name]
+        cmd += list(extra)
         subprocess.run(cmd, capture_output=True, text=True, check=True)
         return json.loads(Path(f.name).read_text())
 

@@ -90,7 +90,13 @@ def llama_build() -> dict[str, str]:
     return info
 
 
-def load(model: str, threads: int, n_ctx: int, flash_attn: bool, mmap: bool) -> tuple[llama_cpp.Llama, float]:
+#: --kv-type -> ggml type id of the KV cache (llama.cpp's default f16)
+KV_TYPES = {"f16": 1, "f32": 0}
+
+
+def load(
+    model: str, threads: int, n_ctx: int, flash_attn: bool, mmap: bool, kv_type: str = "f16"
+) -> tuple[llama_cpp.Llama, float]:
     """The model and its load time in seconds (everything ``Llama(...)`` does: file, vocab, context)."""
     t0 = time.perf_counter()
     llm = llama_cpp.Llama(
@@ -101,6 +107,8 @@ def load(model: str, threads: int, n_ctx: int, flash_attn: bool, mmap: bool) -> 
         n_gpu_layers=0,
         flash_attn=flash_attn,
         use_mmap=mmap,
+        type_k=KV_TYPES[kv_type],
+        type_v=KV_TYPES[kv_type],
         verbose=False,
     )
     return llm, time.perf_counter() - t0
@@ -147,7 +155,9 @@ def bench_prompt(args: argparse.Namespace, prompt: str) -> dict[str, Any]:
     loads, prefills, colds, decodes, runs = [], [], [], [], []
     info: dict[str, Any] = {}
     for r in range(args.repeat):
-        llm, load_s = load(args.model, args.threads, args.ctx, args.flash_attn, not args.no_mmap)
+        llm, load_s = load(
+            args.model, args.threads, args.ctx, args.flash_attn, not args.no_mmap, args.kv_type
+        )
         toks = llm.tokenize(prompt.encode(), add_bos=True, special=False)
         if len(toks) + args.max_new_tokens > args.ctx:
             raise SystemExit(f"prompt ({len(toks)} tokens) + {args.max_new_tokens} exceeds --ctx {args.ctx}")
@@ -248,6 +258,7 @@ def main() -> int:
         "--flash-attn", action="store_true", help="flash attention (llama-cpp-python's default: off)"
     )
     ap.add_argument("--no-mmap", action="store_true", help="read the weights into memory instead of mmap")
+    ap.add_argument("--kv-type", choices=sorted(KV_TYPES), default="f16", help="KV cache type (default f16)")
     ap.add_argument(
         "--llama-bench", help="llama-bench binary: also record its pp/tg figures on the same file"
     )
@@ -288,6 +299,7 @@ def main() -> int:
         "settings": {
             "n_ctx": args.ctx,
             "flash_attn": args.flash_attn,
+            "kv_type": args.kv_type,
             "mmap": not args.no_mmap,
             "greedy": "argmax of the last logits; checked against llama.cpp's greedy sampler",
             "prefill": "one llama_decode of the prompt + argmax",

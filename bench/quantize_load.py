@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -33,14 +34,24 @@ import transformers, quantrt  # imported before the baseline: the peak is the mo
 def hwm():
     with open("/proc/self/status") as f:
         return next(int(l.split()[1]) * 1024 for l in f if l.startswith("VmHWM"))
-path, device, scheme = sys.argv[1], sys.argv[2], sys.argv[3]
+path, device, scheme, profile = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
 base = hwm()
+if profile:
+    import cProfile
+    prof = cProfile.Profile()
+    prof.enable()
 t0 = time.perf_counter()
 model = quantrt.from_pretrained(path, device=device, dtype=torch.bfloat16, progress=False,
                                 quantize=None if scheme in ("dense", "stored") else scheme)
 if device.startswith("cuda"):
     torch.cuda.synchronize()
 dt = time.perf_counter() - t0
+if profile:
+    import io, pstats
+    prof.disable()
+    text = io.StringIO()
+    pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(25)
+    open(profile, "w").write(text.getvalue())
 import dataclasses
 def nbytes(obj, depth=0):
     if isinstance(obj, torch.Tensor):
@@ -120,6 +131,7 @@ def main() -> int:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--out", required=True)
     ap.add_argument("--dir", default=None, help="where to write the checkpoint (default: a temporary folder)")
+    ap.add_argument("--profile-dir", default=None, help="write each load's cProfile (by own time) here")
     args = ap.parse_args()
     import torch
 
@@ -130,6 +142,10 @@ def main() -> int:
         "shape": args.shape,
         "device": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu",
         "torch": torch.__version__,
+        "tree": os.environ.get("QUANTRT_TREE")
+        or subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+        ).stdout.strip(),
         "rows": [],
     }
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
@@ -149,9 +165,12 @@ def main() -> int:
             write_quantized(path, written, scheme, device=args.device)
             doc.setdefault("quantize_write_s", {})[scheme] = time.perf_counter() - t0
             runs.append((f"{scheme} (written, loaded as stored)", written, "stored"))
-        for label, where, scheme in runs:
+        for i, (label, where, scheme) in enumerate(runs):
+            profile = str(Path(args.profile_dir) / f"profile-{i}.txt") if args.profile_dir else ""
             done = subprocess.run(
-                [sys.executable, "-c", CHILD, str(where), args.device, scheme], capture_output=True, text=True
+                [sys.executable, "-c", CHILD, str(where), args.device, scheme, profile],
+                capture_output=True,
+                text=True,
             )
             if done.returncode:
                 row = {"scheme": label, "error": done.stderr.strip().splitlines()[-1:]}
