@@ -3,8 +3,9 @@ beside loading the same checkpoint dense, each in a fresh process.
 
 A Llama-shaped checkpoint of random bf16 weights is written first (``--shape 1b``: Llama 3.2 1B's
 layout, 2.5 GB; ``8b``: Llama 3.1 8B's, 16 GB; the weights are random, the sizes real), then each
-configuration loads it in its own process: wall time, peak host RSS above the imports, peak GPU
-memory, and the throughput in GB/s of bf16 input. The quantized model's bytes say what "final size
+configuration loads it in its own process: wall time (from after the imports and, on a GPU, the
+CUDA context), peak host RSS above the imports, peak GPU memory, and the throughput in GB/s of bf16
+input. The quantized model's bytes say what "final size
 + two dense layers" is for that run.
 
     python bench/quantize_load.py --shape 1b --schemes w4a16-int-g128-asym --device cpu --out r.json
@@ -35,6 +36,9 @@ def hwm():
     with open("/proc/self/status") as f:
         return next(int(l.split()[1]) * 1024 for l in f if l.startswith("VmHWM"))
 path, device, scheme, profile = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
+if device.startswith("cuda"):  # the CUDA context is the process's, not the load's
+    torch.empty(1, device=device)
+    torch.cuda.synchronize()
 base = hwm()
 if profile:
     import cProfile

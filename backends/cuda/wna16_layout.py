@@ -24,6 +24,8 @@ at 128 and 2048, kept in fp32).
 
 from __future__ import annotations
 
+import functools
+
 from dataclasses import dataclass
 
 import torch
@@ -39,9 +41,11 @@ ROW_SLICE = 4096
 TG = 4
 
 
+@functools.cache
 def lane_k(bits: int, natural: bool = False) -> torch.Tensor:
     """int64 [32 lanes, 16 bytes, 8 // bits codes]: the (row g, input k) of each code, as g * KC + k
-    (``natural``: 4-bit codes in the canonical order, byte b = inputs 2b, 2b + 1 of the run)."""
+    (``natural``: 4-bit codes in the canonical order, byte b = inputs 2b, 2b + 1 of the run).
+    Cached (a constant built in Python loops); callers must not write into it."""
     kc = KC[bits]
     run = kc // 4  # consecutive inputs per lane
     idx = torch.empty(32, 16, 8 // bits, dtype=torch.int64)

@@ -11,6 +11,7 @@ so a format states only what it stores differently: names, dtypes, packing, a tr
 
 from __future__ import annotations
 
+import concurrent.futures
 import math
 import re
 from abc import ABC, abstractmethod
@@ -45,6 +46,18 @@ CHUNK_ROWS = 256
 FINITE_CHUNK = 1 << 22
 #: unquantized tensors whose values must be finite when read: a layer's weight or bias, a norm
 FINITE_SUFFIXES = (".weight", ".bias")
+
+
+#: whole tensors read ahead at most (``TensorIndex.prefetch``)
+PREFETCH_TENSORS = 8
+_prefetch_pool: concurrent.futures.ThreadPoolExecutor | None = None
+
+
+def _prefetcher() -> concurrent.futures.ThreadPoolExecutor:
+    global _prefetch_pool
+    if _prefetch_pool is None:
+        _prefetch_pool = concurrent.futures.ThreadPoolExecutor(1, "quantrt-prefetch")
+    return _prefetch_pool
 
 
 class TensorIndex:
@@ -86,7 +99,24 @@ class TensorIndex:
     def read(self, name: str) -> torch.Tensor:
         if name not in self.info:
             raise CheckpointError(f"missing tensor {name!r}")
-        return self._checked(name, self._file[name].get(name))
+        ahead = self._ahead.pop(name, None) if hasattr(self, "_ahead") else None
+        return self._checked(name, ahead.result() if ahead is not None else self._file[name].get(name))
+
+    def prefetch(self, names: Iterable[str]) -> None:
+        """Start reading these whole tensors in the background (one thread), so the next layer's
+        bytes come off the file while this one is converted and copied; ``read`` takes them.
+        At most :data:`PREFETCH_TENSORS` wait at a time: the host holds about one layer more."""
+        if not hasattr(self, "_ahead"):
+            self._ahead: dict[str, concurrent.futures.Future[torch.Tensor]] = {}
+        for name in names:
+            if name in self.info and name not in self._ahead and len(self._ahead) < PREFETCH_TENSORS:
+                self._ahead[name] = _prefetcher().submit(self._file[name].get, name)
+
+    def drop_prefetched(self) -> None:
+        """Forget tensors read ahead and never asked for (after loading, or on an error)."""
+        for f in getattr(self, "_ahead", {}).values():
+            f.cancel()
+        self._ahead = {}
 
     def read_index(self, name: str, i: int) -> torch.Tensor:
         """``tensor[i]`` of a stacked tensor (one MoE expert), reading only those bytes."""
@@ -259,13 +289,18 @@ def expect(
 
 def check_finite(t: torch.Tensor, where: str) -> None:
     """NaN or infinite values (scales, code books, biases, dense weights) are refused where they
-    are read; checked a slab at a time, so a large tensor's check needs little scratch."""
+    are read. A NaN or an infinity makes the minimum or maximum non-finite, so one reduction
+    (no temporaries, one sync on a GPU) clears a finite tensor; only a bad one is counted, a slab
+    at a time."""
     if t.dtype not in (*FLOAT_DTYPES, torch.float64):
         return  # integer codes have no NaN; fp8 codes are checked on their bits (check_fp8_codes)
     flat = t.reshape(-1)
-    starts = range(0, flat.numel(), FINITE_CHUNK)
-    if all(bool(torch.isfinite(flat[s : s + FINITE_CHUNK]).all()) for s in starts):
+    if flat.numel() == 0:
         return
+    lo, hi = torch.aminmax(flat)  # NaN and infinities reach the extremes: one pass, one sync
+    if bool(torch.isfinite(lo) & torch.isfinite(hi)):
+        return
+    starts = range(0, flat.numel(), FINITE_CHUNK)
     bad = sum(int((~torch.isfinite(flat[s : s + FINITE_CHUNK])).sum()) for s in starts)
     raise CheckpointError(f"{where}: {bad} of {t.numel()} values are NaN or infinite")
 

@@ -33,7 +33,7 @@ format-specific step of their own.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
@@ -186,6 +186,9 @@ class GGUFIndex(TensorIndex):
         self.file = file
         self.metadata = file.metadata
         self.row_heads = rope_heads(file)
+
+    def prefetch(self, names: Iterable[str]) -> None:
+        """No read-ahead: GGUF tensors are read through the file's own paths (blocks, converted types)."""
 
     def read(self, name: str) -> torch.Tensor:
         """The tensor as a layer uses it: Hugging Face row order (the whole tensor, before any

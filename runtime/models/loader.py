@@ -171,6 +171,7 @@ class ModelLoader:
                 self._buffers()
                 self._unread()
         finally:
+            self.ckpt.index.drop_prefetched()
             self._bar.close()
         self.report.seconds = time.perf_counter() - t0
         return self.report
@@ -189,10 +190,15 @@ class ModelLoader:
         grouped = self.ckpt.expert_prefixes()
         by_model_name = {self._renamed(p): e for p, e in layers.items() if p not in grouped}
         cuts = plan(self.model, self.full_config, self.tp)
-        for name, module in list(self.model.named_modules()):
-            entry = by_model_name.get(name)
-            if entry is None or (self.quantized_only and not entry.quantized):
-                continue
+        todo = [
+            (name, module, by_model_name[name])
+            for name, module in self.model.named_modules()
+            if name in by_model_name and not (self.quantized_only and not by_model_name[name].quantized)
+        ]
+        for i, (name, module, entry) in enumerate(todo):
+            nxt = todo[i + 1][2] if i + 1 < len(todo) else None
+            if nxt is not None and not nxt.select:  # the next layer's bytes read while this one is built
+                self.ckpt.index.prefetch([*nxt.tensors.values(), *([nxt.bias] if nxt.bias else [])])
             if isinstance(module, nn.Embedding):
                 if entry.quantized:
                     self._quant_embedding(name, module, entry)

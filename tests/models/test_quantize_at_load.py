@@ -163,7 +163,8 @@ def test_cli_run_quantize(tiny: tuple[str, Path]) -> None:
         "--max-new-tokens",
         "3",
     ]
-    cmd += ["--quantize", "w4a16-int-g32-asym", "--device", "cpu", "--dtype", "fp32", "--check", "--json"]
+    cmd += ["--quantize", "w4a16-int-g32-asym", "--quantize-search", "mse"]
+    cmd += ["--device", "cpu", "--dtype", "fp32", "--check", "--json"]
     done = subprocess.run(cmd, capture_output=True, text=True, cwd="/tmp", timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     doc = json.loads(done.stdout)

@@ -1,0 +1,74 @@
+"""The read paths a large load takes: a tensor split into parts read by a thread pool gives the
+file's bytes (a short file is still one clear error), tensors read ahead are the tensors read,
+and the one-reduction finiteness check finds a NaN or an infinity wherever it is."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from quantrt.checkpoint import safetensors_file
+from quantrt.checkpoint.safetensors_file import SafetensorsFile
+from quantrt.errors import CheckpointError
+from quantrt.formats.base import TensorIndex, check_finite
+
+
+@pytest.fixture
+def small_parts(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(safetensors_file, "PARALLEL_READ_BYTES", 1000)
+    monkeypatch.setattr(safetensors_file, "READ_PART", 333)  # parts that end mid-element
+
+
+def _file(tmp_path: Path) -> tuple[Path, dict[str, torch.Tensor]]:
+    g = torch.Generator().manual_seed(0)
+    tensors = {
+        "a.weight": torch.randn(37, 61, generator=g).bfloat16(),
+        "b.weight": torch.randn(5000, generator=g),
+        "c.bias": torch.randn(3, generator=g).half(),
+    }
+    path = tmp_path / "m.safetensors"
+    save_file(tensors, str(path))
+    return path, tensors
+
+
+def test_parallel_parts_read_the_files_bytes(tmp_path: Path, small_parts: None) -> None:
+    path, tensors = _file(tmp_path)
+    f = SafetensorsFile(path)
+    for name, t in tensors.items():
+        assert torch.equal(f.get(name), t), name
+    assert torch.equal(f.get_rows("a.weight", 3, 30), tensors["a.weight"][3:30])
+
+
+def test_a_truncated_file_is_one_clear_error(tmp_path: Path, small_parts: None) -> None:
+    path, _ = _file(tmp_path)
+    f = SafetensorsFile(path)
+    path.write_bytes(path.read_bytes()[:-7000])  # b.weight's tail is gone after the header was read
+    with pytest.raises(CheckpointError, match=r"b\.weight.*read \d+ of 20000 bytes"):
+        f.get("b.weight")
+
+
+def test_prefetched_tensors_are_the_tensors_read(tmp_path: Path) -> None:
+    path, tensors = _file(tmp_path)
+    index = TensorIndex([SafetensorsFile(path)])
+    index.prefetch(["a.weight", "c.bias", "not.there"])
+    assert set(index._ahead) == {"a.weight", "c.bias"}
+    assert torch.equal(index.read("a.weight"), tensors["a.weight"])
+    assert "a.weight" not in index._ahead  # taken, not kept
+    index.drop_prefetched()
+    assert torch.equal(index.read("c.bias"), tensors["c.bias"])  # read again after the drop
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+def test_finite_check_finds_every_position(dtype: torch.dtype, bad: float) -> None:
+    t = torch.randn(3, 4099).to(dtype)
+    check_finite(t, "ok")
+    for pos in (0, 4099, 3 * 4099 - 1, 5000):
+        u = t.clone()
+        u.view(-1)[pos] = bad
+        with pytest.raises(CheckpointError, match="x: 1 of 12297 values are NaN or infinite"):
+            check_finite(u, "x")
+    check_finite(torch.empty(0, 5, dtype=dtype), "empty")
