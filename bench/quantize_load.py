@@ -148,7 +148,7 @@ def main() -> int:
         "torch": torch.__version__,
         "tree": os.environ.get("QUANTRT_TREE")
         or subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=Path(__file__).parent
         ).stdout.strip(),
         "rows": [],
     }
