@@ -25,7 +25,6 @@ at 128 and 2048, kept in fp32).
 from __future__ import annotations
 
 import functools
-
 from dataclasses import dataclass
 
 import torch
