@@ -1,6 +1,6 @@
 """Quantize a dense checkpoint and write it in a format other tools read (compressed-tensors, GPTQ,
-AWQ, fp8): ``quantrt quantize SRC DST --scheme w4a16-int-g128-asym``; or re-quantize a GGUF into
-another GGUF (``quantrt quantize model.gguf out.gguf --scheme gguf-q8_0``). Layers are chosen as
+AWQ, fp8): ``quantrt quantize SRC DST --scheme w4a16-int-g128-asym``; or as a GGUF, from a
+Llama/Qwen folder or another GGUF (``quantrt quantize model.gguf out.gguf --scheme gguf-q8_0``). Layers are chosen as
 ``quantrt run --quantize`` chooses them (the output head and MoE routers stay dense); one layer at a
 time, so host memory stays one shard plus one layer."""
 
@@ -50,6 +50,7 @@ def handle(args: argparse.Namespace) -> int:
     from ..writers import write_quantized
     from ..writers.gguf import DEFAULT_SKIP as GGUF_SKIP
     from ..writers.gguf import write_gguf
+    from ..writers.gguf_hf import write_gguf_from_hf
     from . import emit
 
     bar = None
@@ -65,14 +66,11 @@ def handle(args: argparse.Namespace) -> int:
 
     src = Path(args.src)
     gguf_source = src.suffix.lower() == ".gguf"
-    fmt = args.fmt or ("gguf" if gguf_source else "compressed-tensors")
+    fmt = args.fmt or (
+        "gguf" if gguf_source or Path(args.dst).suffix.lower() == ".gguf" else "compressed-tensors"
+    )
     if gguf_source and fmt != "gguf":
         raise CheckpointError(f"{src}: a .gguf source is re-quantized into a GGUF (--format gguf), not {fmt}")
-    if fmt == "gguf" and not gguf_source:
-        raise CheckpointError(
-            f"{src}: --format gguf re-quantizes a .gguf file; a safetensors checkpoint is written as "
-            f"{', '.join(f for f in FORMATS if f != 'gguf')} (llama.cpp's convert_hf_to_gguf.py makes a GGUF of it)"
-        )
     overrides = {}
     for rule in args.override:
         pattern, sep, scheme = rule.partition("=")
@@ -86,7 +84,8 @@ def handle(args: argparse.Namespace) -> int:
                     "--search mse covers integer schemes; GGUF types are rounded to nearest"
                 )
             spec = OnlineQuantization(args.scheme, overrides=overrides, skip=GGUF_SKIP)
-            out = write_gguf(src, Path(args.dst), spec, progress=progress)
+            write = write_gguf if gguf_source else write_gguf_from_hf
+            out = write(src, Path(args.dst), spec, progress=progress)
         else:
             spec = OnlineQuantization(args.scheme, overrides=overrides, search=args.search)
             out = write_quantized(src, Path(args.dst), spec, fmt, device=args.device, progress=progress)
@@ -98,7 +97,10 @@ def handle(args: argparse.Namespace) -> int:
     elif fmt == "gguf":
         tensors = ", ".join(f"{n} x {t}" for t, n in out["tensors"].items())
         print(f"wrote {out['destination']} (gguf): {tensors}; {out['bytes_written'] / 2**20:.1f} MiB")
-        print(f"copied as stored: {len(out['copied_as_stored'])} tensors (norms, skipped, not whole blocks)")
+        if "copied_as_stored" in out:
+            print(
+                f"copied as stored: {len(out['copied_as_stored'])} tensors (norms, skipped, not whole blocks)"
+            )
     else:
         layers = ", ".join(f"{n} x {s}" for s, n in out["layers"].items())
         print(
