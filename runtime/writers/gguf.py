@@ -80,25 +80,34 @@ def _gguf_type(scheme: str, where: str) -> str:
     return s.gguf_type
 
 
+class TypeRules:
+    """An OnlineQuantization's scheme, overrides and skips as GGUF types by tensor name (the name
+    without ``.weight``): the first matching override wins, then the skips, then the scheme."""
+
+    def __init__(self, spec: OnlineQuantization) -> None:
+        self.default = _gguf_type(spec.scheme, "scheme")
+        patterns = compile_patterns(spec.overrides, "overrides", glob=True)
+        self.overrides = [
+            (p, None if v is None else _gguf_type(v, f"override {p.text!r}"))
+            for p, v in zip(patterns, spec.overrides.values(), strict=True)
+        ]
+        self.skips = compile_patterns(spec.skip, "skip", glob=True)
+
+    def target(self, gguf_name: str) -> str | None:
+        """The GGUF type (``q8_0`` ...) for this tensor, or None to keep it as it is."""
+        base = gguf_name.removesuffix(".weight")
+        for pattern, t in self.overrides:
+            if pattern.match(base):
+                return t
+        return None if any(p.match(base) for p in self.skips) else self.default
+
+
 def _plans(src: Any, spec: OnlineQuantization) -> list[_Plan]:
-    default = _gguf_type(spec.scheme, "scheme")
-    overrides = [
-        (p, None if v is None else _gguf_type(v, f"override {p.text!r}"))
-        for p, v in zip(compile_patterns(spec.overrides, "overrides", glob=True), spec.overrides.values())
-    ]
-    skips = compile_patterns(spec.skip, "skip", glob=True)
+    rules = TypeRules(spec)
     plans = []
     for name, stored in src.ggml_types.items():
         shape = tuple(reversed(src.dims[name]))
-        base = name.removesuffix(".weight")
-        target: str | None = default
-        for pattern, t in overrides:
-            if pattern.match(base):
-                target = t
-                break
-        else:
-            if any(p.match(base) for p in skips):
-                target = None
+        target = rules.target(name)
         decodable = stored in FLOAT_TYPES or stored.lower() in BLOCK
         if (
             target is None

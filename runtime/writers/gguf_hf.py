@@ -24,9 +24,8 @@ import torch
 from ..checkpoint.files import read_json
 from ..errors import CheckpointError
 from ..formats.online import OnlineQuantization
-from ..formats.patterns import compile_patterns
 from ..reference.gguf import BLOCK, quantize_blocks
-from .gguf import DEFAULT_SKIP, FILE_TYPES, _gguf_type
+from .gguf import DEFAULT_SKIP, FILE_TYPES, TypeRules
 
 #: transformers ``model_type`` -> GGUF architecture, and its llama.cpp pre-tokenizer name
 ARCHITECTURES = {"llama": ("llama", "llama-bpe"), "mistral": ("llama", "llama-bpe"),
@@ -136,12 +135,7 @@ def write_gguf_from_hf(
             "others: llama.cpp's convert_hf_to_gguf.py"
         )
     arch, pre = ARCHITECTURES[model_type]
-    default = _gguf_type(spec.scheme, "scheme")
-    overrides = [
-        (p, None if v is None else _gguf_type(v, f"override {p.text!r}"))
-        for p, v in zip(compile_patterns(spec.overrides, "overrides", glob=True), spec.overrides.values())
-    ]
-    skips = compile_patterns(spec.skip, "skip", glob=True)
+    rules = TypeRules(spec)
     index = open_checkpoint(src).index
     G = gguf.GGMLQuantizationType
     writer = gguf.GGUFWriter(str(dst), arch)
@@ -158,15 +152,7 @@ def write_gguf_from_hf(
             if new is None:
                 raise CheckpointError(f"{src}: tensor {name!r} has no GGUF name for {arch}; not written")
             shape, dtype = index.shape(name), index.dtype(name)
-            base = new.removesuffix(".weight")
-            target: str | None = default
-            for pattern, t in overrides:
-                if pattern.match(base):
-                    target = t
-                    break
-            else:
-                if any(p.match(base) for p in skips):
-                    target = None
+            target = rules.target(new)
             if len(shape) == 1:
                 kind = "F32"
             elif target is None or not new.endswith(".weight") or shape[-1] % BLOCK[target][0]:
