@@ -4,8 +4,9 @@ The source is a GGUF (any type quantrt decodes: F32/F16/BF16 and the llama.cpp b
 2-D-or-more ``*.weight`` tensor whose rows are whole blocks of the target type is decoded to fp32
 (``reference.gguf.dequantize_blocks``, equal to llama.cpp's dequantizers) and re-encoded by
 round to nearest (``reference.gguf.quantize_blocks``: the legacy types byte-equal to llama.cpp's
-``quantize_row_*_ref``); everything else (norms, routers, types quantrt does not decode, rows that
-are not whole blocks) is copied byte for byte, and so is every metadata key (tokenizer, chat
+``quantize_row_*_ref``); a K-quant target falls back as llama.cpp's quantizer does where rows are not whole 256-element
+super-blocks (Q4_K -> Q5_0 ...); everything else (norms, routers, types quantrt does not decode,
+rows that are not whole blocks) is copied byte for byte, and so is every metadata key (tokenizer, chat
 template, hyperparameters) except ``general.file_type``, which names the new type. The file is
 written by gguf-py's ``GGUFWriter``, one tensor at a time, so host memory stays one output tensor
 plus one chunk of rows in fp32.
@@ -80,6 +81,19 @@ def _gguf_type(scheme: str, where: str) -> str:
     return s.gguf_type
 
 
+#: what llama.cpp's quantizer writes instead of a K-quant when a row is not whole 256-element
+#: super-blocks (its ``llama_tensor_get_type`` fallbacks)
+FALLBACK = {"q2_k": "q4_0", "q3_k": "q4_0", "q4_k": "q5_0", "q5_k": "q5_1", "q6_k": "q8_0"}
+
+
+def fitted(target: str | None, row: int) -> str | None:
+    """The type a row of ``row`` elements is written in: the target, llama.cpp's fallback for a
+    K-quant, or None (kept as it is) when no whole blocks fit."""
+    if target is not None and row % BLOCK[target][0]:
+        target = FALLBACK.get(target)
+    return target if target is not None and row % BLOCK[target][0] == 0 else None
+
+
 class TypeRules:
     """An OnlineQuantization's scheme, overrides and skips as GGUF types by tensor name (the name
     without ``.weight``): the first matching override wins, then the skips, then the scheme."""
@@ -107,15 +121,9 @@ def _plans(src: Any, spec: OnlineQuantization) -> list[_Plan]:
     plans = []
     for name, stored in src.ggml_types.items():
         shape = tuple(reversed(src.dims[name]))
-        target = rules.target(name)
+        target = fitted(rules.target(name), shape[-1])
         decodable = stored in FLOAT_TYPES or stored.lower() in BLOCK
-        if (
-            target is None
-            or not name.endswith(".weight")
-            or len(shape) < 2
-            or not decodable
-            or shape[-1] % BLOCK[target][0]
-        ):
+        if target is None or not name.endswith(".weight") or len(shape) < 2 or not decodable:
             plans.append(_Plan(name, stored, stored, shape, False))
         else:  # one already of the target type is copied byte for byte (re-encoding could move it)
             plans.append(_Plan(name, stored, target.upper(), shape, True))

@@ -6,7 +6,8 @@ writes them, the tokenizer as gguf-py's ``BpeVocab`` and ``SpecialVocab`` read i
 merges, special ids, chat template), tensor names through gguf-py's name table, and Llama's q/k
 rows in llama.cpp's rotary order (the reverse of what transformers' GGUF loader undoes). Each
 ``*.weight`` matrix whose rows are whole blocks is quantized to its GGUF type by round to nearest
-(``reference.gguf.quantize_blocks``), others keep their stored float type; norms are F32. One
+(``reference.gguf.quantize_blocks``; a K-quant falls back as llama.cpp's quantizer does where rows
+are not whole super-blocks), others keep their stored float type; norms are F32. One
 tensor at a time, through ``GGUFWriter``. Other architectures and SentencePiece tokenizers are
 llama.cpp's ``convert_hf_to_gguf.py``'s job and are refused by name.
 """
@@ -25,7 +26,7 @@ from ..checkpoint.files import read_json
 from ..errors import CheckpointError
 from ..formats.online import OnlineQuantization
 from ..reference.gguf import BLOCK, quantize_blocks
-from .gguf import DEFAULT_SKIP, FILE_TYPES, TypeRules
+from .gguf import DEFAULT_SKIP, FILE_TYPES, TypeRules, fitted
 
 #: transformers ``model_type`` -> GGUF architecture, and its llama.cpp pre-tokenizer name
 ARCHITECTURES = {"llama": ("llama", "llama-bpe"), "mistral": ("llama", "llama-bpe"),
@@ -152,10 +153,10 @@ def write_gguf_from_hf(
             if new is None:
                 raise CheckpointError(f"{src}: tensor {name!r} has no GGUF name for {arch}; not written")
             shape, dtype = index.shape(name), index.dtype(name)
-            target = rules.target(new)
+            target = fitted(rules.target(new), shape[-1])
             if len(shape) == 1:
                 kind = "F32"
-            elif target is None or not new.endswith(".weight") or shape[-1] % BLOCK[target][0]:
+            elif target is None or not new.endswith(".weight"):
                 kind = KEPT_TYPES.get(dtype, "F32")
             else:
                 kind = target.upper()

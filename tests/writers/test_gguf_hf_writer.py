@@ -95,6 +95,13 @@ def test_tokenizer_and_metadata(folder: Path, tmp_path: Path) -> None:
     assert fields["tokenizer.ggml.add_bos_token"].contents() is False  # HF's tokenizer adds none
     assert len(fields["tokenizer.ggml.tokens"].contents()) == cfg["vocab_size"]
     assert fields["general.file_type"].contents() == 2  # MOSTLY_Q4_0
+    # rows of 128 (hidden) are no whole Q4_K super-block: llama.cpp's fallback Q5_0; rows of 256 stay Q4_K
+    write_gguf_from_hf(folder, tmp_path / "k.gguf", "gguf-q4_k")
+    tensors = gguf.GGUFReader(str(tmp_path / "k.gguf")).tensors
+    assert {t.name: t.tensor_type.name for t in tensors} == {
+        t.name: "F32" if len(t.shape) == 1 else ("Q4_K" if t.shape[0] % 256 == 0 else "Q5_0") for t in tensors
+    }
+    assert {t.tensor_type.name for t in tensors} == {"F32", "Q4_K", "Q5_0"}
 
 
 def test_refusals_and_cli(folder: Path, tmp_path: Path) -> None:
