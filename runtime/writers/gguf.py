@@ -17,8 +17,9 @@ Overrides and skips are fnmatch patterns on the tensor name without ``.weight``
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -130,6 +131,60 @@ def _plans(src: Any, spec: OnlineQuantization) -> list[_Plan]:
     return plans
 
 
+def gguf_module() -> Any:
+    """gguf-py, or the error that says how to get it."""
+    try:
+        import gguf
+    except ImportError:
+        raise CheckpointError("writing GGUF needs the gguf package (pip install gguf)") from None
+    return gguf
+
+
+def as_spec(quantize: str | OnlineQuantization) -> OnlineQuantization:
+    """``quantize`` as rules; a bare scheme takes the GGUF default skips."""
+    if isinstance(quantize, OnlineQuantization):
+        return quantize
+    return OnlineQuantization(quantize, skip=DEFAULT_SKIP)
+
+
+@contextlib.contextmanager
+def gguf_writer(dst: Path, arch: str) -> Iterator[Any]:
+    """A GGUFWriter for the new file ``dst``; on any error the partial file is removed."""
+    if dst.exists():
+        raise CheckpointError(f"{dst}: the destination exists")
+    writer = gguf_module().GGUFWriter(str(dst), arch)
+    try:
+        yield writer
+    except BaseException:
+        writer.close()
+        dst.unlink(missing_ok=True)
+        raise
+    writer.close()
+
+
+def stream_tensors(
+    writer: Any,
+    tensors: list[tuple[str, tuple[int, ...], str]],
+    data: Callable[[int], torch.Tensor],
+    progress: Callable[[int, int], None] | None = None,
+) -> None:
+    """Write the header, the metadata already added, the infos of ``tensors`` (name, shape in
+    numpy order, ggml type name), then tensor i's bytes from ``data(i)``, one at a time."""
+    G = gguf_module().GGMLQuantizationType
+    sizes = gguf_module().GGML_QUANT_SIZES
+    for name, shape, kind in tensors:
+        B, T = sizes[G[kind]]
+        row = shape[-1] // B * T
+        writer.add_tensor_info(name, (*shape[:-1], row), np.uint8, math.prod(shape[:-1]) * row, G[kind])
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_ti_data_to_file()
+    for i in range(len(tensors)):
+        writer.write_tensor_data(data(i).contiguous().view(torch.uint8).numpy().reshape(-1))
+        if progress is not None:
+            progress(i + 1, len(tensors))
+
+
 def _decode(rows: torch.Tensor, stored: str) -> torch.Tensor:
     if stored in FLOAT_TYPES:
         return rows.view(FLOAT_TYPES[stored]).float()
@@ -195,18 +250,10 @@ def write_gguf(
 ) -> dict[str, Any]:
     """Re-quantize the GGUF ``src`` into the new file ``dst``; returns a summary (tensors per
     written type, tensors copied as stored, bytes)."""
-    try:
-        import gguf
-    except ImportError:
-        raise CheckpointError("writing GGUF needs the gguf package (pip install gguf)") from None
     from ..checkpoint.gguf_file import GGUFFile
 
-    spec = (
-        quantize
-        if isinstance(quantize, OnlineQuantization)
-        else OnlineQuantization(quantize, skip=DEFAULT_SKIP)
-    )
-    src, dst = Path(src), Path(dst)
+    gguf = gguf_module()
+    spec, src, dst = as_spec(quantize), Path(src), Path(dst)
     if dst.exists():
         raise CheckpointError(f"{dst}: the destination exists")
     f = GGUFFile(src)
@@ -221,30 +268,10 @@ def write_gguf(
         )
     targets = {p.target for p in converted}
     file_type = FILE_TYPES.get(targets.pop().lower()) if len(targets) == 1 else None
-    G = gguf.GGMLQuantizationType
-    writer = gguf.GGUFWriter(str(dst), arch)
-    try:
+    with gguf_writer(dst, arch) as writer:
         _copy_metadata(writer, f, gguf, file_type)
-        nbytes = {}
-        for p in plans:
-            B, T = gguf.GGML_QUANT_SIZES[G[p.target]]
-            rows = math.prod(p.shape[:-1])
-            nbytes[p.name] = rows * (p.shape[-1] // B) * T
-            byte_shape = (*p.shape[:-1], p.shape[-1] // B * T)
-            writer.add_tensor_info(p.name, byte_shape, np.uint8, nbytes[p.name], G[p.target])
-        writer.write_header_to_file()
-        writer.write_kv_data_to_file()
-        writer.write_ti_data_to_file()
-        for i, p in enumerate(plans):
-            data = _tensor_bytes(f, p)
-            writer.write_tensor_data(data.numpy().reshape(-1))
-            if progress is not None:
-                progress(i + 1, len(plans))
-    except BaseException:
-        writer.close()
-        dst.unlink(missing_ok=True)
-        raise
-    writer.close()
+        infos = [(p.name, p.shape, p.target) for p in plans]
+        stream_tensors(writer, infos, lambda i: _tensor_bytes(f, plans[i]), progress)
     written: dict[str, int] = {}
     for p in converted:
         written[p.target] = written.get(p.target, 0) + 1

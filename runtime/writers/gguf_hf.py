@@ -14,19 +14,17 @@ llama.cpp's ``convert_hf_to_gguf.py``'s job and are refused by name.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from ..checkpoint.files import read_json
 from ..errors import CheckpointError
 from ..formats.online import OnlineQuantization
 from ..reference.gguf import BLOCK, quantize_blocks
-from .gguf import DEFAULT_SKIP, FILE_TYPES, TypeRules, fitted
+from .gguf import FILE_TYPES, TypeRules, as_spec, fitted, gguf_module, gguf_writer, stream_tensors
 
 #: transformers ``model_type`` -> GGUF architecture, and its llama.cpp pre-tokenizer name
 ARCHITECTURES = {"llama": ("llama", "llama-bpe"), "mistral": ("llama", "llama-bpe"),
@@ -114,18 +112,10 @@ def write_gguf_from_hf(
 ) -> dict[str, Any]:
     """Write the dense checkpoint folder ``src`` as the GGUF file ``dst``, weights quantized to a
     GGUF type; returns a summary (tensors per type, bytes)."""
-    try:
-        import gguf
-    except ImportError:
-        raise CheckpointError("writing GGUF needs the gguf package (pip install gguf)") from None
     from ..checkpoint import open_checkpoint
 
-    spec = (
-        quantize
-        if isinstance(quantize, OnlineQuantization)
-        else OnlineQuantization(quantize, skip=DEFAULT_SKIP)
-    )
-    src, dst = Path(src), Path(dst)
+    gguf = gguf_module()
+    spec, src, dst = as_spec(quantize), Path(src), Path(dst)
     if dst.exists():
         raise CheckpointError(f"{dst}: the destination exists")
     cfg = read_json(src / "config.json")
@@ -138,9 +128,7 @@ def write_gguf_from_hf(
     arch, pre = ARCHITECTURES[model_type]
     rules = TypeRules(spec)
     index = open_checkpoint(src).index
-    G = gguf.GGMLQuantizationType
-    writer = gguf.GGUFWriter(str(dst), arch)
-    try:
+    with gguf_writer(dst, arch) as writer:
         writer.add_name(str(cfg.get("_name_or_path") or src.name))
         h = _hparams(writer, cfg, src)
         _tokenizer(writer, gguf, src, pre, h["vocab"])
@@ -163,36 +151,20 @@ def write_gguf_from_hf(
             plans.append((name, new, kind))
         targets = {k for _, _, k in plans if k.lower() in FILE_TYPES}
         writer.add_file_type(FILE_TYPES[targets.pop().lower()] if len(targets) == 1 else 1)
-        for name, new, kind in plans:
-            shape = index.shape(name)
-            B, T = gguf.GGML_QUANT_SIZES[G[kind]]
-            rows = math.prod(shape[:-1])
-            writer.add_tensor_info(
-                new, (*shape[:-1], shape[-1] // B * T), np.uint8, rows * (shape[-1] // B) * T, G[kind]
-            )
-        writer.write_header_to_file()
-        writer.write_kv_data_to_file()
-        writer.write_ti_data_to_file()
-        written: dict[str, int] = {}
-        for i, (name, _, kind) in enumerate(plans):
+
+        def data(i: int) -> torch.Tensor:
+            name, _, kind = plans[i]
             t = index.read(name)
             if arch == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
                 t = _permute(t, h["heads"] if name.endswith("q_proj.weight") else h["kv_heads"])
             if kind.lower() in BLOCK:
-                data = quantize_blocks(t.float(), kind.lower())
-            elif kind == "F32":
-                data = t.float()
-            else:
-                data = t.to(FLOAT_OUT[kind])
-            writer.write_tensor_data(data.contiguous().view(torch.uint8).numpy().reshape(-1))
-            written[kind] = written.get(kind, 0) + 1
-            if progress is not None:
-                progress(i + 1, len(plans))
-    except BaseException:
-        writer.close()
-        dst.unlink(missing_ok=True)
-        raise
-    writer.close()
+                return quantize_blocks(t.float(), kind.lower())
+            return t.float() if kind == "F32" else t.to(FLOAT_OUT[kind])
+
+        stream_tensors(writer, [(new, index.shape(name), kind) for name, new, kind in plans], data, progress)
+    written: dict[str, int] = {}
+    for _, _, kind in plans:
+        written[kind] = written.get(kind, 0) + 1
     return {
         "source": str(src),
         "destination": str(dst),

@@ -10,10 +10,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from writer_testing import stored_tensors
+from writer_testing import assert_loads_like_online, assert_written_back
 
 import quantrt
-from quantrt.checkpoint import open_checkpoint
 from quantrt.errors import CheckpointError
 from quantrt.writers import awq, write_quantized
 
@@ -29,20 +28,8 @@ TOOLS = [
 
 @pytest.mark.parametrize("name", TOOLS)
 def test_layers_written_back_byte_for_byte(name: str) -> None:
-    ckpt = open_checkpoint(FIXTURES / name)
-    stored = stored_tensors(FIXTURES / name)
-    schemes = {}
-    for prefix, w in ckpt.weights():
-        mine = awq.layer_tensors(prefix, w.canonical())
-        assert set(mine) == {k for k in stored if k.startswith(prefix + ".") and not k.endswith(".bias")}
-        for key, t in mine.items():
-            want = stored[key]
-            assert (t.dtype, t.shape) == (want.dtype, want.shape), key
-            assert torch.equal(t, want), key
-        schemes[prefix] = w.scheme
-    assert schemes
-    tool = json.loads((FIXTURES / name / "config.json").read_text())["quantization_config"]
-    mine = awq.quantization_config(schemes, [])
+    got = assert_written_back(FIXTURES / name, awq)
+    mine, tool = awq.quantization_config(got["schemes"], []), got["config"]
     for key in ("bits", "group_size", "zero_point", "quant_method"):
         assert mine[key] == tool[key], key
     assert mine["version"] == tool["version"].lower()
@@ -67,13 +54,7 @@ def test_written_awq_loads_as_the_model_quantized_at_load(
     cfg = json.loads((out / "config.json").read_text())["quantization_config"]
     assert cfg["quant_method"] == "awq" and cfg["zero_point"] == scheme.endswith("asym")
     assert cfg["modules_to_not_convert"] == ["lm_head"]
-    load = dict(device="cpu", dtype=torch.float32, progress=False)
-    written = quantrt.from_pretrained(out, **load)
-    online = quantrt.from_pretrained(dense_llama, quantize=scheme, **load)
-    assert written.quantrt.format == "awq"
-    ids = torch.randint(0, 97, (2, 7), generator=torch.Generator().manual_seed(2))
-    with torch.no_grad():
-        assert torch.equal(written(ids).logits, online(ids).logits)
+    assert_loads_like_online(out, dense_llama, scheme, "awq")
 
 
 def test_refusals(dense_llama: Path, tmp_path: Path) -> None:

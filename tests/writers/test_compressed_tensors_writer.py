@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from writer_testing import stored_tensors
+from writer_testing import assert_loads_like_online, stored_tensors
 
 import quantrt
 from quantrt.checkpoint import open_checkpoint
@@ -105,13 +105,7 @@ def test_written_checkpoint_loads_as_the_model_quantized_at_load(
     assert (out / "tokenizer_config.json").exists() and (out / "model.safetensors.index.json").exists()
     cfg = json.loads((out / "config.json").read_text())["quantization_config"]
     assert cfg["quant_method"] == "compressed-tensors"
-    load = dict(device="cpu", dtype=torch.float32, progress=False)
-    written = quantrt.from_pretrained(out, **load)
-    online = quantrt.from_pretrained(dense_llama, quantize=scheme, **load)
-    assert written.quantrt.format == "compressed-tensors"
-    ids = torch.randint(0, 97, (2, 7), generator=torch.Generator().manual_seed(2))
-    with torch.no_grad():
-        assert torch.equal(written(ids).logits, online(ids).logits)
+    assert_loads_like_online(out, dense_llama, scheme, "compressed-tensors")
 
 
 def test_refusals(dense_llama: Path, tmp_path: Path) -> None:

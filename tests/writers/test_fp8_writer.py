@@ -5,15 +5,12 @@ into the model ``from_pretrained(quantize="w8a8-fp8-block128")`` builds, logits 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 import torch
-from writer_testing import stored_tensors
+from writer_testing import assert_loads_like_online, assert_written_back
 
-import quantrt
-from quantrt.checkpoint import open_checkpoint
 from quantrt.errors import CheckpointError
 from quantrt.writers import fp8, write_quantized
 
@@ -21,19 +18,8 @@ FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "interop" / "hf-fp8
 
 
 def test_layers_written_back_byte_for_byte() -> None:
-    ckpt = open_checkpoint(FIXTURE)
-    stored = stored_tensors(FIXTURE)
-    schemes = {}
-    for prefix, w in ckpt.weights():
-        mine = fp8.layer_tensors(prefix, w.canonical())
-        assert set(mine) == {k for k in stored if k.startswith(prefix + ".")}
-        for key, t in mine.items():
-            want = stored[key]
-            assert (t.dtype, t.shape) == (want.dtype, want.shape), key
-            assert torch.equal(t.flatten().view(torch.uint8), want.flatten().view(torch.uint8)), key
-        schemes[prefix] = w.scheme
-    assert schemes
-    tool = json.loads((FIXTURE / "config.json").read_text())["quantization_config"]
+    got = assert_written_back(FIXTURE, fp8)
+    schemes, tool, ckpt = got["schemes"], got["config"], got["checkpoint"]
     dense = [p for p, e in ckpt.layers.items() if not e.quantized and e.kind == "linear"]
     mine = fp8.quantization_config(schemes, dense)
     for key in ("activation_scheme", "quant_method", "weight_block_size"):
@@ -56,10 +42,4 @@ def test_written_fp8_loads_as_the_model_quantized_at_load(tmp_path: Path) -> Non
     with pytest.raises(CheckpointError, match="block fp8"):
         write_quantized(dense, tmp_path / "no", "w8a8-fp8-ch", fmt="fp8")
     write_quantized(dense, tmp_path / "q", "w8a8-fp8-block128", fmt="fp8")
-    load = dict(device="cpu", dtype=torch.float32, progress=False)
-    written = quantrt.from_pretrained(tmp_path / "q", **load)
-    online = quantrt.from_pretrained(dense, quantize="w8a8-fp8-block128", **load)
-    assert written.quantrt.format == "fp8"
-    ids = torch.randint(0, 97, (1, 6), generator=torch.Generator().manual_seed(1))
-    with torch.no_grad():
-        assert torch.equal(written(ids).logits, online(ids).logits)
+    assert_loads_like_online(tmp_path / "q", dense, "w8a8-fp8-block128", "fp8")

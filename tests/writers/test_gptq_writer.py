@@ -11,10 +11,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from writer_testing import stored_tensors
+from writer_testing import assert_loads_like_online, assert_written_back
 
 import quantrt
-from quantrt.checkpoint import open_checkpoint
 from quantrt.errors import CheckpointError
 from quantrt.writers import gptq, write_quantized
 
@@ -29,20 +28,8 @@ V1 = [
 
 @pytest.mark.parametrize("name", V1)
 def test_layers_written_back_byte_for_byte(name: str) -> None:
-    ckpt = open_checkpoint(FIXTURES / name)
-    stored = stored_tensors(FIXTURES / name)
-    schemes = {}
-    for prefix, w in ckpt.weights():
-        mine = gptq.layer_tensors(prefix, w.canonical())
-        assert set(mine) == {k for k in stored if k.startswith(prefix + ".") and not k.endswith(".bias")}
-        for key, t in mine.items():
-            want = stored[key]
-            assert (t.dtype, t.shape) == (want.dtype, want.shape), key
-            assert torch.equal(t, want), key
-        schemes[prefix] = w.scheme
-    assert schemes
-    tool = json.loads((FIXTURES / name / "config.json").read_text())["quantization_config"]
-    mine = gptq.quantization_config(schemes, [])
+    got = assert_written_back(FIXTURES / name, gptq)
+    mine, tool = gptq.quantization_config(got["schemes"], []), got["config"]
     for key in ("bits", "group_size", "desc_act", "sym", "quant_method", "lm_head"):
         assert mine[key] == tool[key], key
 
@@ -55,13 +42,7 @@ def test_written_gptq_loads_as_the_model_quantized_at_load(
     write_quantized(dense_llama, out, scheme, fmt="gptq")
     cfg = json.loads((out / "config.json").read_text())["quantization_config"]
     assert cfg["quant_method"] == "gptq" and cfg["checkpoint_format"] == "gptq"
-    load = dict(device="cpu", dtype=torch.float32, progress=False)
-    written = quantrt.from_pretrained(out, **load)
-    online = quantrt.from_pretrained(dense_llama, quantize=scheme, **load)
-    assert written.quantrt.format == "gptq"
-    ids = torch.randint(0, 97, (2, 7), generator=torch.Generator().manual_seed(2))
-    with torch.no_grad():
-        assert torch.equal(written(ids).logits, online(ids).logits)
+    assert_loads_like_online(out, dense_llama, scheme, "gptq")
 
 
 def test_refusals(dense_llama: Path, tmp_path: Path) -> None:
