@@ -17,9 +17,10 @@ import torch
 from ..canonical import CanonicalWeight
 from ..packing import unpack_codes
 from ..schemes import Scheme
-from .compressed_tensors import WriterError
+from .stored import WriterError, exact_scales
 
-SCALE_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+#: AutoAWQ's fp16 and GPTQModel's bf16
+SCALE_DTYPES = ("fp16", "bf16")
 #: the column (within a group of 8) that nibble i of a word holds
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
 
@@ -56,10 +57,7 @@ def layer_tensors(prefix: str, w: CanonicalWeight) -> dict[str, torch.Tensor]:
     if N % 8 or K % G:
         raise WriterError(f"{prefix}: AWQ needs N a multiple of 8 and K of the group size {G}; N={N}, K={K}")
     ng = K // G
-    scales = w["scales"].reshape(N, ng)
-    half = scales.to(SCALE_DTYPES[s.scale_dtype])
-    if not torch.equal(half.float(), scales.float()):
-        raise WriterError(f"{prefix}.scales: not exact in {s.scale_dtype}")
+    half = exact_scales(w["scales"].reshape(N, ng), s.scale_dtype, f"{prefix}.scales", SCALE_DTYPES)
     zeros = w.get("zeros")
     z = torch.full((N, ng), 8, dtype=torch.int32) if zeros is None else zeros.reshape(N, ng).to(torch.int32)
     codes = unpack_codes(w["qweight"], 4, K)  # [N, K]

@@ -22,17 +22,12 @@ from typing import Any
 import torch
 
 from ..canonical import CanonicalWeight
-from ..errors import CheckpointError
 from ..packing import pack_int32
 from ..schemes import Scheme
+from .stored import WriterError, exact_scales, words_along_k
 
-SCALE_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 #: compressed-tensors' version whose layout this writes (the fixtures' tool)
 VERSION = "0.20.0"
-
-
-class WriterError(CheckpointError):
-    """A weight this format cannot hold exactly."""
 
 
 def _format(s: Scheme) -> str | None:
@@ -56,16 +51,6 @@ def format_of(scheme: Scheme) -> str:
     return "pack-quantized" if scheme.weight == "int" else "float-quantized"
 
 
-def _scale(t: torch.Tensor, scheme: Scheme, what: str) -> torch.Tensor:
-    dt = SCALE_DTYPES.get(scheme.scale_dtype)
-    if dt is None:
-        raise WriterError(f"{what}: scales stored as {scheme.scale_dtype} have no compressed-tensors dtype")
-    out = t.to(dt)
-    if not torch.equal(out.float(), t.float()):
-        raise WriterError(f"{what}: the scales are not exact in {scheme.scale_dtype}")
-    return out.contiguous()
-
-
 def layer_tensors(prefix: str, w: CanonicalWeight) -> dict[str, torch.Tensor]:
     """The stored tensors of one layer (full names), from its canonical weight."""
     s = w.scheme
@@ -75,13 +60,11 @@ def layer_tensors(prefix: str, w: CanonicalWeight) -> dict[str, torch.Tensor]:
     N, K = w.N, w.K
     if s.weight == "int":
         b = s.bits
-        q = w["qweight"].contiguous()
-        words = -(-q.shape[-1] // 4)
-        padded = torch.zeros(N, 4 * words, dtype=torch.uint8, device=q.device)
-        padded[:, : q.shape[-1]] = q
         out = {
-            f"{prefix}.weight_packed": padded.view(torch.int32).contiguous(),
-            f"{prefix}.weight_scale": _scale(w["scales"].reshape(N, -1), s, f"{prefix}.weight_scale"),
+            f"{prefix}.weight_packed": words_along_k(w["qweight"]).contiguous(),
+            f"{prefix}.weight_scale": exact_scales(
+                w["scales"].reshape(N, -1), s.scale_dtype, f"{prefix}.weight_scale"
+            ),
             f"{prefix}.weight_shape": torch.tensor([N, K], dtype=torch.int64),
         }
         if not s.symmetric:
@@ -94,7 +77,7 @@ def layer_tensors(prefix: str, w: CanonicalWeight) -> dict[str, torch.Tensor]:
         scale = scale.reshape(-1)[:1]
     return {
         f"{prefix}.weight": w["qweight"].contiguous(),
-        f"{prefix}.weight_scale": _scale(scale, s, f"{prefix}.weight_scale"),
+        f"{prefix}.weight_scale": exact_scales(scale, s.scale_dtype, f"{prefix}.weight_scale"),
     }
 
 

@@ -14,7 +14,7 @@ import torch
 
 from ..canonical import CanonicalWeight
 from ..schemes import Scheme
-from .compressed_tensors import WriterError
+from .stored import WriterError
 
 
 def why_not(scheme: Scheme) -> str | None:

@@ -18,7 +18,7 @@ import torch
 from ..canonical import CanonicalWeight
 from ..packing import pack_int32
 from ..schemes import Scheme
-from .compressed_tensors import WriterError
+from .stored import WriterError, exact_scales, words_along_k
 
 #: the v1 convention: qzeros hold each zero point minus one
 ZERO_OFFSET = 1
@@ -38,14 +38,6 @@ def why_not(scheme: Scheme) -> str | None:
     return None
 
 
-def _words_along_k(q: torch.Tensor, n: int) -> torch.Tensor:
-    """Canonical code bytes [N, bytes] as int32 words per row [N, words], zero-padded."""
-    words = -(-q.shape[-1] // 4)
-    padded = torch.zeros(n, 4 * words, dtype=torch.uint8, device=q.device)
-    padded[:, : q.shape[-1]] = q
-    return padded.view(torch.int32)
-
-
 def layer_tensors(prefix: str, w: CanonicalWeight) -> dict[str, torch.Tensor]:
     """The stored tensors of one layer (full names), from its canonical weight."""
     s = w.scheme
@@ -55,10 +47,7 @@ def layer_tensors(prefix: str, w: CanonicalWeight) -> dict[str, torch.Tensor]:
     N, K, b = w.N, w.K, s.bits
     G = s.group_size if s.granularity == "group" else K
     ng = -(-K // G)
-    scales = w["scales"].reshape(N, ng)
-    half = scales.to(torch.float16)
-    if not torch.equal(half.float(), scales.float()):
-        raise WriterError(f"{prefix}.scales: not exact in fp16")
+    half = exact_scales(w["scales"].reshape(N, ng), "fp16", f"{prefix}.scales")
     zeros = w.get("zeros")
     z = (
         torch.full((N, ng), 1 << (b - 1), dtype=torch.int32)
@@ -68,7 +57,7 @@ def layer_tensors(prefix: str, w: CanonicalWeight) -> dict[str, torch.Tensor]:
     if bool((z < ZERO_OFFSET).any()):
         raise WriterError(f"{prefix}.qzeros: a zero point of 0 has no GPTQ v1 code (stored as z - 1)")
     return {
-        f"{prefix}.qweight": _words_along_k(w["qweight"], N).T.contiguous(),
+        f"{prefix}.qweight": words_along_k(w["qweight"]).T.contiguous(),
         f"{prefix}.qzeros": pack_int32((z - ZERO_OFFSET).T.contiguous().cpu(), b, 1).contiguous(),
         f"{prefix}.scales": half.T.contiguous(),
         f"{prefix}.g_idx": (torch.arange(K, dtype=torch.int32) // G).contiguous(),
