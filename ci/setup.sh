@@ -13,3 +13,8 @@ source "$VENV/bin/activate"
 # several-GB CUDA build. On the project's CI machines 2.13.0 is a CPU build on local disk.
 python -m pip install -q "torch==${QUANTRT_TORCH:-2.13.0}"
 python -m pip install -q -e "$ROOT[dev,triton]"
+# GPTQModel reads quantrt's GPTQ/AWQ files in tests/writers/test_gptqmodel_reader.py. Its requirements
+# pin a newer torch and numpy than the CPU CI runs, and its readers need none of that: it and the
+# modules it imports go in without their pins.
+python -m pip install -q --no-deps "gptqmodel==7.7.0" "pypcre==0.6.4" "logbar==0.4.15" "device-smi==0.5.7" \
+  "tokenicer==0.0.14" "defuser==0.0.28" "threadpoolctl>=3.5" "pillow>=11"

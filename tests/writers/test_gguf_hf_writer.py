@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from writer_testing import TOKENIZER_TEXT, save_tiny_tokenizer
 
 import quantrt
 from quantrt.errors import CheckpointError
@@ -23,28 +24,11 @@ transformers = pytest.importorskip("transformers")
 gguf = pytest.importorskip("gguf")
 tokenizers = pytest.importorskip("tokenizers")
 
-TEXT = ["The capital of France is Paris.", "def fibonacci(n): return n", "Quantization saves memory."]
-
-
-def _tokenizer(path: Path) -> int:
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=300, special_tokens=["<s>", "</s>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
-    )
-    tok.train_from_iterator(TEXT * 20, trainer)
-    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>")
-    fast.save_pretrained(path)
-    return len(fast)
-
 
 @pytest.fixture(scope="module", params=["llama", "qwen3"])
 def folder(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp(request.param)
-    vocab = _tokenizer(path) + 4  # embedding rows past the tokenizer
+    vocab = save_tiny_tokenizer(path) + 4  # embedding rows past the tokenizer
     common = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
                   num_key_value_heads=2, vocab_size=vocab, tie_word_embeddings=False, bos_token_id=0, eos_token_id=1)  # fmt: skip
     # head_dim = hidden / heads: transformers' GGUF table reads no key_length (quantrt writes it)
@@ -83,7 +67,7 @@ def test_tokenizer_and_metadata(folder: Path, tmp_path: Path) -> None:
     write_gguf_from_hf(folder, out, "gguf-q4_0")
     ours = transformers.AutoTokenizer.from_pretrained(str(tmp_path), gguf_file=out.name)
     hf = transformers.AutoTokenizer.from_pretrained(str(folder))
-    for text in [*TEXT, "unseen words: Zürich, 42"]:
+    for text in [*TOKENIZER_TEXT, "unseen words: Zürich, 42"]:
         assert ours(text)["input_ids"] == hf(text)["input_ids"], text
     fields = gguf.GGUFReader(str(out)).fields
     cfg = json.loads((folder / "config.json").read_text())

@@ -3,9 +3,9 @@ bf16 model -> ``quantrt quantize`` -> compressed-tensors 0.20's own decompressor
 quantrt's own dequantization of the same file (``quantrt.reference.dequantize``).
 
 The other formats' readers are checked elsewhere: GGUF by gguf-py and transformers' GGUF loader
-(test_gguf_writer.py); GPTQ, AWQ and block fp8 byte for byte against files the tools themselves wrote
-(test_gptq_writer.py, test_awq_writer.py, test_fp8_writer.py), because their readers (GPTQModel,
-AutoAWQ) need CUDA builds that a CPU test cannot install.
+(test_gguf_writer.py), GPTQ and AWQ by GPTQModel's loader and kernels (test_gptqmodel_reader.py);
+GPTQ, AWQ and block fp8 also byte for byte against files the tools themselves wrote
+(test_gptq_writer.py, test_awq_writer.py, test_fp8_writer.py).
 """
 
 from __future__ import annotations

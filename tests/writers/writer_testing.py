@@ -13,6 +13,31 @@ from safetensors import safe_open
 import quantrt
 from quantrt.checkpoint import open_checkpoint
 
+#: what the tiny test tokenizer is trained on
+TOKENIZER_TEXT = [
+    "The capital of France is Paris.",
+    "def fibonacci(n): return n",
+    "Quantization saves memory.",
+]
+
+
+def save_tiny_tokenizer(path: Path) -> int:
+    """A small byte-level BPE tokenizer (tokenizers, saved by transformers) in ``path``, for readers
+    that load one with the weights; returns its vocabulary size."""
+    import transformers
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=300, special_tokens=["<s>", "</s>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
+    tok.train_from_iterator(TOKENIZER_TEXT * 20, trainer)
+    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>")
+    fast.save_pretrained(path)
+    return len(fast)
+
 
 def stored_tensors(path: Path) -> dict[str, torch.Tensor]:
     """Every tensor of the folder's safetensors files, by name."""
