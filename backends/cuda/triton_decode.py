@@ -1,17 +1,18 @@
 """4-bit weight decodes for NVIDIA GPUs as inline PTX, for the portable Triton kernels' K loops
 (``backends/triton/moe.py`` takes them in place of its portable decodes).
 
-Each asm block takes four code bytes in one 32-bit register and yields four 16-bit values in two,
-with packed (x2) arithmetic, where the portable decodes spend integer ops, conversions and fp32
+Each asm block takes four code bytes in one 32-bit register and yields their 16-bit values packed
+two to a register (int4: one nibble per byte, e2m1: both), with packed (x2) arithmetic, where the portable decodes spend integer ops, conversions and fp32
 multiplies on every element: the K loop of a small batch is bound by these instructions, not by
 memory. Both are exact:
 
 - :func:`int4_minus`: ``q - z`` of one nibble per byte in bf16/fp16. ``prmt`` spreads two bytes
   into the halves of a register, ``lop3`` keeps the nibble and ORs in the mantissa of 128 (bf16) or
   1024 (fp16), one packed ``fma`` subtracts ``magic + z`` (an integer: exact).
-- :func:`e2m1_scaled`: e2m1 value times its group scale, in bf16. The three magnitude bits of four
-  codes become one ``prmt`` selector into two 8-entry byte tables (the bf16 high and low bytes of
-  0, 0.5, 1, 1.5, 2, 3, 4, 6), the sign bits are ORed into the high bytes, and one packed ``fma``
+- :func:`e2m1_scaled`: e2m1 value times its group scale, in bf16, both nibbles of four code bytes
+  in one block. The masked magnitude bits are ``prmt`` selectors as they lie, into two 8-entry byte
+  tables (the bf16 high and low bytes of 0, 0.5, 1, 1.5, 2, 3, 4, 6); ``prmt``'s sign-replicate mode
+  makes the sign bits byte masks ORed into the high bytes; one packed ``fma`` per two values
   multiplies by the scale: value (2 significant bits) times an e4m3 or e8m0 scale (at most 4) is
   exact in bf16, as the fp32 product the portable path rounds.
 
@@ -48,27 +49,37 @@ _INT4_F16_LO = _int4_asm(False, 0x64006400, 0x3C003C00, "fma.rn.f16x2")
 _INT4_F16_HI = _int4_asm(True, 0x64006400, 0x3C003C00, "fma.rn.f16x2")
 
 # e2m1 magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6 as bf16 0x0000 0x3F00 0x3F80 0x3FC0 0x4000 0x4040
-# 0x4080 0x40C0: high bytes {0x3F3F3F00, 0x40404040}, low bytes {0xC0800000, 0xC0804000}
-_E2M1_BF16 = """{
-.reg .b32 r, x, y, sel, hi, lo, sg, t, ha, hb, la, lb, mk, sm, nz;
-mov.b32 ha, 0x3F3F3F00; mov.b32 hb, 0x40404040; mov.b32 la, 0xC0800000; mov.b32 lb, 0xC0804000;
-mov.b32 mk, 0x07070707; mov.b32 sm, 0x80808080; mov.b32 nz, 0x80008000;
-SHIFT
-and.b32 x, r, mk;
-shr.b32 y, x, 4;
-or.b32 y, x, y;
-prmt.b32 sel, y, y, 0x0020;
-prmt.b32 hi, ha, hb, sel;
-prmt.b32 lo, la, lb, sel;
-shl.b32 t, r, 4;
-lop3.b32 hi, t, sm, hi, 0xEA;
-prmt.b32 t, lo, hi, 0x5140;
-fma.rn.bf16x2 $0, t, $3, nz;
-prmt.b32 t, lo, hi, 0x7362;
-fma.rn.bf16x2 $1, t, $4, nz;
-}"""
-_E2M1_BF16_LO = tl.constexpr(_E2M1_BF16.replace("SHIFT", "mov.b32 r, $2;"))
-_E2M1_BF16_HI = tl.constexpr(_E2M1_BF16.replace("SHIFT", "shr.b32 r, $2, 4;"))
+# 0x4080 0x40C0: high bytes {0x3F3F3F00, 0x40404040}, low bytes {0xC0800000, 0xC0804000}.
+# Both nibbles of four code bytes b0..b3 in one block ($4): the magnitudes masked in place are
+# prmt selectors as they lie (nibbles L0 H0 L1 H1 | L2 H2 L3 H3), four table lookups give the high
+# and low bytes of all eight values, the signs become byte masks by prmt's sign-replicate mode (the
+# low nibbles' sign bits shifted to their byte's top first) and are ORed into the high bytes, four
+# prmt pair the bytes into bf16x2 (L0 L1, L2 L3, H0 H1, H2 H3) and four packed fma apply the
+# scales ($5 $6: the low nibbles', $7 $8: the high ones'; the -0 addend keeps -0's sign).
+_E2M1_PAIR_BF16 = tl.constexpr("""{
+.reg .b32 m, sb, rl, h0, h1, l0, l1, hb0, hb1, lb0, lb1, sg0, sg1, t, mk, sm, nz;
+mov.b32 h0, 0x3F3F3F00; mov.b32 h1, 0x40404040; mov.b32 l0, 0xC0800000; mov.b32 l1, 0xC0804000;
+mov.b32 mk, 0x77777777; mov.b32 sm, 0x80808080; mov.b32 nz, 0x80008000;
+and.b32 m, $4, mk;
+shr.b32 sb, m, 16;
+prmt.b32 hb0, h0, h1, m;
+prmt.b32 lb0, l0, l1, m;
+prmt.b32 hb1, h0, h1, sb;
+prmt.b32 lb1, l0, l1, sb;
+shl.b32 rl, $4, 4;
+prmt.b32 sg0, rl, $4, 0xD9C8;
+prmt.b32 sg1, rl, $4, 0xFBEA;
+lop3.b32 hb0, sg0, sm, hb0, 0xEA;
+lop3.b32 hb1, sg1, sm, hb1, 0xEA;
+prmt.b32 t, lb0, hb0, 0x6240;
+fma.rn.bf16x2 $0, t, $5, nz;
+prmt.b32 t, lb1, hb1, 0x6240;
+fma.rn.bf16x2 $1, t, $6, nz;
+prmt.b32 t, lb0, hb0, 0x7351;
+fma.rn.bf16x2 $2, t, $7, nz;
+prmt.b32 t, lb1, hb1, 0x7351;
+fma.rn.bf16x2 $3, t, $8, nz;
+}""")
 
 
 @triton.jit
@@ -92,23 +103,27 @@ def int4_minus(w, z, HIGH: tl.constexpr, like):
 
 
 @triton.jit
-def e2m1_scaled(w, sc, HIGH: tl.constexpr, G: tl.constexpr, SKIND: tl.constexpr, T: tl.constexpr, like):
-    """One nibble of the e2m1 codes times its group scale (sc: the stored e4m3/e8m0 scale codes of
-    the half tile, [BN, BK/2/G] when T else [BK/2/G, BN]), in like's dtype."""
-    if like.dtype == tl.bfloat16:
-        s = _scale(sc, SKIND, False).to(tl.bfloat16)  # exact: 4 significant bits, in bf16's range
-        if T:
-            BN: tl.constexpr = w.shape[0]
-            NGH: tl.constexpr = s.shape[1]
-            s = tl.reshape(tl.broadcast_to(s[:, :, None], (BN, NGH, G)), w.shape)
-        else:
-            NGH2: tl.constexpr = s.shape[0]
-            BN2: tl.constexpr = w.shape[1]
-            s = tl.reshape(tl.broadcast_to(s[:, None, :], (NGH2, G, BN2)), w.shape)
-        if HIGH:
-            v = tl.inline_asm_elementwise(_E2M1_BF16_HI, "=r,=r,r,r,r", [w, s], tl.bfloat16, True, 4)
-        else:
-            v = tl.inline_asm_elementwise(_E2M1_BF16_LO, "=r,=r,r,r,r", [w, s], tl.bfloat16, True, 4)
+def _broadcast_scales(sc, SKIND: tl.constexpr, G: tl.constexpr, T: tl.constexpr, shape: tl.constexpr):
+    """A half tile's stored scale codes ([BN, BK/2/G] when T else [BK/2/G, BN]) as bf16 values,
+    one per code (exact: 4 significant bits, in bf16's range)."""
+    s = _scale(sc, SKIND, False).to(tl.bfloat16)
+    if T:
+        s = tl.reshape(tl.broadcast_to(s[:, :, None], (shape[0], s.shape[1], G)), shape)
     else:
-        v = _fp4_decode(w, sc, HIGH, G, SKIND, T, like)
-    return v
+        s = tl.reshape(tl.broadcast_to(s[:, None, :], (s.shape[0], G, shape[1])), shape)
+    return s
+
+
+@triton.jit
+def e2m1_scaled(w, sc_lo, sc_hi, G: tl.constexpr, SKIND: tl.constexpr, T: tl.constexpr, like):
+    """Both nibbles of the e2m1 codes times their group scales, in like's dtype: (low, high).
+    sc_lo/sc_hi: each half tile's stored e4m3/e8m0 scale codes."""
+    if like.dtype == tl.bfloat16:
+        s_lo = _broadcast_scales(sc_lo, SKIND, G, T, w.shape)
+        s_hi = _broadcast_scales(sc_hi, SKIND, G, T, w.shape)
+        lo, hi = tl.inline_asm_elementwise(
+            _E2M1_PAIR_BF16, "=r,=r,=r,=r,r,r,r,r,r", [w, s_lo, s_hi], (tl.bfloat16, tl.bfloat16), True, 4
+        )
+    else:
+        lo, hi = _fp4_decode(w, sc_lo, sc_hi, G, SKIND, T, like)
+    return lo, hi

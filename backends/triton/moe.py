@@ -313,10 +313,12 @@ def _fp4_half(w, s, HIGH: tl.constexpr, G: tl.constexpr, SKIND: tl.constexpr, T:
 
 
 @triton.jit
-def _fp4_decode(w, sc, HIGH: tl.constexpr, G: tl.constexpr, SKIND: tl.constexpr, T: tl.constexpr, like):
-    """The portable e2m1 decode: value * scale in fp32 (exact), cast to like's dtype; sc holds the
-    half tile's stored scale codes."""
-    return _fp4_half(w, _scale(sc, SKIND, True), HIGH, G, SKIND, T).to(like.dtype)
+def _fp4_decode(w, sc_lo, sc_hi, G: tl.constexpr, SKIND: tl.constexpr, T: tl.constexpr, like):
+    """The portable e2m1 decode of both nibbles: value * scale in fp32 (exact), cast to like's
+    dtype; sc_lo/sc_hi hold each half tile's stored scale codes. Returns (low, high)."""
+    lo = _fp4_half(w, _scale(sc_lo, SKIND, True), False, G, SKIND, T).to(like.dtype)
+    hi = _fp4_half(w, _scale(sc_hi, SKIND, True), True, G, SKIND, T).to(like.dtype)
+    return lo, hi
 
 
 @triton.jit
@@ -346,8 +348,7 @@ def _fp4_step(
     else:
         s_lo = tl.load(s_cols + g_lo2, mask=g_lo2 < K // G, other=0)
         s_hi = tl.load(s_cols + g_hi2, mask=g_hi2 < K // G, other=0)
-    w_lo = DECF(w, s_lo, False, G, SKIND, T, x_lo)
-    w_hi = DECF(w, s_hi, True, G, SKIND, T, x_lo)
+    w_lo, w_hi = DECF(w, s_lo, s_hi, G, SKIND, T, x_lo)
     acc = _mma(x_lo, w_lo, acc, T, IEEE)
     acc = _mma(x_hi, w_hi, acc, T, IEEE)
     return acc
