@@ -39,6 +39,7 @@ import argparse
 import dataclasses
 import json
 import math
+import os
 import subprocess
 import sys
 import time
@@ -234,6 +235,9 @@ def dequant_baseline(basefn, x, ids, w, c13, c2):
 
 
 def git_sha() -> str:
+    """QUANTRT_TREE where given (the device's copy of the tree reports a stale HEAD), else git's."""
+    if os.environ.get("QUANTRT_TREE"):
+        return os.environ["QUANTRT_TREE"]
     try:
         root = Path(__file__).resolve().parents[1]
         out = subprocess.run(
