@@ -439,11 +439,12 @@ def table(doc: dict) -> str:
 # -- tile sweep ------------------------------------------------------------------------------------
 
 SWEEP_SMALL = [
-    MoeTile(16, bn, bk, 1, 1, 4, st, swap)
+    MoeTile(16, bn, bk, 1, 1, w, st, swap)
     for bn in (64, 128, 256)
     for bk in (128, 256)
-    for st in (3, 4)
+    for w, st in ((4, 3), (4, 4), (8, 3), (8, 4))
     for swap in (False, True)
+    if not (swap and w == 8)
 ]
 SWEEP_LARGE = [
     MoeTile(bm, bn, bk, 8, 1, w, st)
