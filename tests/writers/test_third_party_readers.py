@@ -3,9 +3,9 @@ bf16 model -> ``quantrt quantize`` -> compressed-tensors 0.20's own decompressor
 quantrt's own dequantization of the same file (``quantrt.reference.dequantize``).
 
 The other formats' readers are checked elsewhere: GGUF by gguf-py and transformers' GGUF loader
-(test_gguf_writer.py), GPTQ and AWQ by GPTQModel's loader and kernels (test_gptqmodel_reader.py);
-GPTQ, AWQ and block fp8 also byte for byte against files the tools themselves wrote
-(test_gptq_writer.py, test_awq_writer.py, test_fp8_writer.py).
+(test_gguf_writer.py), GPTQ and AWQ by GPTQModel's loader and kernels (test_gptqmodel_reader.py),
+block fp8 by transformers' FP8 loader (below); GPTQ, AWQ and block fp8 also byte for byte against
+files the tools themselves wrote (test_gptq_writer.py, test_awq_writer.py, test_fp8_writer.py).
 """
 
 from __future__ import annotations
@@ -63,3 +63,19 @@ def test_compressed_tensors_decompressor_reads_quantrts_file(
             )
             seen += 1
     assert seen == 14
+
+
+def test_transformers_fp8_loader_reads_quantrts_block_fp8(dense_llama: Path, tmp_path: Path) -> None:
+    """``--format fp8`` (``quant_method: fp8``, 128x128 weight blocks): transformers' FP8 loader,
+    which dequantizes where it finds no GPU, gives every layer's weight exactly quantrt's
+    dequantization (fp32 load: nothing rounded after the block scale)."""
+    transformers = pytest.importorskip("transformers")
+    out = tmp_path / "fp8"
+    write_quantized(dense_llama, out, "w8a8-fp8-block128", fmt="fp8")
+    ours = {p: reference.dequantize(w.canonical()) for p, w in open_checkpoint(out).weights()}
+    assert len(ours) == 14
+    model = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
+    modules = dict(model.named_modules())
+    for prefix, want in ours.items():
+        theirs = modules[prefix].weight
+        assert theirs.dtype == torch.float32 and torch.equal(theirs, want), prefix
