@@ -174,6 +174,7 @@ def _run(
     bias: torch.Tensor | None,
     out: torch.Tensor | None,
     ws: Any,
+    reduce_rows: int = 1,
 ) -> torch.Tensor:
     """The one strategy: quantize activations as the scheme says, then one grouped launch."""
     A = batch.A
@@ -194,8 +195,23 @@ def _run(
     return lay.matmul(
         x, lay.weights, sid, bexp, npad, order, offsets, A, row_div, tile, lay.out_dtype,
         x_scale=xs, act_scale_mode=mode, topk_weights=batch.weights if weighted else None, bias=bias, out=out,
-        decoders=lay.decoders,
+        decoders=lay.decoders, reduce_rows=reduce_rows,
     )  # fmt: skip
+
+
+def _run_combined(
+    lay: MoeLayout,
+    x: torch.Tensor,
+    batch: ExpertBatch,
+    gather: bool,
+    weighted: bool,
+    bias: torch.Tensor | None,
+    out: torch.Tensor | None,
+    ws: Any,
+) -> torch.Tensor:
+    """The second projection summed over each token's top_k in the launch that sums the K splits
+    (PreparedExperts.combine): one launch fewer than the sum after it, nothing rounded per row."""
+    return _run(lay, x, batch, gather, weighted, bias, out, ws, reduce_rows=batch.top_k)
 
 
 def _aligned(
@@ -324,6 +340,7 @@ class CudaTritonMoe(Kernel):
             device=weights.w.device,
             kernel=self.name,
             activate=lambda h, act: gated_activation(h, act.kind, act.alpha, act.limit),
+            combine=_run_combined,
         )
 
 

@@ -480,14 +480,16 @@ _moe_launch = Launcher(_moe_kernel)
 
 
 @triton.jit
-def _split_sum_kernel(PART, OUT, N, plane, stride_om, S: tl.constexpr, BN: tl.constexpr):
-    """Row ``a``'s block of columns: the S split planes summed in a fixed order, rounded once."""
+def _split_sum_kernel(PART, OUT, N, plane, stride_om, S: tl.constexpr, R: tl.constexpr, BN: tl.constexpr):
+    """Output row ``m``'s block of columns: the S split planes of its R assignment rows (a token's
+    top_k, or 1) summed in a fixed order, rounded once."""
     row = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BN + tl.arange(0, BN)
     mask = offs < N
     acc = tl.zeros((BN,), tl.float32)
     for s in tl.static_range(S):
-        acc += tl.load(PART + s * plane + row * N + offs, mask=mask, other=0.0)
+        for j in tl.static_range(R):
+            acc += tl.load(PART + s * plane + (row * R + j) * N + offs, mask=mask, other=0.0)
     tl.store(OUT + row * stride_om + offs, acc.to(OUT.dtype.element_ty), mask=mask)
 
 
@@ -518,8 +520,11 @@ def moe_matmul(
     bias: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
     decoders: tuple[Any, Any] | None = None,
+    reduce_rows: int = 1,
 ) -> torch.Tensor:
-    """``y`` [A, N] in ``out_dtype`` (written into ``out`` when given: [A, N], unit column stride).
+    """``y`` [A, N] in ``out_dtype`` (written into ``out`` when given: [A, N], unit column stride);
+    with ``reduce_rows`` R > 1, [A / R, N]: each run of R assignment rows (a token's top_k) summed
+    in fp32 and rounded once, by the launch that sums the K splits (fp32 planes even unsplit).
 
     x: [rows, K] (fp16/bf16/fp32 for the weight-only kinds, fp8/int8 codes for rowwise and block),
     any strides; ``row(a) = a // row_div``. ``sorted_ids``/``block_expert``/``num_padded``: the
@@ -552,8 +557,11 @@ def moe_matmul(
             f"moe_matmul: block_n={tile.block_n} and block_k={tile.block_k} must divide the scale block "
             f"{weights.block}"
         )
-    split = tile.split_k > 1
-    result = out if out is not None else torch.empty(A, N, dtype=out_dtype, device=x.device)
+    R = int(reduce_rows)
+    if R < 1 or A % R:
+        raise ValueError(f"moe_matmul: reduce_rows={reduce_rows} must divide the {A} assignments")
+    split = tile.split_k > 1 or R > 1
+    result = out if out is not None else torch.empty(A // R, N, dtype=out_dtype, device=x.device)
     if A == 0 or N == 0:
         return result
     y = torch.empty(tile.split_k, A, N, dtype=torch.float32, device=x.device) if split else result
@@ -599,7 +607,9 @@ def moe_matmul(
     )  # fmt: skip
     if split:
         BN = min(next_power_of_2(N), 1024)
-        _split_sum_launch((A, cdiv(N, BN)), y, result, N, A * N, result.stride(0), S=tile.split_k, BN=BN)
+        _split_sum_launch(
+            (A // R, cdiv(N, BN)), y, result, N, A * N, result.stride(0), S=tile.split_k, R=R, BN=BN
+        )
     return result
 
 

@@ -362,7 +362,7 @@ class QuantExperts(nn.Module):
             raise RuntimeError(
                 f"{self.prefix or 'experts'}: not processed yet (call process_weights_after_loading)"
             )
-        M, k = topk_ids.shape
+        M = topk_ids.shape[0]
         if M == 0:
             return x.new_empty((0, self.hidden_size))
         if self.expert_map is not None:
@@ -374,8 +374,7 @@ class QuantExperts(nn.Module):
         fused = self._gate_up[0].state.activate
         a = self.act(h) if fused is None else fused(h, self.act)
         d = self._down
-        y = d.state(a, batch, gather=False, weighted=True, bias=d.bias)
-        return y.view(M, k, self.hidden_size).sum(dim=1)  # accumulated in fp32, rounded once
+        return d.state.combined(a, batch, bias=d.bias)
 
     def extra_repr(self) -> str:
         kern = self.kernel_names if self._down is not None else "not prepared"

@@ -52,6 +52,7 @@ class PreparedExperts:
         "_ws_bytes",
         "act_dtypes",
         "activate",
+        "combine",
         "device",
         "kernel",
         "layout",
@@ -73,6 +74,7 @@ class PreparedExperts:
         workspace: Callable[[int], int] | None = None,
         kernel: str = "",
         activate: Callable[[torch.Tensor, Any], torch.Tensor] | None = None,
+        combine: ExpertsFn | None = None,
     ) -> None:
         self.layout = layout
         self.strategies = ordered(strategies)  # type: ignore[arg-type]
@@ -84,6 +86,9 @@ class PreparedExperts:
         #: ``activate(h, activation)``: the gated activation of this projection's output on the
         #: kernel's device in one launch (None: the layer's torch Activation)
         self.activate = activate
+        #: ``combine(...)``: as a strategy's ``fn`` (gather False, weighted True), but [M, N]: each
+        #: token's top_k rows summed by the kernel's own launches (None: summed by :meth:`combined`)
+        self.combine = combine
 
     def __call__(
         self,
@@ -96,6 +101,22 @@ class PreparedExperts:
         out: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """``[A, N]`` rows, one per assignment (see the module docstring)."""
+        self._check(x, batch, gather, weighted, bias)
+        if out is not None and (out.dim() != 2 or out.shape[0] != batch.A or out.shape[1] != self.N):
+            raise ValueError(
+                f"{self.kernel}: out must have shape [{batch.A}, {self.N}], found {list(out.shape)}"
+            )
+        if batch.A == 0:
+            return x.new_empty((0, self.N), dtype=self.out_dtype) if out is None else out
+        s = self.strategy(batch.M)
+        ws = None if self._ws_bytes is None else self.workspace(batch.M)
+        if out is not None and (out.dtype != self.out_dtype or out.stride(1) != 1):
+            return out.copy_(s.fn(self.layout, x, batch, gather, weighted, bias, None, ws))
+        return s.fn(self.layout, x, batch, gather, weighted, bias, out, ws)
+
+    def _check(
+        self, x: torch.Tensor, batch: ExpertBatch, gather: bool, weighted: bool, bias: torch.Tensor | None
+    ) -> None:
         rows = batch.M if gather else batch.A
         if x.dim() != 2 or x.shape[0] != rows or x.shape[1] != self.K or x.dtype not in self.act_dtypes:
             dts = ", ".join(str(d).replace("torch.", "") for d in self.act_dtypes)
@@ -111,17 +132,19 @@ class PreparedExperts:
             raise ValueError(f"{self.kernel}: expected a bias [{self.E}, {self.N}], found {list(bias.shape)}")
         if weighted and batch.weights is None:
             raise ValueError(f"{self.kernel}: weighted=True needs the batch's routing weights")
-        if out is not None and (out.dim() != 2 or out.shape[0] != batch.A or out.shape[1] != self.N):
-            raise ValueError(
-                f"{self.kernel}: out must have shape [{batch.A}, {self.N}], found {list(out.shape)}"
-            )
-        if batch.A == 0:
-            return x.new_empty((0, self.N), dtype=self.out_dtype) if out is None else out
-        s = self.strategy(batch.M)
+
+    def combined(
+        self, x: torch.Tensor, batch: ExpertBatch, *, bias: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """The second projection's output per token, [M, N]: every assignment row of ``x`` (one per
+        assignment) weighted by its routing weight and summed over the token's top_k in fp32,
+        rounded once; in the kernel's own launches where it offers ``combine``."""
+        if self.combine is None or batch.A == 0 or batch.top_k == 1:
+            y = self(x, batch, gather=False, weighted=True, bias=bias)
+            return y.view(batch.M, batch.top_k, self.N).sum(dim=1)  # accumulated in fp32, rounded once
+        self._check(x, batch, False, True, bias)
         ws = None if self._ws_bytes is None else self.workspace(batch.M)
-        if out is not None and (out.dtype != self.out_dtype or out.stride(1) != 1):
-            return out.copy_(s.fn(self.layout, x, batch, gather, weighted, bias, None, ws))
-        return s.fn(self.layout, x, batch, gather, weighted, bias, out, ws)
+        return self.combine(self.layout, x, batch, False, True, bias, None, ws)
 
     def strategy(self, m: int) -> ExpertsStrategy:
         """The strategy that serves ``m`` tokens."""

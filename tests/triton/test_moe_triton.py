@@ -278,7 +278,42 @@ def test_whole_layer_matches_experts_reference(
         out_dtype=torch.float32,
     )  # fmt: skip
     # fp16: h and the activation are rounded to fp16 between the projections (the oracle keeps fp32)
-    assert rel(got, ref) < (2e-2 if dtype == torch.float16 else 1e-3)
+    tol = 2e-2 if dtype == torch.float16 else 1e-3
+    assert rel(got, ref) < tol
+    # the top_k sum in the kernel's own launches (the layer's path), rounded once
+    combined = dn.combined(a, batch, bias=b2.to(DEV, dtype))
+    assert combined.shape == (M, H) and combined.dtype == dtype
+    assert rel(combined, ref) < tol
+
+
+@pytest.mark.parametrize("split_k", [1, 3])
+@pytest.mark.parametrize("top_k", [2, 4])
+def test_top_k_rows_combined_in_the_split_sum(split_k: int, top_k: int) -> None:
+    """``reduce_rows=top_k``: each token's top_k weighted rows summed in fp32 by the launch that sums
+    the K splits, with an expert held elsewhere (its rows add zero) and a bias."""
+    g = torch.Generator().manual_seed(31 * split_k + top_k)
+    E, K, N, M = 5, 128, 50, 7
+    experts = make_experts("w4a16-int-g64-asym", E, K, N, g)
+    _, state = prepare("int", experts, torch.float16, False)
+    ids, tw = route(M, top_k, E, g)
+    batch = ExpertBatch(ids.to(DEV), tw.to(DEV), E)
+    x = make_x(M * top_k, K, "contig", torch.float16, g)
+    bias = (torch.randn(E, N, generator=g) * 0.1).to(DEV, torch.float16)
+    tile = MoeTile(16, 32, 64, split_k=split_k)
+    sid, bexp, npad = batch.aligned(tile.block_m)
+    order, offsets = batch.sorted()
+    y = moe_matmul(
+        x, state.layout.weights, sid, bexp, npad, order, offsets, batch.A, 1, tile, torch.float16,
+        topk_weights=batch.weights, bias=bias, reduce_rows=top_k,
+    )  # fmt: skip
+    ref = oracle(x, experts, batch, False, True, bias, False).view(M, top_k, N).sum(dim=1)
+    assert y.shape == (M, N)
+    assert rel(y, ref) < TOL[torch.float16]
+    with pytest.raises(ValueError, match="must divide"):
+        moe_matmul(
+            x, state.layout.weights, sid, bexp, npad, order, offsets, batch.A, 1, tile, torch.float16,
+            reduce_rows=3 if top_k == 2 else 5,
+        )  # fmt: skip
 
 
 def _spec(scheme: str) -> LayerSpec:
