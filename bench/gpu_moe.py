@@ -496,7 +496,12 @@ def sweep(args: argparse.Namespace) -> dict:
         doc["rows"].append({"M": M, "rows_per_expert": M * k / E, "tiles_us": res, "best": best})
         save(doc, args.out)
     if args.table:
-        section = "weight_only" if scheme.startswith("w4") else "fp8_block" if "block" in scheme else "w8a8"
+        if "fp4" in scheme:
+            section = "weight_only_fp4"
+        else:
+            section = (
+                "weight_only" if scheme.startswith("w4") else "fp8_block" if "block" in scheme else "w8a8"
+            )
         tab: dict = {
             "_note": f"bench/gpu_moe.py --sweep on {doc['device']}, {args.sweep_shape} {scheme}",
             section: {},

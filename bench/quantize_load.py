@@ -170,6 +170,8 @@ def main() -> int:
             doc.setdefault("quantize_write_s", {})[scheme] = time.perf_counter() - t0
             runs.append((f"{scheme} (written, loaded as stored)", written, "stored"))
         for i, (label, where, scheme) in enumerate(runs):
+            if args.profile_dir:
+                Path(args.profile_dir).mkdir(parents=True, exist_ok=True)
             profile = str(Path(args.profile_dir) / f"profile-{i}.txt") if args.profile_dir else ""
             done = subprocess.run(
                 [sys.executable, "-c", CHILD, str(where), args.device, scheme, profile],

@@ -59,11 +59,11 @@ DEFAULT_TABLE: dict[str, Any] = {
     "_note": (
         "Hand-set after H100 sweeps (bench/gpu_moe.py --sweep: Mixtral int4 at M=16 and 1024, Qwen3 int4 at "
         "M=16, fp8 at 1024; the transposed 'swap' product measured no faster there). "
-        "Buckets: assignments per expert (A / E). Sections: weight_only (int4/int8/fp4 dequantized in the K "
-        "loop), w8a8 (fp8/int8 codes, rowwise scales), fp8_block."
+        "Buckets: assignments per expert (A / E). Sections: weight_only (int4/int8 dequantized in the K "
+        "loop), weight_only_fp4 (NVFP4/MXFP4), w8a8 (fp8/int8 codes, rowwise scales), fp8_block."
     ),
     "weight_only": {
-        "1": dict(block_m=16, block_n=256, block_k=128, group_m=1, num_warps=4, num_stages=3, split_k_target=264),
+        "1": dict(block_m=16, block_n=256, block_k=128, group_m=1, num_warps=8, num_stages=3, split_k_target=264),
         "16": dict(block_m=16, block_n=128, block_k=128, group_m=1, num_warps=4, num_stages=4, split_k_target=264),
         "64": dict(block_m=32, block_n=128, block_k=128, group_m=8, num_warps=4, num_stages=4),
         "256": dict(block_m=64, block_n=128, block_k=128, group_m=8, num_warps=4, num_stages=3),
@@ -78,12 +78,18 @@ DEFAULT_TABLE: dict[str, Any] = {
     },
 }  # fmt: skip
 #: block fp8 starts from row-wise W8A8's tiles, but its per-K-tile scaling wants BM 64 on large
-#: batches (BM 128 halved its speed on Mixtral at M=1024 on the H100)
+#: batches (BM 128 halved its speed on Mixtral at M=1024 on the H100) and four stages (the sweep of
+#: bench/results/h100-2026-12-06-moe-sweeps-r6.json)
 DEFAULT_TABLE["fp8_block"] = copy.deepcopy(DEFAULT_TABLE["w8a8"])
 for _key in ("256", "large"):
     DEFAULT_TABLE["fp8_block"][_key] = dict(
-        block_m=64, block_n=128, block_k=128, group_m=8, num_warps=4, num_stages=3
+        block_m=64, block_n=128, block_k=128, group_m=8, num_warps=4, num_stages=4
     )
+#: e2m1 codes take the weight-only tiles with four warps where int codes take eight: their decode
+#: holds more registers per code (the same sweeps: eight warps were slower for NVFP4 at Mixtral
+#: M=1 and Qwen3 M=16, 30% faster for int4 at Qwen3 M=16)
+DEFAULT_TABLE["weight_only_fp4"] = copy.deepcopy(DEFAULT_TABLE["weight_only"])
+DEFAULT_TABLE["weight_only_fp4"]["1"]["num_warps"] = 4
 
 #: the largest split of K a small batch may take
 MAX_SPLIT_K = 8
@@ -549,6 +555,7 @@ class CudaTritonMoeInt8(CudaTritonMoe):
 
 class CudaTritonMoeFp4(CudaTritonMoe):
     name = "cuda.triton_moe_fp4"
+    section = "weight_only_fp4"
     description = (
         "fused MoE NVFP4/MXFP4 weight-only: e2m1 codes and e4m3/e8m0 scales decoded in the K loop of a grouped "
         "Triton GEMM"
