@@ -344,8 +344,12 @@ class Checkpoint:
     ) -> nn.Module:
         ws = [self._read(e, "weight", e.tensors["weight"]) for e in entries]
         bs = [self._read(e, "bias", e.bias) if e.bias else None for e in entries]
-        w = torch.cat(ws, dim=0)
-        b = torch.cat(bs) if all(x is not None for x in bs) else None
+        # one stored tensor is used as read: a cat would copy every dense weight once more
+        w = ws[0] if len(ws) == 1 else torch.cat(ws, dim=0)
+        if not all(x is not None for x in bs):
+            b = None
+        else:
+            b = bs[0] if len(bs) == 1 else torch.cat(bs)  # type: ignore[arg-type]
         if world > 1:
             if parallel == "column":
                 w = torch.cat([x.chunk(world, 0)[rank] for x in ws])

@@ -25,6 +25,7 @@ import torch
 from ..canonical import CanonicalWeight
 from ..checkpoint.safetensors_file import SafetensorsFile, TensorInfo
 from ..errors import CheckpointError
+from ..reference.intq import all_finite
 from ..schemes import Scheme
 from ..specs import TensorSpec
 from .schema import Config, config_path, validate
@@ -294,12 +295,9 @@ def check_finite(t: torch.Tensor, where: str) -> None:
     at a time."""
     if t.dtype not in (*FLOAT_DTYPES, torch.float64):
         return  # integer codes have no NaN; fp8 codes are checked on their bits (check_fp8_codes)
+    if all_finite(t):  # one reduction, one sync
+        return
     flat = t.reshape(-1)
-    if flat.numel() == 0:
-        return
-    lo, hi = torch.aminmax(flat)  # NaN and infinities reach the extremes: one pass, one sync
-    if bool(torch.isfinite(lo) & torch.isfinite(hi)):
-        return
     starts = range(0, flat.numel(), FINITE_CHUNK)
     bad = sum(int((~torch.isfinite(flat[s : s + FINITE_CHUNK])).sum()) for s in starts)
     raise CheckpointError(f"{where}: {bad} of {t.numel()} values are NaN or infinite")

@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from ..canonical import E2M1_VALUES, CanonicalWeight, unpack_fp4
 from ..errors import ReferenceInputError
 from ..schemes import Scheme
+from .intq import all_finite
 
 #: e2m1 value of each 4-bit code: bit 3 is the sign, bits 0-2 index the magnitudes; 0x8 is -0.
 E2M1_MAX = 6.0
@@ -232,7 +233,7 @@ def check_weight(w: torch.Tensor, scheme: Scheme, block: int) -> torch.Tensor:
             f"{scheme.name}: K={w.shape[1]} is not a multiple of the block size {block}"
         )
     w = w.detach().to(torch.float32).contiguous()
-    if not torch.isfinite(w).all():
+    if not all_finite(w):
         raise ReferenceInputError(f"{scheme.name}: the weight contains NaN or Inf")
     return w
 

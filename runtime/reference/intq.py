@@ -41,6 +41,15 @@ def round_scale(s: torch.Tensor, scale_dtype: str) -> torch.Tensor:
     return out
 
 
+def all_finite(t: torch.Tensor) -> bool:
+    """No NaN or infinity in a floating tensor: NaN and infinities reach the extremes, so one
+    ``aminmax`` pass (no temporaries; an ``isfinite`` pass writes a mask as large as ``t``) says."""
+    if t.numel() == 0:
+        return True
+    lo, hi = torch.aminmax(t.reshape(-1))
+    return bool(torch.isfinite(lo) & torch.isfinite(hi))
+
+
 def check_weight(w: torch.Tensor, what: str) -> tuple[int, int]:
     """Shape and value checks shared by the RTN quantizers: a finite, floating, 2-D [N, K] weight."""
     if not isinstance(w, torch.Tensor) or w.dim() != 2:
@@ -51,7 +60,7 @@ def check_weight(w: torch.Tensor, what: str) -> tuple[int, int]:
     N, K = w.shape
     if N == 0 or K == 0:
         raise ReferenceInputError(f"{what}: empty weight of shape [{N}, {K}]")
-    if not bool(torch.isfinite(w).all()):
+    if not all_finite(w):
         raise ReferenceInputError(f"{what}: the weight holds NaN or infinite values")
     return N, K
 
