@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import math
+import os
 import re
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Mapping
@@ -55,9 +56,13 @@ _prefetch_pool: concurrent.futures.ThreadPoolExecutor | None = None
 
 
 def _prefetcher() -> concurrent.futures.ThreadPoolExecutor:
+    """The read-ahead threads: the next layer's tensors are read concurrently (pread releases the
+    GIL; one thread copies from the page cache at a fraction of what the memory can do)."""
     global _prefetch_pool
     if _prefetch_pool is None:
-        _prefetch_pool = concurrent.futures.ThreadPoolExecutor(1, "quantrt-prefetch")
+        _prefetch_pool = concurrent.futures.ThreadPoolExecutor(
+            min(4, os.cpu_count() or 1), "quantrt-prefetch"
+        )
     return _prefetch_pool
 
 
@@ -101,17 +106,22 @@ class TensorIndex:
         if name not in self.info:
             raise CheckpointError(f"missing tensor {name!r}")
         ahead = self._ahead.pop(name, None) if hasattr(self, "_ahead") else None
-        return self._checked(name, ahead.result() if ahead is not None else self._file[name].get(name))
+        return ahead.result() if ahead is not None else self._read_checked(name)
+
+    def _read_checked(self, name: str) -> torch.Tensor:
+        """The whole tensor from its file, its values checked where :meth:`_checked` says (on a
+        read-ahead thread too: a bad value raises when the tensor is asked for)."""
+        return self._checked(name, self._file[name].get(name))
 
     def prefetch(self, names: Iterable[str]) -> None:
-        """Start reading these whole tensors in the background (one thread), so the next layer's
+        """Start reading these whole tensors in the background (a few threads), so the next layer's
         bytes come off the file while this one is converted and copied; ``read`` takes them.
         At most :data:`PREFETCH_TENSORS` wait at a time: the host holds about one layer more."""
         if not hasattr(self, "_ahead"):
             self._ahead: dict[str, concurrent.futures.Future[torch.Tensor]] = {}
         for name in names:
             if name in self.info and name not in self._ahead and len(self._ahead) < PREFETCH_TENSORS:
-                self._ahead[name] = _prefetcher().submit(self._file[name].get, name)
+                self._ahead[name] = _prefetcher().submit(self._read_checked, name)
 
     def drop_prefetched(self) -> None:
         """Forget tensors read ahead and never asked for (after loading, or on an error)."""

@@ -61,6 +61,22 @@ def test_prefetched_tensors_are_the_tensors_read(tmp_path: Path) -> None:
     assert torch.equal(index.read("c.bias"), tensors["c.bias"])  # read again after the drop
 
 
+def test_a_bad_value_read_ahead_is_the_same_error(tmp_path: Path) -> None:
+    """Tensors read ahead (on the read-ahead threads, several at once) are checked as a direct read
+    checks them: a NaN in a dense weight raises when that tensor is asked for, naming it."""
+    t = torch.randn(64, 33)
+    t[17, 5] = float("nan")
+    path = tmp_path / "bad.safetensors"
+    save_file({"x.weight": torch.randn(8, 8), "y.weight": t.bfloat16()}, str(path))
+    index = TensorIndex([SafetensorsFile(path)])
+    index.prefetch(["x.weight", "y.weight"])
+    assert index.read("x.weight").shape == (8, 8)
+    with pytest.raises(CheckpointError, match=r"bad\.safetensors: y\.weight: 1 of 2112 values are NaN"):
+        index.read("y.weight")
+    with pytest.raises(CheckpointError, match=r"y\.weight: 1 of 2112"):  # and without the read-ahead
+        index.read("y.weight")
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
 def test_finite_check_finds_every_position(dtype: torch.dtype, bad: float) -> None:
