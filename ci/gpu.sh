@@ -7,7 +7,8 @@
 # W4A16 launch shapes first and use them: QUANTRT_GPU_TUNE=1; the Triton W8A8 tiles:
 # QUANTRT_GPU_TUNE_W8A8=1; the FP4/NF4 and GGUF kernels: QUANTRT_GPU_TUNE_LUT=1; the CUDA GGUF GEMV:
 # QUANTRT_GPU_TUNE_GGUF_GEMV=1; the MoE bench (bench/gpu_moe.py): QUANTRT_GPU_MOE_BENCH=1; the KV-cache
-# benches (bench/gpu_kv.py, bench/gpu_model.py --kv-caches): QUANTRT_GPU_KV_BENCH=1; bench schemes:
+# benches (bench/gpu_kv.py, bench/gpu_model.py --kv-caches): QUANTRT_GPU_KV_BENCH=1; the 8B quantize-at-load
+# bench: QUANTRT_GPU_LOAD_BENCH=1 (with cProfile: QUANTRT_LOAD_PROFILE=1); bench schemes:
 # QUANTRT_BENCH_SCHEMES, shapes: QUANTRT_BENCH_SHAPES, batch sizes: QUANTRT_BENCH_MS; test paths: QUANTRT_GPU_TESTS)
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -97,6 +98,15 @@ if [ "${QUANTRT_GPU_KV_BENCH:-0}" = 1 ]; then
     --kv-caches "${QUANTRT_KV_CACHES:-paged,fp8,int8,turboquant_k8v4,turboquant_4bit_nc,turboquant_3bit_nc}" \
     --out "$OUT/kv-model.json" ) > "$OUT/kv-model.log" 2>&1 || { tail -n 20 "$OUT/kv-model.log"; status=1; }
   tail -n 8 "$OUT/kv-model.log"
+fi
+if [ "${QUANTRT_GPU_LOAD_BENCH:-0}" = 1 ]; then
+  # an 8B-shaped dense checkpoint loaded dense and quantized at load (bench/quantize_load.py; 16 GB
+  # written to /tmp first), each configuration's cProfile by own time in $OUT/load-prof
+  ( cd /tmp && python3 "$ROOT/bench/quantize_load.py" --shape 8b --device cuda \
+    --schemes "${QUANTRT_LOAD_SCHEMES:-w4a16-int-g128-asym,w8a8-fp8-ch}" --dir /tmp --out "$OUT/quantize-load.json" \
+    ${QUANTRT_LOAD_PROFILE:+--profile-dir "$OUT/load-prof"} ) > "$OUT/load-bench.log" 2>&1 \
+    || { tail -n 20 "$OUT/load-bench.log"; status=1; }
+  tail -n 6 "$OUT/load-bench.log"
 fi
 if [ "${QUANTRT_GPU_BENCH:-1}" = 1 ]; then
   schemes="${QUANTRT_BENCH_SCHEMES:-w4a16-int-g128-asym,w8a16-int-ch-sym,w8a8-fp8-ch,w8a8-fp8-block128,w8a8-int-ch-sym}"
