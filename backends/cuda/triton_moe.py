@@ -93,6 +93,9 @@ DEFAULT_TABLE["weight_only_fp4"]["1"]["num_warps"] = 4
 
 #: the largest split of K a small batch may take
 MAX_SPLIT_K = 8
+#: assignment rows x columns up to which an unsplit second projection sums its top_k rows in fp32
+#: planes (16 MB) rather than rounding each row to the output dtype and summing after
+COMBINE_MAX_ELEMENTS = 1 << 22
 #: 4-bit codes are re-paired k with k + PAIR_SPAN (backends/triton/moe.py pair_nibbles); K tiles are
 #: then multiples of 2 * PAIR_SPAN (smaller int4 groups pair within the group)
 PAIR_SPAN = 32
@@ -216,7 +219,13 @@ def _run_combined(
     ws: Any,
 ) -> torch.Tensor:
     """The second projection summed over each token's top_k in the launch that sums the K splits
-    (PreparedExperts.combine): one launch fewer than the sum after it, nothing rounded per row."""
+    (PreparedExperts.combine): one launch fewer than the sum after it, nothing rounded per row.
+    Large unsplit batches, where one launch more is nothing and fp32 planes of every assignment
+    row would double the intermediate's memory, take the bf16 rows and a sum instead."""
+    A, N = batch.A, lay.weights.N
+    if lay.tile(A).split_k == 1 and A * N > COMBINE_MAX_ELEMENTS:
+        y = _run(lay, x, batch, gather, weighted, bias, None, ws)
+        return y.view(batch.M, batch.top_k, N).sum(dim=1)  # accumulated in fp32, rounded once
     return _run(lay, x, batch, gather, weighted, bias, out, ws, reduce_rows=batch.top_k)
 
 

@@ -286,6 +286,26 @@ def test_whole_layer_matches_experts_reference(
     assert rel(combined, ref) < tol
 
 
+@pytest.mark.parametrize("bound", [0, 1 << 22], ids=["rows_then_sum", "in_the_split_sum"])
+def test_combined_either_way(monkeypatch: pytest.MonkeyPatch, bound: int) -> None:
+    """``PreparedExperts.combined``: past COMBINE_MAX_ELEMENTS (unsplit) the bf16 rows and a sum,
+    under it the fp32 planes; both equal the oracle's weighted sum over top_k."""
+    from quantrt.backends.cuda import triton_moe
+
+    monkeypatch.setattr(triton_moe, "COMBINE_MAX_ELEMENTS", bound)
+    g = torch.Generator().manual_seed(5 + bound)
+    E, K, N, M, top_k = 5, 64, 40, 6, 3
+    experts = make_experts("w8a16-int-ch-sym", E, K, N, g)
+    _, state = prepare("int", experts, torch.float16, False)
+    ids, tw = route(M, top_k, E, g)
+    batch = ExpertBatch(ids.to(DEV), tw.to(DEV), E)
+    x = make_x(M * top_k, K, "contig", torch.float16, g)
+    y = state.combined(x, batch)
+    ref = oracle(x, experts, batch, False, True, None, False).view(M, top_k, N).sum(dim=1)
+    assert y.shape == (M, N) and y.dtype == torch.float16
+    assert rel(y, ref) < TOL[torch.float16]
+
+
 @pytest.mark.parametrize("split_k", [1, 3])
 @pytest.mark.parametrize("top_k", [2, 4])
 def test_top_k_rows_combined_in_the_split_sum(split_k: int, top_k: int) -> None:
