@@ -42,6 +42,7 @@ from quantrt.backends.triton import tile_table
 from quantrt.backends.triton.w8a8_kernel import int8_w8a8_conditions
 from quantrt.kernels import Kernel, Verdict
 from quantrt.moe import CanonicalExperts, ExpertBatch, ExpertsStrategy, PreparedExperts
+from quantrt.moe.prepared import sum_top_k
 from quantrt.prepared import ALL_M
 from quantrt.specs import LayerSpec
 
@@ -224,8 +225,7 @@ def _run_combined(
     row would double the intermediate's memory, take the bf16 rows and a sum instead."""
     A, N = batch.A, lay.weights.N
     if lay.tile(A).split_k == 1 and A * N > COMBINE_MAX_ELEMENTS:
-        y = _run(lay, x, batch, gather, weighted, bias, None, ws)
-        return y.view(batch.M, batch.top_k, N).sum(dim=1)  # accumulated in fp32, rounded once
+        return sum_top_k(_run(lay, x, batch, gather, weighted, bias, None, ws), batch)
     return _run(lay, x, batch, gather, weighted, bias, out, ws, reduce_rows=batch.top_k)
 
 

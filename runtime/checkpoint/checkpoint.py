@@ -346,10 +346,7 @@ class Checkpoint:
         bs = [self._read(e, "bias", e.bias) if e.bias else None for e in entries]
         # one stored tensor is used as read: a cat would copy every dense weight once more
         w = ws[0] if len(ws) == 1 else torch.cat(ws, dim=0)
-        if not all(x is not None for x in bs):
-            b = None
-        else:
-            b = bs[0] if len(bs) == 1 else torch.cat(bs)  # type: ignore[arg-type]
+        b = None if any(x is None for x in bs) else bs[0] if len(bs) == 1 else torch.cat(bs)  # type: ignore[arg-type]
         if world > 1:
             if parallel == "column":
                 w = torch.cat([x.chunk(world, 0)[rank] for x in ws])

@@ -42,6 +42,12 @@ class ExpertsStrategy:
     fn: ExpertsFn
 
 
+def sum_top_k(y: torch.Tensor, batch: ExpertBatch) -> torch.Tensor:
+    """Assignment rows [A, N] summed over each token's top_k: [M, N], accumulated in fp32 and
+    rounded once to y's dtype."""
+    return y.view(batch.M, batch.top_k, y.shape[-1]).sum(dim=1)
+
+
 class PreparedExperts:
     """Prepared experts: the kernel's layout over all ``E`` experts and its strategies."""
 
@@ -140,8 +146,7 @@ class PreparedExperts:
         assignment) weighted by its routing weight and summed over the token's top_k in fp32,
         rounded once; in the kernel's own launches where it offers ``combine``."""
         if self.combine is None or batch.A == 0 or batch.top_k == 1:
-            y = self(x, batch, gather=False, weighted=True, bias=bias)
-            return y.view(batch.M, batch.top_k, self.N).sum(dim=1)  # accumulated in fp32, rounded once
+            return sum_top_k(self(x, batch, gather=False, weighted=True, bias=bias), batch)
         self._check(x, batch, False, True, bias)
         ws = None if self._ws_bytes is None else self.workspace(batch.M)
         return self.combine(self.layout, x, batch, False, True, bias, None, ws)
@@ -166,4 +171,4 @@ class PreparedExperts:
         return buf if buf is not None and buf.numel() >= need else _grow(self.device, need)
 
 
-__all__ = ["ALL_M", "ExpertsFn", "ExpertsStrategy", "PreparedExperts"]
+__all__ = ["ALL_M", "ExpertsFn", "ExpertsStrategy", "PreparedExperts", "sum_top_k"]
