@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -25,8 +26,15 @@ from quantrt.writers import write_quantized
 gptqmodel = pytest.importorskip("gptqmodel")
 
 
-def _ours(path: Path) -> dict[str, torch.Tensor]:
-    return {p: reference.dequantize(w.canonical()) for p, w in open_checkpoint(path).weights()}
+def _written(dense: Path, out: Path, scheme: str, fmt: str) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """``dense`` written by quantrt as ``fmt`` into ``out`` with a tokenizer beside it (GPTQModel's
+    loader loads one with the weights): its quantization_config and quantrt's dequantization per layer."""
+    write_quantized(dense, out, scheme, fmt=fmt)
+    save_tiny_tokenizer(out)
+    qc = json.loads((out / "config.json").read_text())["quantization_config"]
+    ours = {p: reference.dequantize(w.canonical()) for p, w in open_checkpoint(out).weights()}
+    assert len(ours) == 14
+    return qc, ours
 
 
 def _load(path: Path, backend: str) -> dict[str, torch.nn.Module]:
@@ -45,11 +53,8 @@ def _assert_equal(theirs: torch.Tensor, want: torch.Tensor, prefix: str) -> None
 @pytest.mark.parametrize("scheme", ["w4a16-int-g128-sym", "w4a16-int-g32-sym", "w8a16-int-g128-sym"])
 def test_gptqmodel_loads_quantrts_gptq(dense_llama: Path, tmp_path: Path, scheme: str) -> None:
     out = tmp_path / "gptq"
-    write_quantized(dense_llama, out, scheme, fmt="gptq")
-    save_tiny_tokenizer(out)  # GPTQModel's loader loads a tokenizer with the weights
-    ours = _ours(out)
+    _, ours = _written(dense_llama, out, scheme, "gptq")
     modules = _load(out, "TORCH")
-    assert len(ours) == 14
     for prefix, want in ours.items():
         mod = modules[prefix]
         assert type(mod).__name__ == "TorchLinear", prefix
@@ -64,12 +69,9 @@ def test_gptqmodel_reads_quantrts_asymmetric_gptq(dense_llama: Path, tmp_path: P
     from gptqmodel.utils.model import convert_gptq_v1_to_v2_format_module
 
     out = tmp_path / "gptq"
-    write_quantized(dense_llama, out, "w4a16-int-g128-asym", fmt="gptq")
-    qc = json.loads((out / "config.json").read_text())["quantization_config"]
+    qc, ours = _written(dense_llama, out, "w4a16-int-g128-asym", "gptq")
     assert (qc["sym"], qc["checkpoint_format"]) == (False, "gptq")
     tensors = stored_tensors(out)
-    ours = _ours(out)
-    assert len(ours) == 14
     for prefix, want in ours.items():
         N, K = want.shape
         mod = TorchLinear(
@@ -87,12 +89,8 @@ def test_gptqmodel_loads_quantrts_awq(dense_llama: Path, tmp_path: Path, scheme:
     from gptqmodel.quantization.awq.utils.packing_utils import dequantize_gemm
 
     out = tmp_path / "awq"
-    write_quantized(dense_llama, out, scheme, fmt="awq")
-    save_tiny_tokenizer(out)
-    qc = json.loads((out / "config.json").read_text())["quantization_config"]
-    ours = _ours(out)
+    qc, ours = _written(dense_llama, out, scheme, "awq")
     modules = _load(out, "AWQ_TORCH")
-    assert len(ours) == 14
     for prefix, want in ours.items():
         mod = modules[prefix]
         assert type(mod).__name__ == "AwqTorchLinear", prefix
