@@ -14,7 +14,7 @@ from gguf import GGMLQuantizationType as GT
 from gguf.quants import dequantize as gguf_dequantize
 
 from quantrt.backends.triton.gguf import gguf_planes
-from quantrt.reference.gguf import BLOCK, SCALE_FIELDS
+from quantrt.reference.gguf import BLOCK, F16_FIELDS, SCALE_FIELDS
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
@@ -35,6 +35,16 @@ def set_scales(q: torch.Tensor, gtype: str, values: torch.Tensor | int) -> torch
     off, size = SCALE_FIELDS[gtype]
     out = q.clone()
     out.view(q.shape[0], -1, T)[:, :, off : off + size] = values
+    return out
+
+
+def typical_d(q: torch.Tensor, gtype: str, row: int, element: int) -> torch.Tensor:
+    """``q`` with the block scale d of (row, element) set to 2^-7, the size of random_blocks' draws:
+    a draw near 0 would let a flipped code there move its weight by less than a test's tolerance."""
+    B, T = BLOCK[gtype]
+    at = element // B * T + F16_FIELDS[gtype][0]
+    out = q.clone()
+    out[row, at : at + 2] = torch.tensor([2.0**-7], dtype=torch.float16).view(torch.uint8)
     return out
 
 

@@ -28,6 +28,7 @@ from gguf_testing import (
     planes_of,
     rel,
     set_scales,
+    typical_d,
 )
 
 from quantrt.backends.triton.gguf_gemm import (
@@ -37,7 +38,7 @@ from quantrt.backends.triton.gguf_gemm import (
     gemm_candidates,
     gguf_gemm,
 )
-from quantrt.reference.gguf import BLOCK, F16_FIELDS, random_blocks
+from quantrt.reference.gguf import random_blocks
 from quantrt.schemes import GGUF_TYPES
 
 TYPES = tuple(GEMM_TYPES)
@@ -212,11 +213,7 @@ def test_a_flipped_code_byte_is_caught(gtype: str):
     if gtype != "q8_0":
         q = set_scales(q, gtype, 0x21)  # no sub-block scale is 0
     byte, bit, element = FLIPS[gtype]
-    # the flipped weight's block scale d is drawn ~N(0, 2^-7); a draw near 0 would move the weight by
-    # less than the tolerance, so that block gets a typical d: the flip must be detectable every time
-    B, T = BLOCK[gtype]
-    d_at = element // B * T + F16_FIELDS[gtype][0]
-    q[5, d_at : d_at + 2] = torch.tensor([2.0**-7], dtype=torch.float16).view(torch.uint8)
+    q = typical_d(q, gtype, 5, element)
     flipped = q.clone()
     flipped[5, byte] ^= bit
     diff = (dense(flipped, gtype) != dense(q, gtype)).nonzero().tolist()

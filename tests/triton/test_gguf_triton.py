@@ -27,6 +27,7 @@ from gguf_testing import (
     planes_of,
     rel,
     set_scales,
+    typical_d,
 )
 
 from quantrt.backends.triton.gguf import (
@@ -262,6 +263,7 @@ def test_a_wrong_byte_is_caught():
     run c = 2, byte 13: its high nibble is element 64 * 2 + 32 + 13 = 173)."""
     seed = fresh_seed()
     q = set_scales(random_blocks("q4_k", 16, 512, seed), "q4_k", 0x21)  # no sub-block scale is 0
+    q = typical_d(q, "q4_k", 5, 173)
     planes = planes_of(q, "q4_k", 512)
     planes["qs"][5, 77] ^= 0x80
     got = gguf_dequant(planes, "q4_k", 16, 512, torch.float32, 0, 16).cpu()
