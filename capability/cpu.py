@@ -29,6 +29,7 @@ Fields filled:
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import replace
 from typing import Any
 
 from .types import UNKNOWN, DeviceCaps
@@ -213,6 +214,44 @@ def cpu_matrix_types(features: Iterable[str]) -> frozenset[str]:
     if f & {"avx512_fp16", "amx_fp16", "fp16"}:
         out.add("fp16")
     return frozenset(out)
+
+
+#: QUANTRT_CPU_ISA levels below the CPU's own: the x86 features each keeps. A level only removes
+#: features (a CPU never gains one it lacks), so kernels built for the CPU's full ISA are refused and
+#: the variants compiled for that level are chosen: how an AVX2-only machine's path is run and tested
+#: on an AVX-512 one.
+ISA_LEVELS: dict[str, frozenset[str]] = {
+    "avx2": frozenset({"avx", "avx2", "fma", "f16c", "avx_vnni"}),
+}
+
+
+def limit_isa(cpu: DeviceCaps, level: str) -> DeviceCaps:
+    """``cpu`` with only the features of ISA ``level`` (a key of :data:`ISA_LEVELS`, or ``native``
+    for the CPU as it is); its matrix types follow. Raises ValueError for an unknown level or a CPU
+    of another architecture."""
+    if level == "native":
+        return cpu
+    keep = ISA_LEVELS.get(level)
+    if keep is None:
+        raise ValueError(f"unknown ISA level {level!r}; expected native or one of {', '.join(ISA_LEVELS)}")
+    if not cpu.arch.startswith("x86"):
+        raise ValueError(f"ISA level {level!r} is an x86 level, but this CPU is {cpu.arch}")
+    features = cpu.features & keep
+    return replace(
+        cpu,
+        features=features,
+        matrix_types=cpu_matrix_types(features),
+        source=f"{cpu.source}{_LIMIT_MARK}{level}",
+    )
+
+
+_LIMIT_MARK = ", held by QUANTRT_CPU_ISA to "
+
+
+def isa_limit(cpu: DeviceCaps) -> str | None:
+    """The ISA level :func:`limit_isa` held ``cpu`` to, None for a CPU as probed (or an accelerator)."""
+    _, sep, level = cpu.source.rpartition(_LIMIT_MARK)
+    return level if sep else None
 
 
 def _int(text: str | None) -> int | None:

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import logging
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 
 from .capability import Capabilities, CapabilityError, DeviceCaps, kind_of, load_capabilities, probe
+from .capability.cpu import isa_limit, limit_isa
 from .env import Overrides
 from .errors import ConfigError, DispatchError
 from .kernels import Kernel, Verdict, registry
@@ -81,6 +82,7 @@ class Selection:
             "device_name": self.device.name,
             "arch": self.device.arch,
             "capabilities": self.origin,
+            "cpu_isa": isa_limit(self.device) or ("native" if self.device.kind == "cpu" else None),
             "kernel": self.kernel.name,
             "label": self.label,
             "forced": self.forced,
@@ -92,9 +94,11 @@ class Selection:
     def explain(self) -> str:
         """The plan as text: the layer, the device, the choice, and each candidate's verdict."""
         d = self.device
+        limited = isa_limit(d)
         lines = [
             f"layer    {self.spec.describe()}",
-            f"device   {d.torch_device} {d.name} ({d.arch}) [{self.origin}]",
+            f"device   {d.torch_device} {d.name} ({d.arch}) [{self.origin}]"
+            + (f", held to {limited} by QUANTRT_CPU_ISA" if limited else ""),
             f"kernel   {self.kernel.name} ({self.label}{', forced by QUANTRT_KERNEL' if self.forced else ''})",
         ]
         if self.kernel.backend == "reference" and self.fallback:
@@ -118,17 +122,33 @@ _LOGGED: set[tuple[Any, ...]] = set()
 _LOG_LOCK = threading.Lock()
 
 
+def _limited(caps: Capabilities, ov: Overrides) -> Capabilities:
+    """``caps`` with its CPU held to QUANTRT_CPU_ISA (unchanged when native)."""
+    if ov.cpu_isa == "native":
+        return caps
+    try:
+        return replace(caps, cpu=limit_isa(caps.cpu, ov.cpu_isa))
+    except ValueError as e:
+        raise ConfigError(f"QUANTRT_CPU_ISA={ov.cpu_isa}: {e}") from None
+
+
+def machine_capabilities(overrides: Overrides | None = None) -> Capabilities:
+    """This machine as layers run on it: the probe, its CPU held to QUANTRT_CPU_ISA."""
+    return _limited(probe(), overrides or Overrides.from_env())
+
+
 def planning_capabilities(overrides: Overrides | None = None) -> Capabilities:
-    """The capabilities plans are made for: QUANTRT_CAPABILITIES if set, else this machine."""
+    """The capabilities plans are made for: QUANTRT_CAPABILITIES if set, else this machine (either
+    held to QUANTRT_CPU_ISA)."""
     ov = overrides or Overrides.from_env()
     if ov.capabilities is None:
-        return probe()
+        return machine_capabilities(ov)
     if ov.capabilities not in _CAPS_CACHE:
         try:
             _CAPS_CACHE[ov.capabilities] = load_capabilities(ov.capabilities)
         except CapabilityError as e:
             raise ConfigError(f"QUANTRT_CAPABILITIES={ov.capabilities}: {e}") from None
-    return _CAPS_CACHE[ov.capabilities]
+    return _limited(_CAPS_CACHE[ov.capabilities], ov)
 
 
 def _device_caps(caps: Capabilities, device: Any) -> DeviceCaps:
@@ -358,7 +378,7 @@ def build(
     """
     ov = overrides or Overrides.from_env()
     sel = select(spec, device, overrides=ov)
-    real = probe()
+    real = machine_capabilities(ov)
     try:
         real_dev = real.device(device)
     except CapabilityError:

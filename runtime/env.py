@@ -6,10 +6,13 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from .capability.cpu import ISA_LEVELS
 from .errors import ConfigError
 from .schemes import SchemeError, parse_scheme
 
 FALLBACK_POLICIES = ("warn", "strict", "allow")
+#: QUANTRT_CPU_ISA values: the CPU as probed, or one of the capability layer's lower levels
+CPU_ISA_LEVELS = ("native", *ISA_LEVELS)
 
 
 @dataclass(frozen=True)
@@ -22,6 +25,7 @@ class Overrides:
     disabled: frozenset[str] = frozenset()
     capabilities: str | None = None
     fallback: str = "warn"
+    cpu_isa: str = "native"  # QUANTRT_CPU_ISA: plan and run as if the CPU had only this ISA level
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Overrides:
@@ -37,7 +41,10 @@ class Overrides:
             n.strip() for n in env.get("QUANTRT_DISABLE_KERNELS", "").split(",") if n.strip()
         )
         caps = env.get("QUANTRT_CAPABILITIES", "").strip() or None
-        return cls(backend, kernel, by_scheme, disabled, caps, fallback)
+        isa = env.get("QUANTRT_CPU_ISA", "").strip().lower() or "native"
+        if isa not in CPU_ISA_LEVELS:
+            raise ConfigError(f"QUANTRT_CPU_ISA={isa!r}: expected one of {', '.join(CPU_ISA_LEVELS)}")
+        return cls(backend, kernel, by_scheme, disabled, caps, fallback, isa)
 
     def forced_kernel(self, scheme_name: str) -> str | None:
         return self.kernel_by_scheme.get(scheme_name, self.kernel)
@@ -49,6 +56,7 @@ class Overrides:
             "QUANTRT_DISABLE_KERNELS": sorted(self.disabled) or None,
             "QUANTRT_CAPABILITIES": self.capabilities,
             "QUANTRT_FALLBACK": self.fallback,
+            "QUANTRT_CPU_ISA": None if self.cpu_isa == "native" else self.cpu_isa,
         }
 
 

@@ -31,6 +31,8 @@ TYPE_CODES = {
 }
 #: what the library's 16-row SIMD path is compiled for (it is built with -march=native)
 SIMD_FEATURES = frozenset({"avx512f", "avx512bw", "avx512vl", "avx512_vnni"})
+#: what the canonical-row AVX2 path is compiled for (the library built for x86-64-v3)
+AVX2_FEATURES = frozenset({"avx2", "fma", "f16c"})
 ACT_QUANT = (
     "activations quantized per call to int8 blocks as llama.cpp does "
     "(Q8_0-style blocks of 32 for legacy types, Q8_K-style blocks of 256 for K-quants)"
@@ -71,15 +73,20 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     return lib
 
 
-_LIB: ctypes.CDLL | None = None
+_LIBS: dict[str, ctypes.CDLL] = {}
 
 
-def native_library() -> ctypes.CDLL:
-    """The built ``gguf`` library with its signatures declared (built on first use)."""
-    global _LIB
-    if _LIB is None:
-        _LIB = _bind(build.library("gguf"))
-    return _LIB
+def native_library(isa: str = "native") -> ctypes.CDLL:
+    """The ``gguf`` library built for ``isa`` with its signatures declared (built on first use)."""
+    if isa not in _LIBS:
+        _LIBS[isa] = _bind(build.library("gguf", isa))
+    return _LIBS[isa]
+
+
+def library_isa(caps: Any) -> str:
+    """The build a CPU runs: the host's own where it has AVX-512 VNNI (the 16-row groups), else the
+    x86-64-v3 one (canonical rows, AVX2). Without capabilities (a kernel made by hand): the host's."""
+    return "native" if caps is None or SIMD_FEATURES <= caps.features else "avx2"
 
 
 # -- the load-time layout ------------------------------------------------------------------------------
@@ -204,6 +211,7 @@ class GGUFLayout:
     """A prepared weight and what each call needs, computed once."""
 
     weight: torch.Tensor  # the group layout (flat uint8, see group_layout)
+    lib: ctypes.CDLL  # the build that prepared it (its group rows are this layout's)
     type_code: int
     gguf_type: str
     N: int
@@ -228,7 +236,7 @@ def can_run(spec: LayerSpec, caps: Any) -> Verdict:
         (s.weight == "gguf", "weight == 'gguf'", {"weight": s.weight}),
         (gtype in TYPE_CODES, f"gguf_type in {sorted(TYPE_CODES)}", {"gguf_type": s.gguf_type}),
         (spec.K_part % block == 0, f"K % {block} == 0 (whole {gtype} blocks)", {"K": spec.K_part}),
-        ("avx2" in caps.features, "an x86 CPU with AVX2", {"features": _isa(caps)}),
+        (AVX2_FEATURES <= caps.features, "an x86 CPU with AVX2, FMA, F16C", {"features": _isa(caps)}),
     )
     if not verdict:
         return verdict
@@ -237,15 +245,15 @@ def can_run(spec: LayerSpec, caps: Any) -> Verdict:
         return Verdict.no("a native build toolchain", note=why)
     path = (
         "AVX-512 VNNI, 16 rows per group"
-        if SIMD_FEATURES <= caps.features
-        else "scalar code (no AVX-512 F/BW/VL/VNNI)"
+        if library_isa(caps) == "native"
+        else "AVX2 build (x86-64-v3), canonical rows, 32 codes per vector (no AVX-512 F/BW/VL/VNNI)"
     )
     return Verdict.yes(f"{path}; {ACT_QUANT}")
 
 
-def prepare_layout(weight: CanonicalWeight, spec: LayerSpec) -> GGUFLayout:
-    """The canonical blocks regrouped into the kernel's layout (the load-time work of every kernel
-    on this layout, cpu.amx_gguf's included)."""
+def prepare_layout(weight: CanonicalWeight, spec: LayerSpec, isa: str = "native") -> GGUFLayout:
+    """The canonical blocks regrouped into the layout of the ``isa`` build's kernel (the load-time
+    work of every kernel on this layout, cpu.amx_gguf's included)."""
     t = (weight.scheme.gguf_type or "").lower()
     B, T, _ = GGUF_TYPES[t]
     q = weight["qweight"]
@@ -255,11 +263,12 @@ def prepare_layout(weight: CanonicalWeight, spec: LayerSpec) -> GGUFLayout:
             f"{t} qweight for N={weight.N}, K={weight.K} must be uint8 {list(want)}, "
             f"found {q.dtype} {list(q.shape)}"
         )
-    lib = native_library()
+    lib = native_library(isa)
     group = lib.quantrt_gguf_group_rows()
     code = TYPE_CODES[t]
     return GGUFLayout(
         weight=group_layout(q.cpu(), t, group),
+        lib=lib,
         type_code=code,
         gguf_type=t,
         N=weight.N,
@@ -271,9 +280,9 @@ def prepare_layout(weight: CanonicalWeight, spec: LayerSpec) -> GGUFLayout:
     )
 
 
-def workspace_bytes(spec: LayerSpec, max_m: int) -> int:
+def workspace_bytes(spec: LayerSpec, max_m: int, isa: str = "native") -> int:
     """The 8-bit activation blocks of ``max_m`` rows (what :func:`linear` quantizes into)."""
-    return max(max_m, 0) * native_library().quantrt_gguf_ws_row(
+    return max(max_m, 0) * native_library(isa).quantrt_gguf_ws_row(
         TYPE_CODES[spec.scheme.gguf_type or ""], spec.K_part
     )
 
@@ -305,7 +314,7 @@ def linear(
 
 def gguf_strategies(layout: GGUFLayout) -> list[Strategy]:
     """The native GEMV (one row) and GEMM (more), one C entry point that picks between them."""
-    path = "16-row AVX-512 VNNI groups" if layout.groups else "scalar rows"
+    path = "16-row AVX-512 VNNI groups" if layout.groups else "canonical rows"
     return [
         Strategy(1, f"GEMV over {path}; {ACT_QUANT}", linear),
         Strategy(
@@ -327,7 +336,7 @@ def linear_tiles(
     y = torch.empty((M, layout.N), dtype=layout.out_dtype) if out is None else out
     if bias is not None and bias.stride(0) != 1:
         bias = bias.contiguous()
-    rc = native_library().quantrt_gguf_linear_tiles(
+    rc = layout.lib.quantrt_gguf_linear_tiles(
         layout.type_code, layout.weight.data_ptr(), layout.N, layout.K, layout.groups, xb.data_ptr(), M,
         xb.stride(0), None if bias is None else bias.data_ptr(), 0 if bias is None else DTYPE_CODE[bias.dtype],
         y.data_ptr(), y.stride(0), DTYPE_CODE[y.dtype], torch.get_num_threads(),
@@ -342,7 +351,7 @@ def dequant_rows(layout: GGUFLayout, n0: int, n1: int, out: torch.Tensor) -> tor
     from the prepared layout into ``out`` [n1 - n0, K] (fp32, bf16 or fp16, unit column stride): the
     reference's fp32 values, rounded once to ``out``'s dtype."""
     check_rows(layout.N, layout.K, n0, n1, out)
-    rc = native_library().quantrt_gguf_dequant_rows(
+    rc = layout.lib.quantrt_gguf_dequant_rows(
         layout.type_code, layout.weight.data_ptr(), layout.N, layout.K, layout.groups, n0, n1, out.data_ptr(),
         DTYPE_CODE[out.dtype], out.stride(0), torch.get_num_threads(),
     )  # fmt: skip
@@ -366,8 +375,8 @@ class CpuNativeGGUF(Kernel):
     #: the fp32 reference)
     quantizes_activations = True
     description = (
-        "native C++ GGUF kernel (Q4_0..Q8_0, Q2_K..Q6_K blocks, 16 rows per AVX-512 VNNI lane group); "
-        + ACT_QUANT
+        "native C++ GGUF kernel (Q4_0..Q8_0, Q2_K..Q6_K blocks, 16 rows per AVX-512 VNNI lane group, "
+        "or canonical rows in an AVX2 build); " + ACT_QUANT
     )
 
     @classmethod
@@ -375,11 +384,11 @@ class CpuNativeGGUF(Kernel):
         return can_run(spec, caps)
 
     def prepare(self, weight: CanonicalWeight, spec: LayerSpec) -> Prepared:
-        layout = prepare_layout(weight, spec)
+        layout = prepare_layout(weight, spec, library_isa(self.caps))
         return self.prepared(layout, gguf_strategies(layout), spec, rows=rows)
 
     def workspace_bytes(self, spec: LayerSpec, max_m: int) -> int:
-        return workspace_bytes(spec, max_m)
+        return workspace_bytes(spec, max_m, library_isa(self.caps))
 
 
 def _isa(caps: Any) -> str:

@@ -136,8 +136,9 @@ class WintLayout:
         return sum(t.untyped_storage().nbytes() for t in self.tensors.values())
 
 
-def can_run(spec: LayerSpec, caps: Any) -> Verdict:
-    """cpu.native_wint's requirements (cpu.amx_wint adds its own): the scheme and the instructions."""
+def can_run(spec: LayerSpec, caps: Any, features: tuple[str, ...] = WINT_FEATURES) -> Verdict:
+    """cpu.native_wint's requirements (cpu.amx_wint adds its own): the scheme and the instructions
+    (``features``: another build's, for the kernels that share this layout)."""
     s = spec.scheme
     G = s.group_size if s.granularity == "group" else None
     return check(
@@ -158,12 +159,13 @@ def can_run(spec: LayerSpec, caps: Any) -> Verdict:
             "act-order with the full K on this rank",
             {"K_part": spec.K_part, "K": spec.K},
         ),
-    ) and native_verdict(caps, WINT_FEATURES)
+    ) and native_verdict(caps, features)
 
 
-def prepare_wint(weight: CanonicalWeight, spec: LayerSpec) -> WintLayout:
+def prepare_wint(weight: CanonicalWeight, spec: LayerSpec, fn: Any = None) -> WintLayout:
     """The canonical codes, scales and zeros re-tiled into wint.cpp's layout (the load-time work of
-    every kernel on this layout, cpu.amx_wint's included)."""
+    every kernel on this layout, cpu.amx_wint's and cpu.avx2_wint's included); ``fn`` the entry point
+    that runs it (by default quantrt_wint_linear)."""
     s = weight.scheme
     bits, N, K = s.bits, weight.N, weight.K
     Np, Kp = round_up(N, TILE), round_up(K, STEP_CODES[bits])
@@ -202,7 +204,7 @@ def prepare_wint(weight: CanonicalWeight, spec: LayerSpec) -> WintLayout:
         "sstride": sstride,
         "kc": fold * max(1, PANEL_CODES // fold),
     }
-    fn = _library().quantrt_wint_linear
+    fn = fn or _library().quantrt_wint_linear
     return WintLayout(
         tensors, _descriptor(WINT_FIELDS, values), N, K, WINT_LARGE_M[bits], spec.output_dtype, fn
     )

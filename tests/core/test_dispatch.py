@@ -200,7 +200,7 @@ def test_planned_cpu_kernel_refused_when_this_cpu_cannot_run_it(tmp_path: Path) 
     path = tmp_path / "caps.json"
     path.write_text(json.dumps(doc))
     w = reference.quantize(torch.randn(64, 256) * 0.02, "w4a16-int-g128-asym")
-    plan_env = Overrides(capabilities=str(path), disabled=frozenset({"cpu.native_wint"}))
+    plan_env = Overrides(capabilities=str(path), disabled=frozenset({"cpu.native_wint", "cpu.avx2_wint"}))
     assert (
         select(layer_spec(w.scheme, 256, 64), "cpu", overrides=plan_env).kernel.name == "cpu.torch_int4pack"
     )

@@ -32,7 +32,7 @@ from quantrt.backends.cpu import gguf_native
 from quantrt.backends.cpu.gguf_native import CpuNativeGGUF, group_layout
 from quantrt.backends.cpu.native import build
 from quantrt.canonical import CanonicalWeight
-from quantrt.capability import probe
+from quantrt.dispatch import machine_capabilities
 from quantrt.layers import QuantLinear
 from quantrt.prepared import Prepared
 from quantrt.reference.gguf import F16_FIELDS
@@ -45,11 +45,15 @@ TYPES = tuple(GGUF_TYPES)
 LEGACY = ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0")
 EXACT = 1e-5
 DESIGN = 1e-2
-KERNEL = CpuNativeGGUF()
-#: this machine runs the 16-row AVX-512 VNNI groups (else every row takes the scalar code)
-SIMD = gguf_native.SIMD_FEATURES <= probe().cpu.features
+#: this machine's CPU as layers see it: QUANTRT_CPU_ISA=avx2 runs this file on the AVX2 build
+#: (ci/test.sh runs it so on this AVX-512 machine)
+CPU = machine_capabilities().cpu
+KERNEL = CpuNativeGGUF(CPU)
+ISA = gguf_native.library_isa(CPU)
+#: this machine runs the 16-row AVX-512 VNNI groups (else every row is canonical: the AVX2 path)
+SIMD = ISA == "native" and gguf_native.SIMD_FEATURES <= CPU.features
 #: dispatch prefers the AMX subclass of the native kernel where the CPU has AMX tiles
-AMX = {"amx_bf16", "amx_tile"} <= set(probe().cpu.features)
+AMX = {"amx_bf16", "amx_tile"} <= set(CPU.features)
 GROUP = 16 if SIMD else 0
 
 
@@ -144,7 +148,7 @@ def restate(state: Prepared, layout: gguf_native.GGUFLayout) -> Prepared:
 
 
 def scalar_state(state: Prepared, qweight: torch.Tensor) -> Prepared:
-    """The same weight run through the scalar code only (every row canonical)."""
+    """The same weight with every row canonical (the scalar code, or the AVX2 build's rows)."""
     lay = state.layout
     return restate(state, dataclasses.replace(lay, weight=group_layout(qweight, lay.gguf_type, 0), groups=0))
 
@@ -204,12 +208,12 @@ def test_dispatch_picks_it_and_says_why_not():
     cw = rtn_weight("q4_k", 32, 256, seed=0)
     layer = QuantLinear.from_canonical(cw, device="cpu", act_dtype=torch.bfloat16)
     assert layer.kernel_name == ("cpu.amx_gguf" if AMX else "cpu.native_gguf")
-    caps = probe().cpu
+    caps = CPU
     spec = LayerSpec(cw.scheme, 256, 32)
     ok = CpuNativeGGUF.supports(spec, caps)
-    assert ok and "Q8_K" in ok.note and ("AVX-512 VNNI" if SIMD else "scalar code") in ok.note
+    assert ok and "Q8_K" in ok.note and ("AVX-512 VNNI" if SIMD else "AVX2 build") in ok.note
     no_avx2 = dataclasses.replace(caps, features=frozenset({"sse4_2"}))
-    assert CpuNativeGGUF.supports(spec, no_avx2).predicate == "an x86 CPU with AVX2"
+    assert CpuNativeGGUF.supports(spec, no_avx2).predicate == "an x86 CPU with AVX2, FMA, F16C"
     bad_k = LayerSpec(parse_scheme("gguf-q4_0"), 100, 32)
     assert "K % 32 == 0" in CpuNativeGGUF.supports(bad_k, caps).reason
     fp64 = LayerSpec(cw.scheme, 256, 32, act_dtype=torch.float64)
@@ -223,14 +227,14 @@ def test_dispatch_picks_it_and_says_why_not():
 
 def test_no_compiler_is_a_reason(monkeypatch):
     monkeypatch.setenv("CXX", "no-such-compiler-quantrt")
-    v = CpuNativeGGUF.supports(LayerSpec(parse_scheme("gguf-q8_0"), 64, 16), probe().cpu)
+    v = CpuNativeGGUF.supports(LayerSpec(parse_scheme("gguf-q8_0"), 64, 16), CPU)
     assert not v.ok and v.predicate == "a native build toolchain" and "no-such-compiler-quantrt" in v.reason
 
 
 def test_build_is_available_here():
     ok, why = build.status()
     assert ok, why  # the native kernel must be tested, not skipped
-    assert gguf_native.native_library().quantrt_gguf_group_rows() == GROUP  # the build matches the probe
+    assert gguf_native.native_library(ISA).quantrt_gguf_group_rows() == GROUP  # the build matches the probe
 
 
 @pytest.mark.parametrize("gtype", TYPES)

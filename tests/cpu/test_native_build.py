@@ -138,5 +138,7 @@ def test_the_build_key_covers_sources_flags_and_install_location(tmp_path, monke
     (tmp_path / "b" / "smoke.cpp").write_text((tmp_path / "b" / "smoke.cpp").read_text() + "\n// changed\n")
     assert build.build_dir("smoke") != copies[1]
     monkeypatch.setattr(build, "CSRC", tmp_path / "a")
-    monkeypatch.setattr(build, "CFLAGS", (*build.CFLAGS, "-DQUANTRT_TEST_FLAG"))
+    avx2 = build.build_dir("smoke", "avx2")  # another ISA level: another library, named for it
+    assert avx2 != copies[0] and avx2.name.startswith("quantrt_smoke-avx2_")
+    monkeypatch.setattr(build, "BASE_CFLAGS", (*build.BASE_CFLAGS, "-DQUANTRT_TEST_FLAG"))
     assert build.build_dir("smoke") != copies[0]

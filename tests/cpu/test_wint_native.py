@@ -1,6 +1,10 @@
 """The native integer CPU kernels (backends/cpu/wint_native.py, native/csrc/wint.cpp) against the fp32
 reference on awkward shapes, dtypes, strides and codes; the reference's dequantization against math
-written here; one prepared layout no larger than the checkpoint; dispatch picks them."""
+written here; one prepared layout no larger than the checkpoint; dispatch picks them.
+
+The weight-only tests run the kernel this CPU gets: cpu.native_wint with AVX-512 BF16, else
+cpu.avx2_wint (backends/cpu/wint_avx2.py) on the same layout; QUANTRT_CPU_ISA=avx2 runs them on the
+AVX2 build here (ci/test.sh does)."""
 
 from __future__ import annotations
 
@@ -12,9 +16,10 @@ import torch
 from quantrt import reference
 from quantrt.backends.cpu import wint_native
 from quantrt.backends.cpu.native import build
+from quantrt.backends.cpu.wint_avx2 import Avx2Wint
 from quantrt.backends.cpu.wint_native import NativeW8A8Int8, NativeWint
 from quantrt.canonical import CanonicalWeight, pack_int_codes
-from quantrt.capability import probe
+from quantrt.dispatch import machine_capabilities
 from quantrt.layers import QuantLinear
 from quantrt.schemes import parse_scheme
 from quantrt.specs import LayerSpec
@@ -26,12 +31,15 @@ TIGHT = 1e-5
 #: 16-bit output: one rounding of the result (DESIGN.md's metric bound)
 LOOSE = 1e-2
 
-CPU = probe().cpu
-WINT_HERE = NativeWint.supports(LayerSpec(parse_scheme("w4a16-int-g128-sym"), 256, 256), CPU)
+CPU = machine_capabilities().cpu
+_SPEC = LayerSpec(parse_scheme("w4a16-int-g128-sym"), 256, 256)
+#: the weight-only kernel of this CPU (QUANTRT_CPU_ISA included)
+WINT = NativeWint if NativeWint.supports(_SPEC, CPU) else Avx2Wint
+WINT_HERE = WINT.supports(_SPEC, CPU)
 #: dispatch prefers the AMX subclasses of the native weight-only kernels where the CPU has AMX tiles
 AMX = {"amx_bf16", "amx_tile"} <= set(CPU.features)
 W8A8_HERE = NativeW8A8Int8.supports(LayerSpec(parse_scheme("w8a8-int-ch-sym"), 256, 256), CPU)
-needs_wint = pytest.mark.skipif(not WINT_HERE, reason=f"cpu.native_wint cannot run here: {WINT_HERE.reason}")
+needs_wint = pytest.mark.skipif(not WINT_HERE, reason=f"{WINT.name} cannot run here: {WINT_HERE.reason}")
 needs_w8a8 = pytest.mark.skipif(
     not W8A8_HERE, reason=f"cpu.native_w8a8_int8 cannot run here: {W8A8_HERE.reason}"
 )
@@ -126,7 +134,7 @@ def test_wint_matches_reference(scheme: str, N: int, K: int) -> None:
     gen = torch.Generator().manual_seed(hash(scheme) % 1000)
     w = random_canonical(scheme, N, K, gen=gen)
     for act in DTYPES:
-        k, st = layer(NativeWint, w, act, torch.float32)
+        k, st = layer(WINT, w, act, torch.float32)
         for M in (0, 1, 3, 12, 17, 64):
             x = torch.randn(M, K, generator=gen).to(act)
             y = k.apply(st, x)
@@ -143,7 +151,7 @@ def test_wint_quantized_checkpoint_every_bits() -> None:
     dense = torch.randn(96, 512, generator=gen)
     for scheme in ("w4a16-int-g128-asym", "w8a16-int-ch-sym", "w3a16-int-g128-sym", "w2a16-int-g64-sym"):
         w = reference.quantize(dense, scheme)
-        k, st = layer(NativeWint, w, torch.bfloat16, torch.float32)
+        k, st = layer(WINT, w, torch.bfloat16, torch.float32)
         for M in (1, 64):
             x = torch.randn(M, 512, generator=gen).bfloat16()
             assert rel(k.apply(st, x), reference.linear(x, w, out_dtype=torch.float32)) < TIGHT
@@ -156,7 +164,7 @@ def test_wint_fused_tensor_scales() -> None:
     dense = torch.randn(56, 256, generator=gen) * torch.tensor([1.0] * 32 + [3.0] * 16 + [0.1] * 8)[:, None]
     for scheme in ("w4a16-int-tensor-asym", "w8a16-int-tensor-sym"):
         w = reference.quantize(dense, scheme, output_sizes=(32, 16, 8))
-        k, st = layer(NativeWint, w, torch.bfloat16, torch.float32)
+        k, st = layer(WINT, w, torch.bfloat16, torch.float32)
         for M in (1, 40):
             x = torch.randn(M, 256, generator=gen).bfloat16()
             assert rel(k.apply(st, x), reference.linear(x, w, out_dtype=torch.float32)) < TIGHT
@@ -168,7 +176,7 @@ def test_bad_calls_are_errors_not_overruns() -> None:
     gen = torch.Generator().manual_seed(13)
     w = random_canonical("w4a16-int-g32-sym", 33, 128, gen=gen)
     q = reference.quantize(torch.randn(33, 128, generator=gen), "w8a8-int-ch-sym")
-    for k, st in (layer(NativeWint, w, torch.bfloat16), layer(NativeW8A8Int8, q, torch.bfloat16)):
+    for k, st in (layer(WINT, w, torch.bfloat16), layer(NativeW8A8Int8, q, torch.bfloat16)):
         x = torch.randn(2, 128, generator=gen).bfloat16()
         with pytest.raises(ValueError, match=r"activations \[M, 128\]"):
             k.apply(st, torch.randn(2, 64).bfloat16())
@@ -186,7 +194,7 @@ def test_wint_bias_out_and_output_dtypes(out_dtype: torch.dtype) -> None:
     gen = torch.Generator().manual_seed(3)
     w = random_canonical("w4a16-int-g64-asym", 33, 192, gen=gen)
     bias = torch.randn(33, generator=gen).bfloat16()
-    k, st = layer(NativeWint, w, torch.bfloat16, out_dtype)
+    k, st = layer(WINT, w, torch.bfloat16, out_dtype)
     tol = TIGHT if out_dtype == torch.float32 else LOOSE
     for M in (1, 5, 40):
         x = torch.randn(M, 192, generator=gen).bfloat16()
@@ -204,7 +212,7 @@ def test_wint_bias_out_and_output_dtypes(out_dtype: torch.dtype) -> None:
 def test_wint_non_contiguous_activations() -> None:
     gen = torch.Generator().manual_seed(4)
     w = random_canonical("w4a16-int-g32-sym", 48, 128, gen=gen)
-    k, st = layer(NativeWint, w, torch.bfloat16, torch.float32)
+    k, st = layer(WINT, w, torch.bfloat16, torch.float32)
     for M in (1, 3, 20):
         base = torch.randn(M, 256, generator=gen).bfloat16()
         for x in (base[:, ::2], torch.randn(128, M, generator=gen).bfloat16().t(), base[:, 100:228]):
@@ -217,7 +225,7 @@ def test_wint_non_contiguous_activations() -> None:
 def test_wint_threads_give_identical_results() -> None:
     gen = torch.Generator().manual_seed(5)
     w = random_canonical("w4a16-int-g128-asym-actorder", 80, 512, gen=gen)
-    k, st = layer(NativeWint, w, torch.bfloat16)
+    k, st = layer(WINT, w, torch.bfloat16)
     before = torch.get_num_threads()
     try:
         for M in (1, 7, 64):
@@ -241,7 +249,7 @@ def test_wint_adversarial_codes(bits: int) -> None:
         codes = torch.full((N, K), fill)
         codes[::3] = torch.randint(0, top + 1, (len(range(0, N, 3)), K), generator=gen)
         w = random_canonical(scheme, N, K, gen=gen, codes=codes, zeros=torch.full((N, K // 64), z))
-        k, st = layer(NativeWint, w, torch.float32, torch.float32)
+        k, st = layer(WINT, w, torch.float32, torch.float32)
         for M in (1, 33):
             x = torch.randn(M, K, generator=gen) * torch.logspace(-3, 4, K)
             ref = reference.linear(x, w, out_dtype=torch.float32)
@@ -266,11 +274,12 @@ def test_one_prepared_layout_within_checkpoint_size(scheme: str, N: int, K: int)
     stored = sum(
         w[n].untyped_storage().nbytes() for n in ("qweight", "scales", "zeros") if w.get(n) is not None
     )
-    _, st = layer(NativeWint, w, torch.bfloat16)
+    _, st = layer(WINT, w, torch.bfloat16)
     assert st.layout.nbytes <= 1.10 * stored, (st.layout.nbytes, stored)
     # every batch size runs from these tensors: both strategies read the same layout
-    k = NativeWint()
-    assert {k.strategy(st, 1), k.strategy(st, 64)} == {"gemv", "panel-gemm"}
+    if WINT is NativeWint:
+        k = NativeWint()
+        assert {k.strategy(st, 1), k.strategy(st, 64)} == {"gemv", "panel-gemm"}
 
 
 @needs_wint
@@ -363,7 +372,6 @@ def test_w8a8_out_threads_and_bf16_output() -> None:
 
 
 @needs_wint
-@needs_w8a8
 @pytest.mark.parametrize(
     "scheme,kernel",
     [
@@ -380,9 +388,13 @@ def test_dispatch_picks_the_native_kernels(scheme: str, kernel: str) -> None:
     gen = torch.Generator().manual_seed(11)
     dense = torch.randn(64, 256, generator=gen)
     w = reference.quantize(dense, scheme, calib=torch.randn(8, 256, generator=gen))
+    if kernel.endswith("_wint") and WINT is Avx2Wint:
+        kernel = Avx2Wint.name
+    elif kernel.endswith("_int8") and not W8A8_HERE:
+        pytest.skip(f"cpu.native_w8a8_int8 cannot run here: {W8A8_HERE.reason}")
     lin = QuantLinear.from_canonical(w, device="cpu", act_dtype=torch.bfloat16)
     assert lin.kernel_name == (
-        kernel.replace("native_", "amx_") if AMX and kernel.endswith("_wint") else kernel
+        kernel.replace("native_", "amx_") if AMX and kernel.endswith("native_wint") else kernel
     )
     x = torch.randn(2, 3, 256, generator=gen).bfloat16()
     assert rel(lin(x), reference.linear(x, w)) < LOOSE

@@ -6,9 +6,10 @@ pointers. The sources include no torch header, so a build takes seconds, not min
 keeps the calls cheap. torch's ``cpp_extension`` does the building (ninja, its compiler checks)
 and the caching (``TORCH_EXTENSIONS_DIR``, rebuilt when a source or a flag changes).
 
-Built with ``-march=native``: the library uses every ISA extension of the CPU it was built on, so
-the build name carries a hash of that CPU's feature flags and a cache moved to another machine is
-rebuilt, never run on a CPU without the instructions. The kernels themselves check the features
+Built with ``-march=native`` by default: the library uses every ISA extension of the CPU it was built
+on, so the build name carries a hash of that CPU's feature flags and a cache moved to another machine
+is rebuilt, never run on a CPU without the instructions. A library may also be built for a lower ISA
+level (``library(name, isa="avx2")``): the same source then compiles its paths for that level. The kernels themselves check the features
 they need at run time through the probe (their ``supports``), not here.
 
 Policy (issue: no silent fallbacks): when no C++ compiler exists, :func:`status` says so and the
@@ -43,8 +44,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 CSRC = Path(__file__).resolve().parent / "csrc"
-#: -march=native: the host's ISA; -fopenmp: the kernels' threads (the count is an argument)
-CFLAGS = ("-O3", "-march=native", "-fopenmp", "-std=c++17", "-fno-math-errno")
+#: -fopenmp: the kernels' threads (the count is an argument)
+BASE_CFLAGS = ("-O3", "-fopenmp", "-std=c++17", "-fno-math-errno")
+#: the ISA a library is built for: ``native`` is the host's own (-march=native); a lower level builds
+#: the same source for every CPU of that level, so its kernels run (and are tested) on a CPU above it.
+#: ``avx2`` is x86-64-v3: AVX2, FMA, F16C, BMI2 (Haswell, Zen 1 and later), tuned for the host.
+ISA_CFLAGS = {"native": ("-march=native",), "avx2": ("-march=x86-64-v3", "-mtune=native")}
 LDFLAGS = ("-fopenmp",)
 #: our lock file in a build directory (a flock, with its holder's pid and host written in it)
 LOCK_NAME = "quantrt-build.lock"
@@ -89,10 +94,19 @@ def _cpu_flags_hash() -> str:
     return hashlib.sha1(flags.encode()).hexdigest()[:10]
 
 
-def build_dir(name: str) -> Path:
-    """Where ``csrc/<name>.cpp`` is built: ``quantrt_<name>_<key>`` in ``TORCH_EXTENSIONS_DIR`` (else
-    torch's default root), the key a hash of the sources, the flags, the CPU's features and the
-    install locations of quantrt and torch."""
+def cflags(isa: str = "native") -> tuple[str, ...]:
+    """The compiler flags of a library built for ``isa`` (a key of :data:`ISA_CFLAGS`)."""
+    if isa not in ISA_CFLAGS:
+        raise ValueError(
+            f"unknown ISA {isa!r} for native CPU kernels; expected one of {', '.join(ISA_CFLAGS)}"
+        )
+    return (*BASE_CFLAGS, *ISA_CFLAGS[isa])
+
+
+def build_dir(name: str, isa: str = "native") -> Path:
+    """Where ``csrc/<name>.cpp`` is built for ``isa``: ``quantrt_<name>_<key>`` (``<name>-<isa>`` for
+    a level below native) in ``TORCH_EXTENSIONS_DIR`` (else torch's default root), the key a hash of
+    the sources, the flags, the CPU's features and the install locations of quantrt and torch."""
     import torch
     from torch.utils import cpp_extension
 
@@ -101,12 +115,13 @@ def build_dir(name: str) -> Path:
     for p in (source, *sorted(CSRC.glob("*.h"))):
         digest.update(p.name.encode() + b"\0" + p.read_bytes() + b"\0")
     for part in (
-        *CFLAGS, "|", *LDFLAGS, "|", _cpu_flags_hash(), str(CSRC.resolve()),
+        *cflags(isa), "|", *LDFLAGS, "|", _cpu_flags_hash(), str(CSRC.resolve()),
         str(Path(torch.__file__).resolve().parent), torch.__version__, os.environ.get("CXX", "c++"),
     ):  # fmt: skip
         digest.update(part.encode() + b"\0")
     root = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or cpp_extension.get_default_build_root())
-    return root / f"quantrt_{name}_{digest.hexdigest()[:12]}"
+    stem = name if isa == "native" else f"{name}-{isa}"
+    return root / f"quantrt_{stem}_{digest.hexdigest()[:12]}"
 
 
 def _say(message: str) -> None:
@@ -208,15 +223,16 @@ def build_lock(directory: Path, name: str, wait_s: float | None = None) -> Itera
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def library(name: str) -> ctypes.CDLL:
-    """The library built from ``csrc/<name>.cpp`` (and the headers beside it), built once per
-    process and cached on disk across processes."""
-    lib = _libs.get(name)
+def library(name: str, isa: str = "native") -> ctypes.CDLL:
+    """The library built from ``csrc/<name>.cpp`` (and the headers beside it) for ``isa``, built once
+    per process and cached on disk across processes."""
+    key = name if isa == "native" else f"{name}-{isa}"
+    lib = _libs.get(key)
     if lib is not None:
         return lib
     with _lock:
-        if name in _libs:
-            return _libs[name]
+        if key in _libs:
+            return _libs[key]
         ok, why = status()
         if not ok:
             raise NativeBuildError(f"cannot build native CPU kernels {name!r}: {why}")
@@ -225,18 +241,19 @@ def library(name: str) -> ctypes.CDLL:
         source = CSRC / f"{name}.cpp"
         if not source.is_file():
             raise NativeBuildError(f"no source {source} for native CPU kernels {name!r}")
-        directory = build_dir(name)
+        flags = cflags(isa)
+        directory = build_dir(name, isa)
         directory.mkdir(parents=True, exist_ok=True)
         with build_lock(directory, name):
             fresh = not (directory / f"{directory.name}.so").is_file()
             if fresh:
-                _say(f"compiling native CPU kernels {name!r} ({source.name}) in {directory} ...")
+                _say(f"compiling native CPU kernels {key!r} ({source.name}) in {directory} ...")
             start = time.monotonic()
             try:
                 path = cpp_extension.load(
                     directory.name,
                     [str(source)],
-                    extra_cflags=list(CFLAGS),
+                    extra_cflags=list(flags),
                     extra_ldflags=list(LDFLAGS),
                     extra_include_paths=[str(CSRC)],
                     build_directory=str(directory),
@@ -246,7 +263,7 @@ def library(name: str) -> ctypes.CDLL:
             except Exception as e:  # the compiler's own message says what went wrong
                 raise NativeBuildError(f"building native CPU kernels {name!r} failed: {e}") from e
             if fresh:
-                _say(f"built native CPU kernels {name!r} in {time.monotonic() - start:.1f} s")
+                _say(f"built native CPU kernels {key!r} in {time.monotonic() - start:.1f} s")
         lib = ctypes.CDLL(str(path))
-        _libs[name] = lib
+        _libs[key] = lib
         return lib

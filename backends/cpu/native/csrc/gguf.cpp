@@ -41,6 +41,11 @@
 #else
 #define QRT_GGUF_SIMD 0
 #endif
+#if !QRT_GGUF_SIMD && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#define QRT_GGUF_AVX2 1
+#else
+#define QRT_GGUF_AVX2 0
+#endif
 
 namespace {
 
@@ -431,6 +436,180 @@ float row_dot_scalar(int32_t t, const uint8_t* row, int64_t nb, const XRow& x) {
   }
   return acc;
 }
+
+// ---- AVX2 path: canonical rows, 32 codes per 256-bit vector ---------------------------------------
+// Built without AVX-512 VNNI but with AVX2 + FMA + F16C (x86-64-v3), every row stays in llama.cpp's
+// canonical blocks (no 16-row groups) and one row meets up to 4 activation rows at a time, decoding
+// each block once. A block is decoded 32 codes at a time into one vector: unsigned codes (Q4_1, Q5_1,
+// Q2_K, Q4_K, Q5_K: _mm256_maddubs_epi16's unsigned operand as they are) or signed ones (every type
+// with a code offset, the offset applied), which take the sign trick: |q| unsigned against x carrying
+// q's sign. The pair sums are then scaled per sub-block by _mm256_madd_epi16 (16-element sub-blocks
+// take their two scales in the two 128-bit halves), so every block's sum is an exact int32 as in the
+// scalar path; mins use the activation sums (x.s16 / x.s32) as there. No int16 sum saturates: two
+// products of at most 128 * 127.
+#if QRT_GGUF_AVX2
+inline __m256i ld32(const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+
+// 16 bytes of nibbles -> 32 codes: the low nibbles (elements 0-15), then the high ones (16-31)
+inline __m256i nibbles(const uint8_t* p) {
+  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  const __m128i m = _mm_set1_epi8(15);
+  return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), m), _mm_and_si128(v, m));
+}
+
+// bit e of `bits` -> byte e: 16 where set, else 0 (Q5_0/Q5_1's fifth code bit)
+inline __m256i fifth_bits(uint32_t bits) {
+  const __m256i spread = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,  //
+                                          2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+  const __m256i sel = _mm256_set1_epi64x(0x8040201008040201LL);
+  const __m256i v = _mm256_and_si256(_mm256_shuffle_epi8(_mm256_set1_epi32(int32_t(bits)), spread), sel);
+  return _mm256_and_si256(_mm256_cmpeq_epi8(v, sel), _mm256_set1_epi8(16));
+}
+
+// bits 2s, 2s+1 of each byte of v (s < 4) as 0..3, and bit k of each byte (k < 8) as 0 / 1
+inline __m256i crumb(__m256i v, int s) {
+  return _mm256_and_si256(_mm256_srl_epi16(v, _mm_cvtsi32_si128(2 * s)), _mm256_set1_epi8(3));
+}
+inline __m256i bit_of(__m256i v, int k) {
+  return _mm256_and_si256(_mm256_srl_epi16(v, _mm_cvtsi32_si128(k)), _mm256_set1_epi8(1));
+}
+
+// 16 int16 pair sums of codes q (signed: the sign trick) times activation codes x
+template <bool SIGNED>
+inline __m256i pairs(__m256i q, __m256i x) {
+  if constexpr (SIGNED) return _mm256_maddubs_epi16(_mm256_sign_epi8(q, q), _mm256_sign_epi8(x, q));
+  return _mm256_maddubs_epi16(q, x);
+}
+
+// the two int16 scales of a 32-code chunk made of two 16-element sub-blocks (a, then b)
+inline __m256i scales2(int32_t a, int32_t b) {
+  return _mm256_set_m128i(_mm_set1_epi16(int16_t(b)), _mm_set1_epi16(int16_t(a)));
+}
+
+inline float hsum8(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+// out[r] = row . x[r] for r < MR, one canonical row of nb blocks of type T
+template <int T, int MR>
+void rows_dot_avx2(const uint8_t* row, int64_t nb, const XRow* x, float* out) {
+  constexpr int B = kInfo[T].B, TB = kInfo[T].T;
+  __m256 acc[MR];
+  float accs[MR];
+  for (int r = 0; r < MR; ++r) {
+    acc[r] = _mm256_setzero_ps();
+    accs[r] = 0.f;
+  }
+  for (int64_t i = 0; i < nb; ++i) {
+    const uint8_t* b = row + i * TB;
+    if constexpr (B == 32) {
+      __m256i q;
+      float m = 0.f;
+      const float d = f16(b);
+      if constexpr (T == Q4_0) q = _mm256_sub_epi8(nibbles(b + 2), _mm256_set1_epi8(8));
+      if constexpr (T == Q4_1) q = nibbles(b + 4), m = f16(b + 2);
+      if constexpr (T == Q5_0) q = _mm256_sub_epi8(_mm256_or_si256(nibbles(b + 6), fifth_bits(u32(b + 2))), _mm256_set1_epi8(16));
+      if constexpr (T == Q5_1) q = _mm256_or_si256(nibbles(b + 8), fifth_bits(u32(b + 4))), m = f16(b + 2);
+      if constexpr (T == Q8_0) q = ld32(b + 2);
+      constexpr bool sgn = T == Q4_0 || T == Q5_0 || T == Q8_0;
+      for (int r = 0; r < MR; ++r) {
+        const __m256i p = _mm256_madd_epi16(pairs<sgn>(q, ld32(reinterpret_cast<const uint8_t*>(x[r].q) + i * 32)),
+                                            _mm256_set1_epi16(1));
+        acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * x[r].d[i]), _mm256_cvtepi32_ps(p), acc[r]);
+        if constexpr (T == Q4_1 || T == Q5_1) accs[r] += m * x[r].d[i] * float(x[r].s32[i]);
+      }
+      continue;
+    }
+    // K-quants: 8 chunks of 32 codes, sub-block scales sc (16 of 16 codes, or 8 of 32) and mins mn
+    int32_t sc[16], mn[16] = {};
+    float d, dmin = 0.f;
+    if constexpr (T == Q2_K) {
+      d = f16(b + 80), dmin = f16(b + 82);
+      for (int u = 0; u < 16; ++u) sc[u] = b[u] & 15, mn[u] = b[u] >> 4;
+    } else if constexpr (T == Q3_K) {
+      d = f16(b + 108);
+      k3_scales(b + 96, sc);
+    } else if constexpr (T == Q4_K || T == Q5_K) {
+      d = f16(b), dmin = f16(b + 2);
+      k4_scales(b + 4, sc, mn);
+    } else {
+      d = f16(b + 208);
+      for (int u = 0; u < 16; ++u) sc[u] = static_cast<int8_t>(b[192 + u]);
+    }
+    constexpr bool sgn = T == Q3_K || T == Q6_K, sub16 = T == Q2_K || T == Q3_K || T == Q6_K;
+    __m256i sumi[MR];
+    for (int r = 0; r < MR; ++r) sumi[r] = _mm256_setzero_si256();
+    __m256i hv = _mm256_setzero_si256();
+    if constexpr (T == Q3_K) hv = ld32(b);
+    if constexpr (T == Q5_K) hv = ld32(b + 16);
+#pragma GCC unroll 8
+    for (int k = 0; k < 8; ++k) {  // chunk k: elements 32k .. 32k + 31
+      const int n = k / 4, s = k % 4;
+      __m256i q;
+      if constexpr (T == Q2_K) q = crumb(ld32(b + 16 + 32 * n), s);
+      if constexpr (T == Q3_K)
+        q = _mm256_sub_epi8(_mm256_or_si256(crumb(ld32(b + 32 + 32 * n), s), _mm256_slli_epi16(bit_of(hv, k), 2)),
+                            _mm256_set1_epi8(4));
+      if constexpr (T == Q4_K || T == Q5_K) {
+        const __m256i v = ld32(b + (T == Q5_K ? 48 : 16) + 32 * (k / 2));
+        q = _mm256_and_si256(k % 2 ? _mm256_srli_epi16(v, 4) : v, _mm256_set1_epi8(15));
+        if constexpr (T == Q5_K) q = _mm256_or_si256(q, _mm256_slli_epi16(bit_of(hv, k), 4));
+      }
+      if constexpr (T == Q6_K) {
+        const __m256i lv = ld32(b + 64 * n + 32 * (s % 2));
+        const __m256i lo = _mm256_and_si256(s >= 2 ? _mm256_srli_epi16(lv, 4) : lv, _mm256_set1_epi8(15));
+        q = _mm256_sub_epi8(_mm256_or_si256(lo, _mm256_slli_epi16(crumb(ld32(b + 128 + 32 * n), s), 4)),
+                            _mm256_set1_epi8(32));
+      }
+      const __m256i scv = sub16 ? scales2(sc[2 * k], sc[2 * k + 1]) : _mm256_set1_epi16(int16_t(sc[k]));
+      for (int r = 0; r < MR; ++r)
+        sumi[r] = _mm256_add_epi32(
+            sumi[r], _mm256_madd_epi16(pairs<sgn>(q, ld32(reinterpret_cast<const uint8_t*>(x[r].q) + i * 256 + 32 * k)), scv));
+    }
+    for (int r = 0; r < MR; ++r) {
+      acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * x[r].d[i]), _mm256_cvtepi32_ps(sumi[r]), acc[r]);
+      if constexpr (T == Q2_K || T == Q4_K || T == Q5_K) {
+        int32_t summ = 0;
+        if constexpr (sub16)
+          for (int u = 0; u < 16; ++u) summ += mn[u] * x[r].s16[i * 16 + u];
+        else
+          for (int u = 0; u < 8; ++u) summ += mn[u] * x[r].s32[i * 8 + u];
+        accs[r] -= dmin * x[r].d[i] * float(summ);
+      }
+    }
+  }
+  for (int r = 0; r < MR; ++r) out[r] = hsum8(acc[r]) + accs[r];
+}
+
+template <int T>
+void rows_dot_mr(const uint8_t* row, int64_t nb, const XRow* x, int mr, float* out) {
+  switch (mr) {
+    case 1: return rows_dot_avx2<T, 1>(row, nb, x, out);
+    case 2: return rows_dot_avx2<T, 2>(row, nb, x, out);
+    case 3: return rows_dot_avx2<T, 3>(row, nb, x, out);
+    default: return rows_dot_avx2<T, 4>(row, nb, x, out);
+  }
+}
+
+// out[r] = row . x[r] for r < mr <= 4
+void rows_dot(int32_t t, const uint8_t* row, int64_t nb, const XRow* x, int mr, float* out) {
+  switch (t) {
+    case Q4_0: return rows_dot_mr<Q4_0>(row, nb, x, mr, out);
+    case Q4_1: return rows_dot_mr<Q4_1>(row, nb, x, mr, out);
+    case Q5_0: return rows_dot_mr<Q5_0>(row, nb, x, mr, out);
+    case Q5_1: return rows_dot_mr<Q5_1>(row, nb, x, mr, out);
+    case Q8_0: return rows_dot_mr<Q8_0>(row, nb, x, mr, out);
+    case Q2_K: return rows_dot_mr<Q2_K>(row, nb, x, mr, out);
+    case Q3_K: return rows_dot_mr<Q3_K>(row, nb, x, mr, out);
+    case Q4_K: return rows_dot_mr<Q4_K>(row, nb, x, mr, out);
+    case Q5_K: return rows_dot_mr<Q5_K>(row, nb, x, mr, out);
+    default: return rows_dot_mr<Q6_K>(row, nb, x, mr, out);
+  }
+}
+#endif  // QRT_GGUF_AVX2
 
 // ---- AVX-512 VNNI path: 16-row groups ------------------------------------------------------------
 #if QRT_GGUF_SIMD
@@ -923,10 +1102,21 @@ int32_t quantrt_gguf_linear(int32_t type, const uint8_t* w, int64_t N, int64_t K
 #endif
 #pragma omp for schedule(static)
       for (int64_t r = 0; r < ntail; ++r) {
+#if QRT_GGUF_AVX2
+        for (int64_t m = m0; m < m1; m += 4) {
+          const int mr = int(std::min<int64_t>(4, m1 - m));
+          XRow xr[4];
+          float v[4];
+          for (int i = 0; i < mr; ++i) xr[i] = x_row(ws, xl, m + i);
+          rows_dot(type, tail + r * rbytes, nb, xr, mr, v);
+          for (int i = 0; i < mr; ++i) store(out, som, odt, bias, bdt, m + i, ngroups * kGroup + r, v[i]);
+        }
+#else
         for (int64_t m = m0; m < m1; ++m) {
           const float v = row_dot_scalar(type, tail + r * rbytes, nb, x_row(ws, xl, m));
           store(out, som, odt, bias, bdt, m, ngroups * kGroup + r, v);
         }
+#endif
       }
     }
   }
