@@ -220,6 +220,7 @@ def main() -> int:
         "date": datetime.date.today().isoformat(),
         "threads": args.threads,
         "act_dtype": args.act_dtype,
+        "quantrt_cpu_isa": os.environ.get("QUANTRT_CPU_ISA", "native"),
         "model": {"hidden": H, "ffn": F, "heads": NH, "kv_heads": NKV, "vocab": V, "context": CTX},
         "git_sha": git_sha(),
         "versions": versions(),

@@ -303,7 +303,7 @@ class AmxGGUF(Kernel):
         """The batch size from which a layer of this type and row count runs on the GGUF tile kernel
         (None: its type has none, or some rows are outside the 16-row groups, or no tiles here)."""
         lib = gguf_native.native_library()
-        group = lib.quantrt_gguf_group_rows()
+        group = lib.quantrt_gguf_group_rows_of(gguf_native.TYPE_CODES[gguf_type])
         if gguf_type in cls.TILES_FROM and group and N % group == 0 and lib.quantrt_gguf_tiles_ready():
             return cls.TILES_FROM[gguf_type]
         return None

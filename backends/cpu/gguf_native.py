@@ -31,8 +31,11 @@ TYPE_CODES = {
 }
 #: what the library's 16-row SIMD path is compiled for (it is built with -march=native)
 SIMD_FEATURES = frozenset({"avx512f", "avx512bw", "avx512vl", "avx512_vnni"})
-#: what the canonical-row AVX2 path is compiled for (the library built for x86-64-v3)
+#: what the AVX2 paths are compiled for (the library built for x86-64-v3)
 AVX2_FEATURES = frozenset({"avx2", "fma", "f16c"})
+#: the types the AVX2 build runs in 16-row groups (the layout of the AVX-512 build, read 8 rows at a
+#: time); the others keep canonical rows there (csrc/gguf.cpp's ``grouped``)
+AVX2_GROUPED = frozenset({"q4_0", "q4_1", "q8_0", "q4_k", "q5_k", "q6_k"})
 ACT_QUANT = (
     "activations quantized per call to int8 blocks as llama.cpp does "
     "(Q8_0-style blocks of 32 for legacy types, Q8_K-style blocks of 256 for K-quants)"
@@ -42,8 +45,8 @@ ACT_QUANT = (
 def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     """Declare the C signatures once per process, so a call converts no argument by guesswork."""
     i32, i64, ptr = ctypes.c_int32, ctypes.c_int64, ctypes.c_void_p
-    lib.quantrt_gguf_group_rows.restype = i32
-    lib.quantrt_gguf_group_rows.argtypes = []
+    lib.quantrt_gguf_group_rows_of.restype = i32
+    lib.quantrt_gguf_group_rows_of.argtypes = [i32]
     lib.quantrt_gguf_ws_row.restype = i64
     lib.quantrt_gguf_ws_row.argtypes = [i32, i64]
     fn = lib.quantrt_gguf_linear
@@ -212,6 +215,7 @@ class GGUFLayout:
 
     weight: torch.Tensor  # the group layout (flat uint8, see group_layout)
     lib: ctypes.CDLL  # the build that prepared it (its group rows are this layout's)
+    isa: str  # that build's ISA level
     type_code: int
     gguf_type: str
     N: int
@@ -246,7 +250,11 @@ def can_run(spec: LayerSpec, caps: Any) -> Verdict:
     path = (
         "AVX-512 VNNI, 16 rows per group"
         if library_isa(caps) == "native"
-        else "AVX2 build (x86-64-v3), canonical rows, 32 codes per vector (no AVX-512 F/BW/VL/VNNI)"
+        else (
+            "AVX2 build (x86-64-v3), "
+            + ("16-row groups" if gtype in AVX2_GROUPED else "canonical rows, 32 codes per vector")
+            + " (no AVX-512 F/BW/VL/VNNI)"
+        )
     )
     return Verdict.yes(f"{path}; {ACT_QUANT}")
 
@@ -264,11 +272,12 @@ def prepare_layout(weight: CanonicalWeight, spec: LayerSpec, isa: str = "native"
             f"found {q.dtype} {list(q.shape)}"
         )
     lib = native_library(isa)
-    group = lib.quantrt_gguf_group_rows()
     code = TYPE_CODES[t]
+    group = lib.quantrt_gguf_group_rows_of(code)
     return GGUFLayout(
         weight=group_layout(q.cpu(), t, group),
         lib=lib,
+        isa=isa,
         type_code=code,
         gguf_type=t,
         N=weight.N,
@@ -314,7 +323,11 @@ def linear(
 
 def gguf_strategies(layout: GGUFLayout) -> list[Strategy]:
     """The native GEMV (one row) and GEMM (more), one C entry point that picks between them."""
-    path = "16-row AVX-512 VNNI groups" if layout.groups else "canonical rows"
+    path = (
+        f"16-row groups ({'AVX-512 VNNI' if layout.isa == 'native' else 'AVX2'})"
+        if layout.groups
+        else "canonical rows"
+    )
     return [
         Strategy(1, f"GEMV over {path}; {ACT_QUANT}", linear),
         Strategy(

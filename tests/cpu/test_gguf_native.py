@@ -54,7 +54,11 @@ ISA = gguf_native.library_isa(CPU)
 SIMD = ISA == "native" and gguf_native.SIMD_FEATURES <= CPU.features
 #: dispatch prefers the AMX subclass of the native kernel where the CPU has AMX tiles
 AMX = {"amx_bf16", "amx_tile"} <= set(CPU.features)
-GROUP = 16 if SIMD else 0
+
+
+def group_rows(gtype: str) -> int:
+    """Rows per interleaved group this build lays ``gtype`` out in (0: canonical rows)."""
+    return 16 if SIMD or (ISA == "avx2" and gtype in gguf_native.AVX2_GROUPED) else 0
 
 
 # -- the independent reference -------------------------------------------------------------------------
@@ -234,7 +238,10 @@ def test_no_compiler_is_a_reason(monkeypatch):
 def test_build_is_available_here():
     ok, why = build.status()
     assert ok, why  # the native kernel must be tested, not skipped
-    assert gguf_native.native_library(ISA).quantrt_gguf_group_rows() == GROUP  # the build matches the probe
+    lib = gguf_native.native_library(ISA)
+    for gtype, code in gguf_native.TYPE_CODES.items():  # the build matches the probe
+        assert lib.quantrt_gguf_group_rows_of(code) == group_rows(gtype), gtype
+    assert lib.quantrt_gguf_group_rows_of(len(gguf_native.TYPE_CODES)) == -1
 
 
 @pytest.mark.parametrize("gtype", TYPES)
@@ -245,7 +252,7 @@ def test_one_layout_within_110_percent(gtype: str):
         lay = prepare(weight(q, gtype, 2 * B)).layout
         assert lay.weight.dtype == torch.uint8 and lay.weight.dim() == 1
         assert q.numel() <= lay.weight.numel() <= 1.10 * q.numel()
-        assert lay.groups == (N // GROUP if GROUP else 0)
+        assert lay.groups == (N // group_rows(gtype) if group_rows(gtype) else 0)
     assert KERNEL.workspace_bytes(LayerSpec(parse_scheme(f"gguf-{gtype}"), 4 * B, 16), 3) >= 3 * 4 * B
 
 

@@ -34,6 +34,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512VNNI__)
@@ -154,6 +155,16 @@ inline void load_block(const void* row, int64_t sk, int32_t dt, int64_t k0, int 
     }
     return;
   }
+#elif QRT_GGUF_AVX2
+  if (sk == 1) {
+    const uint16_t* h = static_cast<const uint16_t*>(row) + k0;
+    for (int i = 0; i < n; i += 8) {
+      const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(h + i));
+      _mm256_storeu_ps(buf + i, dt == qrt::F16 ? _mm256_cvtph_ps(v)
+                                               : _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(v), 16)));
+    }
+    return;
+  }
 #endif
   for (int i = 0; i < n; ++i) buf[i] = qrt::load_act(row, (k0 + i) * sk, dt);
 }
@@ -173,6 +184,22 @@ inline void store_codes(const float* x, int n, float mul, int8_t* q, int32_t* s1
     __m512i c = _mm512_min_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x + i), vm)), top);
     _mm_storeu_si128(reinterpret_cast<__m128i*>(q + i), _mm512_cvtepi32_epi8(c));
     s16[i / 16] = _mm512_reduce_add_epi32(c);
+  }
+#elif QRT_GGUF_AVX2
+  // cvtps rounds half to even (the default rounding mode), as rne does; NaN/Inf never reach here
+  const __m256 vm = _mm256_set1_ps(mul);
+  const __m256i top = _mm256_set1_epi32(127);
+  for (int i = 0; i < n; i += 16) {
+    const __m256i a = _mm256_min_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + i), vm)), top);
+    const __m256i b = _mm256_min_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + i + 8), vm)), top);
+    const __m256i w = _mm256_permute4x64_epi64(_mm256_packs_epi32(a, b), 0xD8);  // 16 int16 in order
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(q + i),
+                     _mm_packs_epi16(_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1)));
+    __m256i t = _mm256_add_epi32(a, b);
+    __m128i u = _mm_add_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256(t, 1));
+    u = _mm_add_epi32(u, _mm_shuffle_epi32(u, 0x4E));
+    u = _mm_add_epi32(u, _mm_shuffle_epi32(u, 0xB1));
+    s16[i / 16] = _mm_cvtsi128_si32(u);
   }
 #else
   for (int i = 0; i < n; i += 16) {
@@ -201,6 +228,19 @@ inline float abs_max(const float* x, int n, bool& finite) {
   }
   finite = bad == 0;
   return _mm512_reduce_max_ps(a);
+#elif QRT_GGUF_AVX2
+  const __m256 sign = _mm256_set1_ps(-0.f), inf = _mm256_set1_ps(INFINITY);
+  __m256 a = _mm256_setzero_ps(), bad = _mm256_setzero_ps();
+  for (int i = 0; i < n; i += 8) {
+    const __m256 v = _mm256_andnot_ps(sign, _mm256_loadu_ps(x + i));
+    a = _mm256_max_ps(a, v);
+    bad = _mm256_or_ps(bad, _mm256_cmp_ps(v, inf, _CMP_NLT_UQ));
+  }
+  finite = _mm256_movemask_ps(bad) == 0;
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  m = _mm_max_ss(m, _mm_movehdup_ps(m));
+  return _mm_cvtss_f32(m);
 #else
   float a = 0.f;
   finite = true;
@@ -228,6 +268,12 @@ inline int first_abs(const float* x, int n, float amax) {
   const __m512 a = _mm512_set1_ps(amax);
   for (int i = 0; i < n; i += 16) {
     const __mmask16 k = _mm512_cmp_ps_mask(_mm512_abs_ps(_mm512_loadu_ps(x + i)), a, _CMP_EQ_OQ);
+    if (k) return i + __builtin_ctz(k);
+  }
+#elif QRT_GGUF_AVX2
+  const __m256 sign = _mm256_set1_ps(-0.f), a = _mm256_set1_ps(amax);
+  for (int i = 0; i < n; i += 8) {
+    const int k = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_andnot_ps(sign, _mm256_loadu_ps(x + i)), a, _CMP_EQ_OQ));
     if (k) return i + __builtin_ctz(k);
   }
 #else
@@ -481,9 +527,22 @@ inline __m256i pairs(__m256i q, __m256i x) {
   return _mm256_maddubs_epi16(q, x);
 }
 
-// the two int16 scales of a 32-code chunk made of two 16-element sub-blocks (a, then b)
-inline __m256i scales2(int32_t a, int32_t b) {
-  return _mm256_set_m128i(_mm_set1_epi16(int16_t(b)), _mm_set1_epi16(int16_t(a)));
+// a byte shuffle that fills the low lane with its word a and the high lane with its word b
+inline __m256i word_pick(int a, int b) {
+  const char a0 = char(2 * a), a1 = char(2 * a + 1), b0 = char(2 * b), b1 = char(2 * b + 1);
+  return _mm256_setr_epi8(a0, a1, a0, a1, a0, a1, a0, a1, a0, a1, a0, a1, a0, a1, a0, a1,  //
+                          b0, b1, b0, b1, b0, b1, b0, b1, b0, b1, b0, b1, b0, b1, b0, b1);
+}
+
+// Q4_K/Q5_K: 12 bytes -> 8 six-bit scales and 8 six-bit mins, a byte each (k4_scales, 32 bits at a time)
+inline void k4_unpack(const uint8_t* s, uint64_t& sc, uint64_t& mn) {
+  uint32_t u0, u1, u2;
+  std::memcpy(&u0, s, 4);
+  std::memcpy(&u1, s + 4, 4);
+  std::memcpy(&u2, s + 8, 4);
+  const uint32_t low6 = 0x3f3f3f3f, low4 = 0x0f0f0f0f, top2 = 0x30303030;
+  sc = (u0 & low6) | uint64_t((u2 & low4) | ((u0 >> 2) & top2)) << 32;
+  mn = (u1 & low6) | uint64_t(((u2 >> 4) & low4) | ((u1 >> 2) & top2)) << 32;
 }
 
 inline float hsum8(__m256 v) {
@@ -497,13 +556,17 @@ inline float hsum8(__m256 v) {
 template <int T, int MR>
 void rows_dot_avx2(const uint8_t* row, int64_t nb, const XRow* x, float* out) {
   constexpr int B = kInfo[T].B, TB = kInfo[T].T;
-  __m256 acc[MR];
-  float accs[MR];
+  constexpr int NA = MR <= 2 ? 2 : 1;  // accumulators per row, blocks alternating: two FMA chains
+  __m256 acc[MR][NA], accm[MR];       // the scaled sums, and the Q4_K/Q5_K mins
+  float accs[MR];                     // the Q4_1/Q5_1 mins and the Q2_K ones
   for (int r = 0; r < MR; ++r) {
-    acc[r] = _mm256_setzero_ps();
+    for (int a = 0; a < NA; ++a) acc[r][a] = _mm256_setzero_ps();
+    accm[r] = _mm256_setzero_ps();
     accs[r] = 0.f;
   }
-  for (int64_t i = 0; i < nb; ++i) {
+  // block i into accumulator A of each row
+  auto block = [&](int64_t i, auto slot) __attribute__((always_inline)) {
+    constexpr int A = decltype(slot)::value;
     const uint8_t* b = row + i * TB;
     if constexpr (B == 32) {
       __m256i q;
@@ -518,26 +581,43 @@ void rows_dot_avx2(const uint8_t* row, int64_t nb, const XRow* x, float* out) {
       for (int r = 0; r < MR; ++r) {
         const __m256i p = _mm256_madd_epi16(pairs<sgn>(q, ld32(reinterpret_cast<const uint8_t*>(x[r].q) + i * 32)),
                                             _mm256_set1_epi16(1));
-        acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * x[r].d[i]), _mm256_cvtepi32_ps(p), acc[r]);
+        acc[r][A] = _mm256_fmadd_ps(_mm256_set1_ps(d * x[r].d[i]), _mm256_cvtepi32_ps(p), acc[r][A]);
         if constexpr (T == Q4_1 || T == Q5_1) accs[r] += m * x[r].d[i] * float(x[r].s32[i]);
       }
-      continue;
+      return;
     }
     // K-quants: 8 chunks of 32 codes, sub-block scales sc (16 of 16 codes, or 8 of 32) and mins mn
-    int32_t sc[16], mn[16] = {};
+    // sub-block scales as int16: 16 sub-blocks in words 0-7 of the low lane and 8-15 of the high one,
+    // or 8 sub-blocks in words 0-7 of both lanes; mins as bytes
+    __m256i sc16;
+    alignas(16) uint8_t mn[16];
     float d, dmin = 0.f;
     if constexpr (T == Q2_K) {
       d = f16(b + 80), dmin = f16(b + 82);
-      for (int u = 0; u < 16; ++u) sc[u] = b[u] & 15, mn[u] = b[u] >> 4;
+      const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b));
+      sc16 = _mm256_cvtepu8_epi16(_mm_and_si128(v, _mm_set1_epi8(15)));
+      _mm_store_si128(reinterpret_cast<__m128i*>(mn), _mm_and_si128(_mm_srli_epi16(v, 4), _mm_set1_epi8(15)));
     } else if constexpr (T == Q3_K) {
       d = f16(b + 108);
+      int32_t sc[16];
+      alignas(32) int16_t w[16];
       k3_scales(b + 96, sc);
+      for (int u = 0; u < 16; ++u) w[u] = int16_t(sc[u]);
+      sc16 = _mm256_load_si256(reinterpret_cast<const __m256i*>(w));
     } else if constexpr (T == Q4_K || T == Q5_K) {
       d = f16(b), dmin = f16(b + 2);
-      k4_scales(b + 4, sc, mn);
+      uint64_t s8, m8;
+      k4_unpack(b + 4, s8, m8);
+      sc16 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(int64_t(s8))));
+      std::memcpy(mn, &m8, 8);
     } else {
       d = f16(b + 208);
-      for (int u = 0; u < 16; ++u) sc[u] = static_cast<int8_t>(b[192 + u]);
+      sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 192)));
+    }
+    __m256i sc_lo = sc16, sc_hi = sc16;  // 16 sub-blocks: one lane's words in both lanes
+    if constexpr (T == Q2_K || T == Q3_K || T == Q6_K) {
+      sc_lo = _mm256_permute2x128_si256(sc16, sc16, 0x00);
+      sc_hi = _mm256_permute2x128_si256(sc16, sc16, 0x11);
     }
     constexpr bool sgn = T == Q3_K || T == Q6_K, sub16 = T == Q2_K || T == Q3_K || T == Q6_K;
     __m256i sumi[MR];
@@ -564,24 +644,40 @@ void rows_dot_avx2(const uint8_t* row, int64_t nb, const XRow* x, float* out) {
         q = _mm256_sub_epi8(_mm256_or_si256(lo, _mm256_slli_epi16(crumb(ld32(b + 128 + 32 * n), s), 4)),
                             _mm256_set1_epi8(32));
       }
-      const __m256i scv = sub16 ? scales2(sc[2 * k], sc[2 * k + 1]) : _mm256_set1_epi16(int16_t(sc[k]));
+      const __m256i scv = sub16 ? _mm256_shuffle_epi8(k < 4 ? sc_lo : sc_hi, word_pick((2 * k) % 8, (2 * k + 1) % 8))
+                                : _mm256_shuffle_epi8(sc16, word_pick(k, k));
       for (int r = 0; r < MR; ++r)
         sumi[r] = _mm256_add_epi32(
             sumi[r], _mm256_madd_epi16(pairs<sgn>(q, ld32(reinterpret_cast<const uint8_t*>(x[r].q) + i * 256 + 32 * k)), scv));
     }
+    __m256i mn32 = _mm256_setzero_si256();
+    if constexpr (T == Q4_K || T == Q5_K) mn32 = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(mn)));
     for (int r = 0; r < MR; ++r) {
-      acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * x[r].d[i]), _mm256_cvtepi32_ps(sumi[r]), acc[r]);
-      if constexpr (T == Q2_K || T == Q4_K || T == Q5_K) {
+      acc[r][A] = _mm256_fmadd_ps(_mm256_set1_ps(d * x[r].d[i]), _mm256_cvtepi32_ps(sumi[r]), acc[r][A]);
+      if constexpr (T == Q4_K || T == Q5_K) {  // 8 mins times the sums of their 32 activation codes
+        const __m256i s32 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[r].s32 + i * 8));
+        accm[r] = _mm256_fmadd_ps(_mm256_set1_ps(dmin * x[r].d[i]), _mm256_cvtepi32_ps(_mm256_mullo_epi32(mn32, s32)),
+                                  accm[r]);
+      }
+      if constexpr (T == Q2_K) {
         int32_t summ = 0;
-        if constexpr (sub16)
-          for (int u = 0; u < 16; ++u) summ += mn[u] * x[r].s16[i * 16 + u];
-        else
-          for (int u = 0; u < 8; ++u) summ += mn[u] * x[r].s32[i * 8 + u];
+        for (int u = 0; u < 16; ++u) summ += mn[u] * x[r].s16[i * 16 + u];
         accs[r] -= dmin * x[r].d[i] * float(summ);
       }
     }
+  };
+  int64_t i = 0;
+  if constexpr (NA == 2)
+    for (; i + 2 <= nb; i += 2) {
+      block(i, std::integral_constant<int, 0>{});
+      block(i + 1, std::integral_constant<int, 1>{});
+    }
+  for (; i < nb; ++i) block(i, std::integral_constant<int, 0>{});
+  for (int r = 0; r < MR; ++r) {
+    __m256 a = acc[r][0];
+    for (int j = 1; j < NA; ++j) a = _mm256_add_ps(a, acc[r][j]);
+    out[r] = hsum8(_mm256_sub_ps(a, accm[r])) + accs[r];
   }
-  for (int r = 0; r < MR; ++r) out[r] = hsum8(acc[r]) + accs[r];
 }
 
 template <int T>
@@ -611,13 +707,284 @@ void rows_dot(int32_t t, const uint8_t* row, int64_t nb, const XRow* x, int mr, 
 }
 #endif  // QRT_GGUF_AVX2
 
-// ---- AVX-512 VNNI path: 16-row groups ------------------------------------------------------------
-#if QRT_GGUF_SIMD
-
+#if QRT_GGUF_SIMD || QRT_GGUF_AVX2
 // the fixed-count loops below must unroll: their indices pick shifts, masks and registers
 #define QRT_UNROLL _Pragma("GCC unroll 16")
 // and the helpers must inline: a call inside a block loop costs more than the block
 #define QRT_INLINE inline __attribute__((always_inline))
+
+// Each block asks for the code planes kPrefetch bytes ahead of it, into L2. The K-quant blocks are
+// 1-3 KB and several hundred instructions long, so the out-of-order window alone holds too few cache
+// misses to keep DRAM busy (Q6_K streamed at half the speed without this); past the end it is harmless.
+#ifndef QRT_GGUF_PREFETCH  // overridable for tuning builds, as is the hint
+#define QRT_GGUF_PREFETCH 8192
+#endif
+#ifndef QRT_GGUF_PREFETCH_HINT
+#define QRT_GGUF_PREFETCH_HINT _MM_HINT_T1
+#endif
+constexpr int64_t kPrefetch = QRT_GGUF_PREFETCH;
+QRT_INLINE void prefetch(const uint8_t* p, int64_t bytes) {
+  for (int64_t off = 0; off < bytes; off += 64)
+    _mm_prefetch(reinterpret_cast<const char*>(p + kPrefetch + off), QRT_GGUF_PREFETCH_HINT);
+}
+
+#endif
+
+// ---- AVX2 path, 16-row groups (Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K) -------------------------------
+// The AVX-512 build's group layout (below), read as two halves of 8 rows: a plane's 32 bytes of one
+// half hold 4 codes of each of its 8 rows, one 32-bit lane per row. VPDPBUSD's 4-byte dot becomes
+// _mm256_maddubs_epi16 (pairs, int16) then _mm256_madd_epi16 against ones (int32): for codes below
+// 32 the pair sums of 4 planes are added in int16 first (4 x 2 x 31 x 127 < 2^15), so one widening
+// serves 16 activation codes; Q6_K's codes (below 64) add two planes, Q8_0's signed ones take the
+// sign trick per plane. High nibbles are shifted down (16x the code would saturate the int16 pairs).
+// Sums, sub-block scales and fp32 scaling are the AVX-512 kernels', per half.
+#if QRT_GGUF_AVX2
+QRT_INLINE __m256i ldh(const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+QRT_INLINE __m256 f16x8(const uint8_t* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+QRT_INLINE __m256i bytes_u32x8(const uint8_t* p) {
+  return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+}
+QRT_INLINE __m256i bytes_i32x8(const uint8_t* p) {
+  return _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+}
+QRT_INLINE __m256i bcast4(const int8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return _mm256_set1_epi32(v);
+}
+QRT_INLINE __m256i widen(__m256i pairs16) { return _mm256_madd_epi16(pairs16, _mm256_set1_epi16(1)); }
+// 4 planes of codes below 32 (one half) against 16 activation codes at p: an int32 per row
+QRT_INLINE __m256i dot4_small(const __m256i* u, const int8_t* p) {
+  __m256i s = _mm256_maddubs_epi16(u[0], bcast4(p));
+  QRT_UNROLL
+  for (int c = 1; c < 4; ++c) s = _mm256_add_epi16(s, _mm256_maddubs_epi16(u[c], bcast4(p + 4 * c)));
+  return widen(s);
+}
+// the same for codes below 64: two planes per int16 sum
+QRT_INLINE __m256i dot4_mid(const __m256i* u, const int8_t* p) {
+  const __m256i a = _mm256_add_epi16(_mm256_maddubs_epi16(u[0], bcast4(p)), _mm256_maddubs_epi16(u[1], bcast4(p + 4)));
+  const __m256i b = _mm256_add_epi16(_mm256_maddubs_epi16(u[2], bcast4(p + 8)), _mm256_maddubs_epi16(u[3], bcast4(p + 12)));
+  return _mm256_add_epi32(widen(a), widen(b));
+}
+// bytes of v holding bit `bit` -> 16, else 0
+QRT_INLINE __m256i bit16(__m256i v, int bit) {
+  const __m256i b = _mm256_set1_epi8(static_cast<char>(bit));
+  return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(v, b), b), _mm256_set1_epi8(16));
+}
+
+template <int MR, bool asym>
+void grp2_q4(const uint8_t* p, const uint8_t* f, int64_t nb, const XRow* x, __m256 (*acc)[2]) {
+  const __m256i m4 = _mm256_set1_epi8(15);
+  for (int64_t b = 0; b < nb; ++b, p += 256, f += asym ? 64 : 32) {
+    prefetch(p, 256);
+    QRT_UNROLL
+    for (int h = 0; h < 2; ++h) {
+      __m256i lo[4], hi[4];
+      QRT_UNROLL
+      for (int c = 0; c < 4; ++c) {
+        const __m256i v = ldh(p + 64 * c + 32 * h);
+        lo[c] = _mm256_and_si256(v, m4);
+        hi[c] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+      }
+      const __m256 dw = f16x8(f + 16 * h);
+      QRT_UNROLL
+      for (int m = 0; m < MR; ++m) {
+        const int8_t* q = x[m].q + 32 * b;
+        const int32_t sx = x[m].s32[b];
+        __m256i a = _mm256_add_epi32(dot4_small(lo, q), dot4_small(hi, q + 16));
+        if constexpr (!asym) a = _mm256_sub_epi32(a, _mm256_set1_epi32(8 * sx));
+        const float dx = x[m].d[b];
+        acc[m][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a), _mm256_mul_ps(dw, _mm256_set1_ps(dx)), acc[m][h]);
+        if constexpr (asym) acc[m][h] = _mm256_fmadd_ps(f16x8(f + 32 + 16 * h), _mm256_set1_ps(dx * float(sx)), acc[m][h]);
+      }
+    }
+  }
+}
+
+template <int MR>
+void grp2_q8_0(const uint8_t* p, const uint8_t* f, int64_t nb, const XRow* x, __m256 (*acc)[2]) {
+  for (int64_t b = 0; b < nb; ++b, p += 512, f += 32) {
+    prefetch(p, 512);
+    QRT_UNROLL
+    for (int h = 0; h < 2; ++h) {
+      __m256i u[8], a8[8];
+      QRT_UNROLL
+      for (int c = 0; c < 8; ++c) {
+        u[c] = ldh(p + 64 * c + 32 * h);
+        a8[c] = _mm256_sign_epi8(u[c], u[c]);  // |q| (-128 stays 0x80: 128 as the unsigned operand)
+      }
+      const __m256 dw = f16x8(f + 16 * h);
+      QRT_UNROLL
+      for (int m = 0; m < MR; ++m) {
+        const int8_t* q = x[m].q + 32 * b;
+        __m256i a = _mm256_setzero_si256();
+        QRT_UNROLL
+        for (int c = 0; c < 8; ++c)
+          a = _mm256_add_epi32(a, widen(_mm256_maddubs_epi16(a8[c], _mm256_sign_epi8(bcast4(q + 4 * c), u[c]))));
+        acc[m][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a), _mm256_mul_ps(dw, _mm256_set1_ps(x[m].d[b])), acc[m][h]);
+      }
+    }
+  }
+}
+
+template <int MR, bool five>
+void grp2_q45_k(const uint8_t* p, const uint8_t* f, int64_t nb, const XRow* x, __m256 (*acc)[2]) {
+  const __m256i m4 = _mm256_set1_epi8(15);
+  const int qs = five ? 512 : 0;
+  for (int64_t b = 0; b < nb; ++b, p += five ? 2560 : 2048, f += 320) {
+    prefetch(p, five ? 2560 : 2048);
+    for (int h = 0; h < 2; ++h) {  // not unrolled: the halves differ in offsets only (and GCC's compile
+                                   // time grows steeply with the unrolled block)
+      __m256i sum[MR], mins[MR];
+      QRT_UNROLL
+      for (int m = 0; m < MR; ++m) sum[m] = mins[m] = _mm256_setzero_si256();
+      for (int j = 0; j < 4; ++j) {
+        __m256i lo[8], hi[8];
+        QRT_UNROLL
+        for (int c = 0; c < 8; ++c) {
+          const __m256i v = ldh(p + qs + 64 * (8 * j + c) + 32 * h);
+          lo[c] = _mm256_and_si256(v, m4);
+          hi[c] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+          if constexpr (five) {
+            const __m256i qh = ldh(p + 64 * c + 32 * h);
+            lo[c] = _mm256_or_si256(lo[c], bit16(qh, 1 << (2 * j)));
+            hi[c] = _mm256_or_si256(hi[c], bit16(qh, 2 << (2 * j)));
+          }
+        }
+        const __m256i sa = bytes_u32x8(f + 64 + 16 * (2 * j) + 8 * h);
+        const __m256i sb = bytes_u32x8(f + 64 + 16 * (2 * j + 1) + 8 * h);
+        if constexpr (five) {
+          QRT_UNROLL
+          for (int m = 0; m < MR; ++m) {
+            const int8_t* q = x[m].q + 256 * b + 64 * j;
+            const __m256i da = _mm256_add_epi32(dot4_small(lo, q), dot4_small(lo + 4, q + 16));
+            const __m256i db = _mm256_add_epi32(dot4_small(hi, q + 32), dot4_small(hi + 4, q + 48));
+            sum[m] = _mm256_add_epi32(sum[m], _mm256_add_epi32(_mm256_mullo_epi32(da, sa), _mm256_mullo_epi32(db, sb)));
+          }
+          continue;
+        }
+        // Q4_K: each row's sub-block scale in both int16 halves of its lane, so that VPMADDWD scales
+        // the int16 pair sums of all 8 planes (8 x 2 x 15 x 127 < 2^15) while it widens them
+        const __m256i sa2 = _mm256_or_si256(sa, _mm256_slli_epi32(sa, 16));
+        const __m256i sb2 = _mm256_or_si256(sb, _mm256_slli_epi32(sb, 16));
+        QRT_UNROLL
+        for (int m = 0; m < MR; ++m) {
+          const int8_t* q = x[m].q + 256 * b + 64 * j;
+          __m256i pa = _mm256_maddubs_epi16(lo[0], bcast4(q)), pb = _mm256_maddubs_epi16(hi[0], bcast4(q + 32));
+          QRT_UNROLL
+          for (int c = 1; c < 8; ++c) {
+            pa = _mm256_add_epi16(pa, _mm256_maddubs_epi16(lo[c], bcast4(q + 4 * c)));
+            pb = _mm256_add_epi16(pb, _mm256_maddubs_epi16(hi[c], bcast4(q + 32 + 4 * c)));
+          }
+          sum[m] = _mm256_add_epi32(sum[m], _mm256_add_epi32(_mm256_madd_epi16(pa, sa2), _mm256_madd_epi16(pb, sb2)));
+        }
+      }
+      QRT_UNROLL
+      for (int t = 0; t < 8; ++t) {  // mins below 64, activation sums in int16: one VPMADDWD each
+        const __m256i mt = bytes_u32x8(f + 192 + 16 * t + 8 * h);
+        QRT_UNROLL
+        for (int m = 0; m < MR; ++m)
+          mins[m] = _mm256_add_epi32(mins[m], _mm256_madd_epi16(mt, _mm256_set1_epi32(x[m].s32[8 * b + t])));
+      }
+      const __m256 dw = f16x8(f + 16 * h), dm = f16x8(f + 32 + 16 * h);
+      QRT_UNROLL
+      for (int m = 0; m < MR; ++m) {
+        const __m256 dx = _mm256_set1_ps(x[m].d[b]);
+        acc[m][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[m]), _mm256_mul_ps(dw, dx), acc[m][h]);
+        acc[m][h] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(mins[m]), _mm256_mul_ps(dm, dx), acc[m][h]);
+      }
+    }
+  }
+}
+
+template <int MR>
+void grp2_q6_k(const uint8_t* p, const uint8_t* f, int64_t nb, const XRow* x, __m256 (*acc)[2]) {
+  const __m256i m4 = _mm256_set1_epi8(15), m30 = _mm256_set1_epi8(0x30);
+  for (int64_t b = 0; b < nb; ++b, p += 3072, f += 288) {
+    prefetch(p, 3072);
+    for (int h = 0; h < 2; ++h) {  // not unrolled, as in grp2_q45_k
+      __m256i sumi[MR];
+      QRT_UNROLL
+      for (int m = 0; m < MR; ++m) sumi[m] = _mm256_setzero_si256();
+      for (int n = 0; n < 2; ++n) {
+        for (int g = 0; g < 2; ++g) {
+          const uint8_t* run = p + 768 * (2 * n + g);  // the 12 planes this (n, g) reads
+          __m256i w1[4], w2[4], qh[4];
+          QRT_UNROLL
+          for (int c = 0; c < 4; ++c) {
+            w1[c] = ldh(run + 64 * c + 32 * h);
+            w2[c] = ldh(run + 256 + 64 * c + 32 * h);
+            qh[c] = ldh(run + 512 + 64 * c + 32 * h);
+          }
+          QRT_UNROLL
+          for (int s = 0; s < 4; ++s) {
+            const int t = 8 * n + 2 * s + g;
+            __m256i u[4];
+            QRT_UNROLL
+            for (int c = 0; c < 4; ++c) {
+              const __m256i src = s & 1 ? w2[c] : w1[c];
+              const __m256i nib = _mm256_and_si256(s < 2 ? src : _mm256_srli_epi16(src, 4), m4);
+              const __m256i hb = s == 0   ? _mm256_slli_epi16(qh[c], 4)
+                                 : s == 1 ? _mm256_slli_epi16(qh[c], 2)
+                                 : s == 2 ? qh[c]
+                                          : _mm256_srli_epi16(qh[c], 2);
+              u[c] = _mm256_or_si256(nib, _mm256_and_si256(hb, m30));
+            }
+            const __m256i sct = bytes_i32x8(f + 32 + 16 * t + 8 * h);
+            QRT_UNROLL
+            for (int m = 0; m < MR; ++m) {
+              const __m256i dot = _mm256_sub_epi32(dot4_mid(u, x[m].q + 256 * b + 16 * t),
+                                                   _mm256_set1_epi32(32 * x[m].s16[16 * b + t]));
+              sumi[m] = _mm256_add_epi32(sumi[m], _mm256_mullo_epi32(dot, sct));
+            }
+          }
+        }
+      }
+      const __m256 dw = f16x8(f + 16 * h);
+      QRT_UNROLL
+      for (int m = 0; m < MR; ++m)
+        acc[m][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi[m]), _mm256_mul_ps(dw, _mm256_set1_ps(x[m].d[b])), acc[m][h]);
+    }
+  }
+}
+
+// the types this build runs in 16-row groups (the others stay canonical: the row path above)
+constexpr bool grouped(int32_t t) { return t == Q4_0 || t == Q4_1 || t == Q8_0 || t == Q4_K || t == Q5_K || t == Q6_K; }
+
+template <int MR>
+void group_dot(int32_t t, const uint8_t* p, const uint8_t* f, int64_t nb, const XRow* x, float* res) {
+  __m256 acc[MR][2];
+  QRT_UNROLL
+  for (int m = 0; m < MR; ++m) acc[m][0] = acc[m][1] = _mm256_setzero_ps();
+  switch (t) {
+    case Q4_0: grp2_q4<MR, false>(p, f, nb, x, acc); break;
+    case Q4_1: grp2_q4<MR, true>(p, f, nb, x, acc); break;
+    case Q8_0: grp2_q8_0<MR>(p, f, nb, x, acc); break;
+    case Q4_K: grp2_q45_k<MR, false>(p, f, nb, x, acc); break;
+    case Q5_K: grp2_q45_k<MR, true>(p, f, nb, x, acc); break;
+    default: grp2_q6_k<MR>(p, f, nb, x, acc);
+  }
+  QRT_UNROLL
+  for (int m = 0; m < MR; ++m) {
+    _mm256_storeu_ps(res + 16 * m, acc[m][0]);
+    _mm256_storeu_ps(res + 16 * m + 8, acc[m][1]);
+  }
+}
+
+void group_dot_any(int32_t t, const uint8_t* p, const uint8_t* f, int64_t nb, const XRow* x, int mr, float* res) {
+  switch (mr) {
+    case 1: group_dot<1>(t, p, f, nb, x, res); break;
+    case 2: group_dot<2>(t, p, f, nb, x, res); break;
+    case 3: group_dot<3>(t, p, f, nb, x, res); break;
+    default: group_dot<4>(t, p, f, nb, x, res);
+  }
+}
+#endif  // QRT_GGUF_AVX2
+
+// ---- AVX-512 VNNI path: 16-row groups ------------------------------------------------------------
+#if QRT_GGUF_SIMD
 
 QRT_INLINE __m512i ld(const uint8_t* p) { return _mm512_loadu_si512(p); }
 QRT_INLINE __m512 f16x16(const uint8_t* p) {
@@ -643,21 +1010,6 @@ QRT_INLINE __m512i dp4(__m512i acc, const __m512i* u, const int8_t* p) {
   return acc;
 }
 QRT_INLINE __m512i mask4() { return _mm512_set1_epi8(0x0F); }
-
-// Each block asks for the code planes kPrefetch bytes ahead of it, into L2. The K-quant blocks are
-// 1-3 KB and several hundred instructions long, so the out-of-order window alone holds too few cache
-// misses to keep DRAM busy (Q6_K streamed at half the speed without this); past the end it is harmless.
-#ifndef QRT_GGUF_PREFETCH  // overridable for tuning builds, as is the hint
-#define QRT_GGUF_PREFETCH 8192
-#endif
-#ifndef QRT_GGUF_PREFETCH_HINT
-#define QRT_GGUF_PREFETCH_HINT _MM_HINT_T1
-#endif
-constexpr int64_t kPrefetch = QRT_GGUF_PREFETCH;
-QRT_INLINE void prefetch(const uint8_t* p, int64_t bytes) {
-  for (int64_t off = 0; off < bytes; off += 64)
-    _mm_prefetch(reinterpret_cast<const char*>(p + kPrefetch + off), QRT_GGUF_PREFETCH_HINT);
-}
 
 // Q5_0/Q5_1 high bits: the qh plane holds each row's u32; bit e0 + i of row r goes to byte 4r + i
 QRT_INLINE __mmask64 qh_bits(__m512i qh, int e0) {
@@ -1041,9 +1393,19 @@ void inf_row(int32_t t, const uint8_t* w, int64_t N, int64_t K, int64_t ngroups,
 
 extern "C" {
 
-// Rows per interleaved group in the weight layout this build runs: 16 with AVX-512 VNNI, else 0
-// (every row canonical, scalar code).
-int32_t quantrt_gguf_group_rows() { return QRT_GGUF_SIMD ? int32_t(kGroup) : 0; }
+// Rows per interleaved group in the layout this build runs for `type`: 16 with AVX-512 VNNI, and with
+// AVX2 for the types it groups; else 0 (every row canonical: the AVX2 or scalar row code); -1 for an
+// unknown type.
+int32_t quantrt_gguf_group_rows_of(int32_t type) {
+  if (type < 0 || type >= NTYPES) return -1;
+#if QRT_GGUF_SIMD
+  return int32_t(kGroup);
+#elif QRT_GGUF_AVX2
+  return grouped(type) ? int32_t(kGroup) : 0;
+#else
+  return 0;
+#endif
+}
 
 // Workspace bytes per activation row for weight type `type` and K inputs (-1: unknown type).
 int64_t quantrt_gguf_ws_row(int32_t type, int64_t K) {
@@ -1060,7 +1422,7 @@ int32_t quantrt_gguf_linear(int32_t type, const uint8_t* w, int64_t N, int64_t K
                             const void* bias, int32_t bdt, void* out, int64_t som, int32_t odt,
                             uint8_t* ws, int32_t threads) {
   if (type < 0 || type >= NTYPES || K % kInfo[type].B || ngroups * kGroup > N || M < 0) return -1;
-  if (!QRT_GGUF_SIMD && ngroups) return -1;
+  if (ngroups && quantrt_gguf_group_rows_of(type) == 0) return -1;
   const Layout L(type, w, K, ngroups);
   const int64_t nb = L.nb, nab = K / (is_k(type) ? 256 : 32);
   const int64_t pbytes = L.pbytes, fbytes = L.fbytes, rbytes = L.rbytes;
@@ -1079,7 +1441,7 @@ int32_t quantrt_gguf_linear(int32_t type, const uint8_t* w, int64_t N, int64_t K
 
     for (int64_t m0 = 0; m0 < M; m0 += mt) {
       const int64_t m1 = std::min(M, m0 + mt);
-#if QRT_GGUF_SIMD
+#if QRT_GGUF_SIMD || QRT_GGUF_AVX2
       // about 8 chunks of contiguous groups per thread, handed out as threads come free: a thread
       // that other work on the machine delays does not hold the others back (with a static split, a
       // preempted thread cost every call a scheduler time slice). Each row is still computed by one
