@@ -3,6 +3,7 @@
 // and exports plain extern "C" functions (see build.py).
 #pragma once
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <immintrin.h>
 #include <omp.h>
@@ -15,6 +16,23 @@ namespace qrt {
 
 // dtype codes the Python side passes for activations and outputs
 enum DType : int32_t { F32 = 0, BF16 = 1, F16 = 2 };
+
+// A 64-byte aligned scratch buffer per thread (the libraries' own: Python declares no workspace): it
+// grows to the largest request and is given back when a request needs under a quarter of a big one.
+struct Scratch {
+  void* p = nullptr;
+  size_t n = 0;
+  ~Scratch() { std::free(p); }
+  void* get(size_t bytes) {
+    if (bytes > n || (n > (size_t(16) << 20) && bytes < n / 4)) {
+      std::free(p);
+      n = (bytes + 63) / 64 * 64;
+      p = std::aligned_alloc(64, n);
+      if (!p) n = 0;
+    }
+    return p;
+  }
+};
 
 // an fp32's bits and back (memcpy: no aliasing rules broken)
 inline uint32_t bits_of(float f) {

@@ -36,21 +36,7 @@ using qrt::BF16;
 using qrt::F16;
 using qrt::F32;
 
-// a 64-byte aligned per-thread scratch buffer that grows to the largest request
-struct Scratch {
-  void* p = nullptr;
-  size_t n = 0;
-  ~Scratch() { std::free(p); }
-  void* get(size_t bytes) {
-    if (bytes > n) {
-      std::free(p);
-      n = (bytes + 63) / 64 * 64;
-      p = std::aligned_alloc(64, n);
-      if (!p) n = 0;
-    }
-    return p;
-  }
-};
+using qrt::Scratch;
 thread_local Scratch tl_x;
 
 inline int64_t round_up(int64_t a, int64_t b) { return (a + b - 1) / b * b; }

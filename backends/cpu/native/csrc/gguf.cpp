@@ -28,7 +28,7 @@
 // the scalar code, as every row does when this library was built without AVX-512 VNNI (then G = 0).
 // The 6-bit packed scales of Q3_K, Q4_K and Q5_K are unpacked to one byte each (4 more bytes per row
 // and super-block: at most 1.036x the canonical size).
-#include "common.h"
+#include "avx2.h"
 
 #include <algorithm>
 #include <cmath>
@@ -545,12 +545,7 @@ inline void k4_unpack(const uint8_t* s, uint64_t& sc, uint64_t& mn) {
   mn = (u1 & low6) | uint64_t(((u2 >> 4) & low4) | ((u1 >> 2) & top2)) << 32;
 }
 
-inline float hsum8(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
+using qrt::hsum8;
 
 // out[r] = row . x[r] for r < MR, one canonical row of nb blocks of type T
 template <int T, int MR>

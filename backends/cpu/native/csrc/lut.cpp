@@ -55,21 +55,7 @@ constexpr int TILE = 16;
 constexpr int NT = 4;  // tiles per block of the large-M path (64 output rows)
 constexpr int MR = 6;  // activation rows per micro-kernel call of the large-M path
 
-// A 64-byte aligned scratch buffer per thread (the library's own: Python declares no workspace).
-struct Scratch {
-  void* p = nullptr;
-  size_t n = 0;
-  ~Scratch() { std::free(p); }
-  void* get(size_t bytes) {
-    if (bytes > n || (n > (size_t(16) << 20) && bytes < n / 4)) {
-      std::free(p);
-      n = (bytes + 63) / 64 * 64;
-      p = std::aligned_alloc(64, n);
-      if (!p) n = 0;
-    }
-    return p;
-  }
-};
+using qrt::Scratch;
 thread_local Scratch tl_x, tl_panel, tl_c;
 
 inline int64_t round_up(int64_t a, int64_t b) { return (a + b - 1) / b * b; }

@@ -15,7 +15,7 @@
 //
 // Strategy: one pass over the codes per 4 activation rows (each step decoded once for them), threads
 // taking tiles.
-#include "common.h"
+#include "avx2.h"
 
 #include <algorithm>
 #include <cstdlib>
@@ -33,24 +33,13 @@ enum WintField : int {
 constexpr int TILE = 16;
 constexpr int MR = 4;  // activation rows per pass over the codes
 
-struct Scratch {
-  void* p = nullptr;
-  size_t n = 0;
-  ~Scratch() { std::free(p); }
-  void* get(size_t bytes) {
-    if (bytes > n || (n > (size_t(16) << 20) && bytes < n / 4)) {
-      std::free(p);
-      n = (bytes + 63) / 64 * 64;
-      p = std::aligned_alloc(64, n);
-      if (!p) n = 0;
-    }
-    return p;
-  }
-};
+using qrt::Scratch;
 thread_local Scratch tl_x, tl_sum;
 
-#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#ifdef QRT_AVX2
 #define QRT_WINT_AVX2 1
+using qrt::hsum8;
+using qrt::YView;
 
 // codes per step, bytes per step, and the power of two p of code j of a step (its bit position in
 // its row's 16-bit word; 0 for 3 and 8 bits, which decode to plain integers)
@@ -110,13 +99,6 @@ inline void decode(const uint8_t* q, int h, __m256* c) {
   }
 }
 
-inline float hsum8(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
-
 // x rows as fp32, zero from K to Kp, columns gathered through perm, code k of a step scaled by
 // 2^-P[k mod S]; xsum[m][f] = the unscaled sum of row m over fold f
 template <int B>
@@ -130,18 +112,9 @@ void xprep(const void* x, int32_t dt, int64_t M, int64_t sm, int64_t sk, const i
     float* row = xs + m * Kp;
     int64_t k = 0;
     if (!perm && sk == 1) {  // 8 at a time, scaled and summed as they are converted
-      const uint16_t* h = static_cast<const uint16_t*>(x) + m * sm;
-      const float* f32 = static_cast<const float*>(x) + m * sm;
       __m256 vs = _mm256_setzero_ps();
       for (; k + 8 <= K; k += 8) {
-        __m256 v;
-        if (dt == BF16)
-          v = _mm256_castsi256_ps(_mm256_slli_epi32(
-              _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h + k))), 16));
-        else if (dt == F16)
-          v = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h + k)));
-        else
-          v = _mm256_loadu_ps(f32 + k);
+        const __m256 v = qrt::load8(x, dt, m * sm + k);
         vs = _mm256_add_ps(vs, v);
         _mm256_storeu_ps(row + k, _mm256_mul_ps(v, vmul));
         if ((k + 8) % fold == 0) {
@@ -211,15 +184,6 @@ void gemv_tile(const int64_t* d, int64_t t, const float* xs, const float* xsum, 
   }
 }
 
-struct YView {
-  void* p;
-  int32_t dt;
-  int64_t ld;
-  const void* bias;
-  int32_t bdt;
-  int64_t N;
-};
-
 template <int B, int R>
 void gemv_rows(const int64_t* d, const float* xs, const float* xsum, int64_t nf, const YView& y, int64_t m0,
                int threads) {
@@ -227,16 +191,7 @@ void gemv_rows(const int64_t* d, const float* xs, const float* xsum, int64_t nf,
   for (int64_t t = 0; t < d[W_T]; ++t) {
     __m256 tot[R][2];
     gemv_tile<B, R>(d, t, xs, xsum, nf, tot);
-    alignas(32) float v[16];
-    for (int r = 0; r < R; ++r) {
-      _mm256_store_ps(v, tot[r][0]);
-      _mm256_store_ps(v + 8, tot[r][1]);
-      for (int i = 0; i < TILE && t * TILE + i < y.N; ++i) {
-        const int64_t n = t * TILE + i;
-        const float b = y.bias ? qrt::load_act(y.bias, n, y.bdt) : 0.f;
-        qrt::store_out(y.p, (m0 + r) * y.ld + n, v[i] + b, y.dt);
-      }
-    }
+    for (int r = 0; r < R; ++r) qrt::store_tile(y, m0 + r, t * TILE, tot[r][0], tot[r][1]);
   }
 }
 
@@ -285,7 +240,7 @@ int32_t quantrt_wint_avx2_linear(const int64_t* d, const void* x, int32_t xdt, i
 #ifdef QRT_WINT_AVX2
   if (M <= 0) return 0;
   threads = std::max(threads, 1);
-  const YView yv{y, ydt, ldy, bias, bdt, d[W_N]};
+  const YView yv{y, ydt, ldy, bias, bdt, d[W_N], nullptr};
   switch (d[W_BITS]) {
     case 8: return run<8>(d, x, xdt, M, sxm, sxk, yv, threads);
     case 4: return run<4>(d, x, xdt, M, sxm, sxk, yv, threads);
