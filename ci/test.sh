@@ -13,7 +13,7 @@ python -m pytest -q -n "${QUANTRT_TEST_WORKERS:-2}" tests
 if grep -qw avx2 /proc/cpuinfo 2>/dev/null; then
   echo "== the AVX2 builds of the native CPU kernels (QUANTRT_CPU_ISA=avx2)"
   QUANTRT_CPU_ISA=avx2 python -m pytest -q -n "${QUANTRT_TEST_WORKERS:-2}" \
-    tests/cpu/test_gguf_native.py tests/cpu/test_wint_native.py
+    tests/cpu/test_gguf_native.py tests/cpu/test_wint_native.py tests/cpu/test_lut_native.py tests/cpu/test_cpu_isa.py
 fi
 echo "== regular install"
 python -m pip install -q --no-deps --no-build-isolation --force-reinstall "$ROOT"

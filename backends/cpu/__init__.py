@@ -4,7 +4,7 @@
 - ``native/``: C++ kernels with AVX-512/AVX2 intrinsics built on first use (``native/build.py``);
   the kernel classes that call them live beside this file, one module per family:
   ``gguf_native`` (llama.cpp's block types), ``wint_native`` (integer weight-only and int8 W8A8),
-  ``wint_avx2`` (the integer weight-only layout built for AVX2-only CPUs),
+  ``wint_avx2`` and ``lut_avx2`` (the integer and code-book layouts built for AVX2-only CPUs),
   ``lut_native`` (code-book and float formats: NF4/FP4, fp8, NVFP4/MXFP4), ``dense_native`` (a
   GEMV for the dense bf16/fp16 layers a checkpoint leaves unquantized, registered with
   ``register_dense``), ``kv_native`` (the KV cache's quantize-on-write and decode attention,
@@ -26,6 +26,7 @@ def register(registry: Any) -> None:
     from .dense_native import make_dense_linear
     from .gguf_native import CpuNativeGGUF
     from .kv_native import NativeKV
+    from .lut_avx2 import Avx2Lut
     from .lut_native import NativeLut
     from .torch_packed import CpuInt4Pack, CpuInt8Pack, CpuIntMM
     from .wint_avx2 import Avx2Wint
@@ -39,7 +40,8 @@ def register(registry: Any) -> None:
         NativeWint,
         NativeW8A8Int8,
         NativeLut,
-        Avx2Wint,  # the same integer layout built for AVX2 + FMA (CPUs without AVX-512)
+        Avx2Wint,  # the same layouts built for AVX2 + FMA (CPUs without AVX-512)
+        Avx2Lut,
         CpuInt4Pack,  # torch's packed CPU ops, where no native kernel can be built
         CpuInt8Pack,
         CpuIntMM,

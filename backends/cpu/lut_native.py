@@ -68,6 +68,8 @@ FIELDS = (
     "haslo",
     "pre",
 )
+#: the fields lut_avx2.cpp reads after those: the fp32 code book (4 bits) and the fp8 format (1: e5m2)
+AVX2_FIELDS = ("tab32", "fp8")
 #: e8m0 codes the panel GEMM may multiply into the decoded panel: every e2m1 value (0.5 .. 6) times
 #: 2^(E - 127) is then an exact normal bf16, and its products with activations stay normal fp32 down
 #: to |x| = 2^-63 (AVX-512 BF16 and AMX flush subnormal products, which the unscaled codes of the
@@ -180,6 +182,7 @@ def _prep_bnb4(weight: CanonicalWeight, Np: int) -> dict[str, Any]:
         absmax = weight["absmax"].float().cpu()
     tab, haslo = code_tables(weight["code"])
     return {
+        "book": weight["code"],
         "codes": codes,
         "bits": 4,
         "scales": absmax.view(N, K // G),
@@ -202,6 +205,7 @@ def _prep_fp4(weight: CanonicalWeight, Np: int) -> dict[str, Any]:
         )
     tab, _ = code_tables(E2M1_VALUES)
     return {
+        "book": E2M1_VALUES,
         "codes": unpack_fp4(weight["qweight"].cpu()),
         "bits": 4,
         "scales": scales,
@@ -285,9 +289,9 @@ class LutLayout:
         return sum(t.untyped_storage().nbytes() for t in self.tensors.values())
 
 
-def can_run(spec: LayerSpec, caps: Any) -> Verdict:
+def can_run(spec: LayerSpec, caps: Any, features: tuple[str, ...] = FEATURES) -> Verdict:
     """cpu.native_lut's requirements (cpu.amx_lut adds its own): the format, its block shapes and
-    the instructions."""
+    the instructions (``features``: another build's, for the kernels that share this layout)."""
     s = spec.scheme
     fam = s.family
     G = s.group_size or 0
@@ -320,13 +324,15 @@ def can_run(spec: LayerSpec, caps: Any) -> Verdict:
             f"double-quant blocksize >= {DQ_MIN_BLOCK} (fp32 absmax within 1.10x of the stored bytes)",
             {"blocksize": G},
         ),
-    ) and _native_verdict(caps, FEATURES)
+    ) and _native_verdict(caps, features)
 
 
-def prepare_lut(weight: CanonicalWeight, spec: LayerSpec) -> LutLayout:
+def prepare_lut(weight: CanonicalWeight, spec: LayerSpec, fn: Any = None, avx2: bool = False) -> LutLayout:
     """The codes and scales re-tiled into lut.cpp's layout, with its decode table (the load-time work
-    of every kernel on this layout, cpu.amx_lut's included). A bnb code book is also kept in fp32
-    (``code32``, 16 values): exact row dequantization needs it."""
+    of every kernel on this layout, cpu.amx_lut's and cpu.avx2_lut's included). A bnb code book is
+    also kept in fp32 (``code32``, 16 values): exact row dequantization needs it. ``fn``: the entry
+    point that runs the layout (by default quantrt_lut_linear); ``avx2``: the descriptor also carries
+    the fp32 code book and the fp8 format (:data:`AVX2_FIELDS`, read by lut_avx2.cpp)."""
     N, K = weight.N, weight.K
     Np = round_up(N, TILE)
     p = PREPARE[weight.scheme.family](weight, Np)
@@ -339,6 +345,8 @@ def prepare_lut(weight: CanonicalWeight, spec: LayerSpec) -> LutLayout:
         tensors["rowscale"] = p["rowscale"]
     if weight.scheme.family == "bnb4":
         tensors["code32"] = weight["code"].float().cpu().contiguous()
+    if avx2 and bits == 4:
+        tensors["tab32"] = p["book"].float().cpu().contiguous()
     fold = p["fold"]
     values = {
         **tensors,
@@ -355,8 +363,11 @@ def prepare_lut(weight: CanonicalWeight, spec: LayerSpec) -> LutLayout:
         "kc": fold * max(1, PANEL_CODES // fold),
         "haslo": int(p["haslo"]),
         "pre": int(p.get("pre", False)),
+        "tab32": tensors.get("tab32"),
+        "fp8": int(weight.scheme.weight == "fp8_e5m2"),
     }
-    row = [v.data_ptr() if isinstance(v, torch.Tensor) else int(v or 0) for v in (values[f] for f in FIELDS)]
+    fields = FIELDS + AVX2_FIELDS if avx2 else FIELDS
+    row = [v.data_ptr() if isinstance(v, torch.Tensor) else int(v or 0) for v in (values[f] for f in fields)]
     desc = (ctypes.c_int64 * len(row))(*row)
     acts = None
     sch = weight.scheme
@@ -364,7 +375,7 @@ def prepare_lut(weight: CanonicalWeight, spec: LayerSpec) -> LutLayout:
         static = None if sch.act_dynamic else weight["input_scale"].float().amax()
         acts = Fp8Acts(sch.act_granularity, sch.act_group, static)
     return LutLayout(
-        tensors, desc, N, K, LARGE_M[bits], spec.output_dtype, _library().quantrt_lut_linear, acts
+        tensors, desc, N, K, LARGE_M[bits], spec.output_dtype, fn or _library().quantrt_lut_linear, acts
     )
 
 

@@ -62,6 +62,8 @@ def test_the_variable_is_parsed_and_checked() -> None:
         ("w4a16-int-g128-sym", "native_wint", "cpu.avx2_wint"),
         ("w2a16-int-g64-asym", "native_wint", "cpu.avx2_wint"),
         ("gguf-q4_k", "native_gguf", "cpu.native_gguf"),
+        ("w4a16-nvfp4", "native_lut", "cpu.avx2_lut"),
+        ("w8a16-fp8-ch", "native_lut", "cpu.avx2_lut"),
     ],
 )
 def test_held_to_avx2_the_avx2_builds_run(

@@ -1,0 +1,209 @@
+// Code-book and float weight-only linear layers (NF4, bitsandbytes FP4, NVFP4, MXFP4, fp8 e4m3/e5m2)
+// for x86 CPUs with AVX2 + FMA (x86-64-v3). They read lut.cpp's prepared layout unchanged (tiles of
+// 16 output rows, steps of 8 four-bit or 2 eight-bit codes of every row; see there), so one prepare
+// serves the AVX-512 and the AVX2 builds; the descriptor adds one field, an fp32 copy of the 16-entry
+// code book (exact: no bf16 rounding, so no residual table).
+//
+// A tile's 16 rows are two halves of 8, one fp32 lane per row; in a 4-bit step's 32 bytes of a half,
+// row r's lane holds its 8 codes: code k0 + 2p + e at bit 16e + 4p. A code becomes its fp32 value
+// through two 8-entry table permutes (vpermps reads the low 3 index bits) blended on the code's bit 3;
+// an fp8 code through its bits: e4m3 into fp32's fields then times 2^120 (exact, subnormals too), e5m2
+// as the high byte of an fp16. Products are fused multiply-adds into fp32 accumulators per fold, the
+// fold's block scales (fp32, e4m3 or e8m0) applied once per fold, the row multiplier at the end:
+//   y[n] = rowscale[n] * sum_f s[n, f] * sum_{k in f} w[n, k] x[k] + bias[n].
+// Strategy: one pass over the codes per 4 activation rows, threads taking tiles.
+#include "avx2.h"
+
+#include <algorithm>
+
+namespace {
+
+// lut.cpp's descriptor fields, then this build's: the fp32 code book (4 bits) and the fp8 format
+enum LutField : int {
+  L_Q, L_SCALES, L_ROWSCALE, L_TAB, L_N, L_K, L_KP, L_T, L_NG, L_BITS, L_FOLD, L_SKIND, L_KC, L_HASLO, L_PRE,
+  L_TAB32, L_FP8, L_LEN
+};
+enum ScaleKind : int { SK_NONE = 0, SK_F32 = 1, SK_E4M3 = 2, SK_E8M0 = 3 };
+enum Fp8 : int { E4M3 = 0, E5M2 = 1 };
+
+constexpr int TILE = 16;
+constexpr int MR = 4;  // activation rows per pass over the codes
+
+using qrt::Scratch;
+thread_local Scratch tl_x;
+
+#ifdef QRT_AVX2
+#define QRT_LUT_AVX2 1
+using qrt::YView;
+
+// 8 e4m3 codes, each at bits 20-27 of its lane with its sign copied above, to fp32: the sign,
+// exponent and mantissa fields kept where fp32 has them, then rebiased by 2^(127 - 7)
+inline __m256 e4m3_at20(__m256i v) {
+  const __m256i b = _mm256_and_si256(v, _mm256_set1_epi32(int32_t(0x87F00000u)));
+  return _mm256_mul_ps(_mm256_castsi256_ps(b), _mm256_set1_ps(0x1p120f));
+}
+
+// the 8 block scales of rows 8h.. of fold f as fp32
+inline __m256 fold_scale(int sk, const void* s, int64_t off) {
+  switch (sk) {
+    case SK_F32: return _mm256_loadu_ps(static_cast<const float*>(s) + off);
+    case SK_E4M3: {
+      const __m256i e = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(static_cast<const uint8_t*>(s) + off)));
+      return e4m3_at20(_mm256_slli_epi32(e, 20));
+    }
+    case SK_E8M0: {  // 2^(E - 127); E = 0 is the subnormal 2^-127 (the loader rejects E = 255)
+      const __m256i e = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(static_cast<const uint8_t*>(s) + off)));
+      const __m256i z = _mm256_cmpeq_epi32(e, _mm256_setzero_si256());
+      return _mm256_castsi256_ps(_mm256_blendv_epi8(_mm256_slli_epi32(e, 23), _mm256_set1_epi32(1 << 22), z));
+    }
+    default: return _mm256_set1_ps(1.0f);
+  }
+}
+
+struct Book {
+  __m256 lo, hi;  // code values 0-7, 8-15
+};
+
+// 4-bit: code j = 2p + e of the 8 rows of half h of one step, as fp32 values
+template <int B>
+struct Step;
+template <>
+struct Step<4> {
+  static constexpr int S = 8, BYTES = 64;
+  static inline void run(const uint8_t* q, int h, const Book& bk, int, __m256* c) {
+    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 32 * h));
+#pragma GCC unroll 8
+    for (int j = 0; j < 8; ++j) {
+      const int at = 16 * (j & 1) + 4 * (j >> 1);
+      const __m256i idx = at ? _mm256_srli_epi32(v, at) : v;
+      const __m256 sel = _mm256_castsi256_ps(at == 28 ? v : _mm256_slli_epi32(v, 28 - at));  // bit 3 -> bit 31
+      c[j] = _mm256_blendv_ps(_mm256_permutevar8x32_ps(bk.lo, idx), _mm256_permutevar8x32_ps(bk.hi, idx), sel);
+    }
+  }
+};
+// 8-bit: byte 2r + e of a half's 16 bytes is code (r, k0 + e)
+template <>
+struct Step<8> {
+  static constexpr int S = 2, BYTES = 32;
+  static inline void run(const uint8_t* q, int h, const Book&, int fmt, __m256* c) {
+    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 16 * h));
+    if (fmt == E5M2) {  // the high byte of an fp16
+      c[0] = _mm256_cvtph_ps(_mm_slli_epi16(v, 8));
+      c[1] = _mm256_cvtph_ps(_mm_and_si128(v, _mm_set1_epi16(int16_t(0xFF00))));
+      return;
+    }
+    const __m256i w = _mm256_cvtepi16_epi32(v);  // lane r: byte 2r + 1 signed, then byte 2r
+    c[0] = e4m3_at20(_mm256_srai_epi32(_mm256_slli_epi32(w, 24), 4));
+    c[1] = e4m3_at20(_mm256_slli_epi32(w, 12));
+  }
+};
+
+// the 16 fp32 results (before the row multiplier and bias) of tile t for R activation rows
+template <int B, int R>
+void gemv_tile(const int64_t* d, const Book& bk, int fmt, int64_t t, const float* xs, __m256 (&tot)[R][2]) {
+  using D = Step<B>;
+  constexpr int S = D::S, NA = R == 1 ? 4 : (R == 2 ? 2 : 1);  // accumulators per row and half
+  const int64_t Kp = d[L_KP], steps = Kp / S, fsteps = d[L_FOLD] / S, ng = d[L_NG];
+  const int sk = int(d[L_SKIND]);
+  const uint8_t* q = reinterpret_cast<const uint8_t*>(d[L_Q]) + t * steps * D::BYTES;
+  const int64_t esz = sk == SK_F32 ? 4 : 1;
+  const char* sc = reinterpret_cast<const char*>(d[L_SCALES]) + t * ng * TILE * esz;
+  for (int r = 0; r < R; ++r) tot[r][0] = tot[r][1] = _mm256_setzero_ps();
+  for (int64_t s0 = 0, f = 0; s0 < steps; s0 += fsteps, ++f) {
+    const int64_t s1 = std::min(steps, s0 + fsteps);
+    __m256 acc[R][2][NA];
+    for (int r = 0; r < R; ++r)
+      for (int h = 0; h < 2; ++h)
+        for (int a = 0; a < NA; ++a) acc[r][h][a] = _mm256_setzero_ps();
+    for (int64_t s = s0; s < s1; ++s) {
+#pragma GCC unroll 2
+      for (int h = 0; h < 2; ++h) {
+        __m256 c[S];
+        D::run(q + s * D::BYTES, h, bk, fmt, c);
+#pragma GCC unroll 8
+        for (int j = 0; j < S; ++j)
+#pragma GCC unroll 4
+          for (int r = 0; r < R; ++r)
+            acc[r][h][j % NA] = _mm256_fmadd_ps(c[j], _mm256_broadcast_ss(xs + r * Kp + s * S + j), acc[r][h][j % NA]);
+      }
+    }
+    for (int h = 0; h < 2; ++h) {
+      const __m256 sv = fold_scale(sk, sc, f * TILE + 8 * h);
+      for (int r = 0; r < R; ++r) {
+        __m256 a = acc[r][h][0];
+        for (int i = 1; i < NA; ++i) a = _mm256_add_ps(a, acc[r][h][i]);
+        tot[r][h] = _mm256_fmadd_ps(a, sv, tot[r][h]);
+      }
+    }
+  }
+}
+
+template <int B, int R>
+void gemv_rows(const int64_t* d, const Book& bk, int fmt, const float* xs, const YView& y, int64_t m0, int threads) {
+#pragma omp parallel for num_threads(std::min<int64_t>(threads, d[L_T])) schedule(dynamic, 4)
+  for (int64_t t = 0; t < d[L_T]; ++t) {
+    __m256 tot[R][2];
+    gemv_tile<B, R>(d, bk, fmt, t, xs, tot);
+    for (int r = 0; r < R; ++r) qrt::store_tile(y, m0 + r, t * TILE, tot[r][0], tot[r][1]);
+  }
+}
+
+template <int B>
+int run(const int64_t* d, const void* x, int32_t xdt, int64_t M, int64_t sxm, int64_t sxk, const YView& y,
+        int threads) {
+  const int64_t K = d[L_K], Kp = d[L_KP];
+  float* xs = static_cast<float*>(tl_x.get(sizeof(float) * M * Kp));
+  if (!xs) return 2;
+  for (int64_t m = 0; m < M; ++m) qrt::row_f32(x, xdt, m * sxm, sxk, nullptr, K, Kp, xs + m * Kp);
+  Book bk{_mm256_setzero_ps(), _mm256_setzero_ps()};
+  const int fmt = int(d[L_FP8]);
+  if constexpr (B == 4) {
+    const float* t32 = reinterpret_cast<const float*>(d[L_TAB32]);
+    bk = {_mm256_loadu_ps(t32), _mm256_loadu_ps(t32 + 8)};
+  }
+  for (int64_t m0 = 0; m0 < M; m0 += MR) {
+    const float* xr = xs + m0 * Kp;
+    switch (std::min<int64_t>(MR, M - m0)) {
+      case 1: gemv_rows<B, 1>(d, bk, fmt, xr, y, m0, threads); break;
+      case 2: gemv_rows<B, 2>(d, bk, fmt, xr, y, m0, threads); break;
+      case 3: gemv_rows<B, 3>(d, bk, fmt, xr, y, m0, threads); break;
+      default: gemv_rows<B, 4>(d, bk, fmt, xr, y, m0, threads); break;
+    }
+  }
+  return 0;
+}
+#endif
+
+}  // namespace
+
+extern "C" {
+
+// 1 when this build has the AVX2 + FMA + F16C kernels, else 0
+int32_t quantrt_lut_avx2_isa() {
+#ifdef QRT_LUT_AVX2
+  return 1;
+#else
+  return 0;
+#endif
+}
+
+// y[M, N] = x[M, K] @ W.T + bias for a prepared code-book or fp8 weight `d` (lut.cpp's layout and
+// descriptor, plus the fp32 code book), with the ABI of quantrt_lut_linear (the strategy argument is
+// accepted and ignored: one GEMV). Returns 0, 1 when not compiled, 2 when out of memory.
+int32_t quantrt_lut_avx2_linear(const int64_t* d, const void* x, int32_t xdt, int64_t M, int64_t sxm, int64_t sxk,
+                                const void* bias, int32_t bdt, void* y, int32_t ydt, int64_t ldy, int32_t threads,
+                                int32_t strategy) {
+  (void)strategy;
+#ifdef QRT_LUT_AVX2
+  if (M <= 0) return 0;
+  threads = std::max(threads, 1);
+  const YView yv{y, ydt, ldy, bias, bdt, d[L_N], reinterpret_cast<const float*>(d[L_ROWSCALE])};
+  return d[L_BITS] == 8 ? run<8>(d, x, xdt, M, sxm, sxk, yv, threads) : run<4>(d, x, xdt, M, sxm, sxk, yv, threads);
+#else
+  (void)d, (void)x, (void)xdt, (void)M, (void)sxm, (void)sxk, (void)bias, (void)bdt, (void)y, (void)ydt, (void)ldy;
+  (void)threads;
+  return 1;
+#endif
+}
+
+}  // extern "C"
