@@ -6,8 +6,9 @@
 //
 // A tile's 16 rows are two halves of 8, one fp32 lane per row; in a 4-bit step's 32 bytes of a half,
 // row r's lane holds its 8 codes: code k0 + 2p + e at bit 16e + 4p. A code becomes its fp32 value
-// through two 8-entry table permutes (vpermps reads the low 3 index bits) blended on the code's bit 3;
-// an fp8 code through its bits: e4m3 into fp32's fields then times 2^120 (exact, subnormals too), e5m2
+// through two 8-entry table permutes (vpermps reads the low 3 index bits) blended on the code's bit 3,
+// or, for e2m1 books (NVFP4, MXFP4), through a byte table (Step<E2M1>, half the work); an fp8 code
+// through its bits: e4m3 into fp32's fields then times 2^120 (exact, subnormals too), e5m2
 // as the high byte of an fp16. Products are fused multiply-adds into fp32 accumulators per fold, the
 // fold's block scales (fp32, e4m3 or e8m0) applied once per fold, the row multiplier at the end:
 //   y[n] = rowscale[n] * sum_f s[n, f] * sum_{k in f} w[n, k] x[k] + bias[n].
@@ -15,6 +16,7 @@
 #include "avx2.h"
 
 #include <algorithm>
+#include <cmath>
 
 namespace {
 
@@ -30,7 +32,7 @@ constexpr int TILE = 16;
 constexpr int MR = 4;  // activation rows per pass over the codes
 
 using qrt::Scratch;
-thread_local Scratch tl_x;
+thread_local Scratch tl_x, tl_sum;
 
 #ifdef QRT_AVX2
 #define QRT_LUT_AVX2 1
@@ -62,13 +64,17 @@ inline __m256 fold_scale(int sk, const void* s, int64_t off) {
 
 struct Book {
   __m256 lo, hi;  // code values 0-7, 8-15
+  __m256i b2;     // e2m1 books: 2 * value + 12 (0 .. 24) per code, as bytes in both lanes
 };
+
+// Step kinds: 4-bit codes through the fp32 tables, e2m1 codes through the byte table, 8-bit codes
+constexpr int BOOK = 4, E2M1 = 2, FP8 = 8;
 
 // 4-bit: code j = 2p + e of the 8 rows of half h of one step, as fp32 values
 template <int B>
 struct Step;
 template <>
-struct Step<4> {
+struct Step<BOOK> {
   static constexpr int S = 8, BYTES = 64;
   static inline void run(const uint8_t* q, int h, const Book& bk, int, __m256* c) {
     const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 32 * h));
@@ -81,9 +87,30 @@ struct Step<4> {
     }
   }
 };
+// e2m1 (NVFP4, MXFP4): 2 * value + 12 is a byte below 128, so one VPSHUFB turns the low nibbles of
+// every byte into their values and one the high ones: row r's lane then holds 4 of its codes' values
+// in its 4 bytes (low nibbles: codes k0, k0 + 4, k0 + 1, k0 + 5; high: k0 + 2, k0 + 6, k0 + 3, k0 + 7).
+// Byte t of a lane is masked where it lies and converted: (2v + 12) * 2^(8t), met by x[k] * 2^-(8t+1)
+// (prepared once per call); the fold removes 6 * sum(x).
+template <>
+struct Step<E2M1> {
+  static constexpr int S = 8, BYTES = 64;
+  // the byte of each code j, and whether it comes from the high nibbles
+  static constexpr int T[8] = {0, 2, 0, 2, 1, 3, 1, 3};
+  static constexpr bool HI[8] = {false, false, true, true, false, false, true, true};
+  static inline void run(const uint8_t* q, int h, const Book& bk, int, __m256* c) {
+    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 32 * h));
+    const __m256i m4 = _mm256_set1_epi8(15);
+    const __m256i lo = _mm256_shuffle_epi8(bk.b2, _mm256_and_si256(v, m4));
+    const __m256i hi = _mm256_shuffle_epi8(bk.b2, _mm256_and_si256(_mm256_srli_epi32(v, 4), m4));
+#pragma GCC unroll 8
+    for (int j = 0; j < 8; ++j)
+      c[j] = _mm256_cvtepi32_ps(_mm256_and_si256(HI[j] ? hi : lo, _mm256_set1_epi32(int32_t(0xFFu << (8 * T[j])))));
+  }
+};
 // 8-bit: byte 2r + e of a half's 16 bytes is code (r, k0 + e)
 template <>
-struct Step<8> {
+struct Step<FP8> {
   static constexpr int S = 2, BYTES = 32;
   static inline void run(const uint8_t* q, int h, const Book&, int fmt, __m256* c) {
     const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 16 * h));
@@ -100,7 +127,8 @@ struct Step<8> {
 
 // the 16 fp32 results (before the row multiplier and bias) of tile t for R activation rows
 template <int B, int R>
-void gemv_tile(const int64_t* d, const Book& bk, int fmt, int64_t t, const float* xs, __m256 (&tot)[R][2]) {
+void gemv_tile(const int64_t* d, const Book& bk, int fmt, int64_t t, const float* xs, const float* xsum, int64_t nf,
+               __m256 (&tot)[R][2]) {
   using D = Step<B>;
   constexpr int S = D::S, NA = R == 1 ? 4 : (R == 2 ? 2 : 1);  // accumulators per row and half
   const int64_t Kp = d[L_KP], steps = Kp / S, fsteps = d[L_FOLD] / S, ng = d[L_NG];
@@ -132,6 +160,7 @@ void gemv_tile(const int64_t* d, const Book& bk, int fmt, int64_t t, const float
       for (int r = 0; r < R; ++r) {
         __m256 a = acc[r][h][0];
         for (int i = 1; i < NA; ++i) a = _mm256_add_ps(a, acc[r][h][i]);
+        if constexpr (B == E2M1) a = _mm256_sub_ps(a, _mm256_set1_ps(6.f * xsum[r * nf + f]));
         tot[r][h] = _mm256_fmadd_ps(a, sv, tot[r][h]);
       }
     }
@@ -139,11 +168,12 @@ void gemv_tile(const int64_t* d, const Book& bk, int fmt, int64_t t, const float
 }
 
 template <int B, int R>
-void gemv_rows(const int64_t* d, const Book& bk, int fmt, const float* xs, const YView& y, int64_t m0, int threads) {
+void gemv_rows(const int64_t* d, const Book& bk, int fmt, const float* xs, const float* xsum, int64_t nf,
+               const YView& y, int64_t m0, int threads) {
 #pragma omp parallel for num_threads(std::min<int64_t>(threads, d[L_T])) schedule(dynamic, 4)
   for (int64_t t = 0; t < d[L_T]; ++t) {
     __m256 tot[R][2];
-    gemv_tile<B, R>(d, bk, fmt, t, xs, tot);
+    gemv_tile<B, R>(d, bk, fmt, t, xs, xsum, nf, tot);
     for (int r = 0; r < R; ++r) qrt::store_tile(y, m0 + r, t * TILE, tot[r][0], tot[r][1]);
   }
 }
@@ -151,26 +181,54 @@ void gemv_rows(const int64_t* d, const Book& bk, int fmt, const float* xs, const
 template <int B>
 int run(const int64_t* d, const void* x, int32_t xdt, int64_t M, int64_t sxm, int64_t sxk, const YView& y,
         int threads) {
-  const int64_t K = d[L_K], Kp = d[L_KP];
+  const int64_t K = d[L_K], Kp = d[L_KP], fold = d[L_FOLD], nf = (Kp + fold - 1) / fold;
   float* xs = static_cast<float*>(tl_x.get(sizeof(float) * M * Kp));
-  if (!xs) return 2;
-  for (int64_t m = 0; m < M; ++m) qrt::row_f32(x, xdt, m * sxm, sxk, nullptr, K, Kp, xs + m * Kp);
-  Book bk{_mm256_setzero_ps(), _mm256_setzero_ps()};
+  float* xsum = static_cast<float*>(tl_sum.get(sizeof(float) * M * nf));
+  if (!xs || !xsum) return 2;
+  for (int64_t m = 0; m < M; ++m) {
+    float* row = xs + m * Kp;
+    qrt::row_f32(x, xdt, m * sxm, sxk, nullptr, K, Kp, row);
+    if constexpr (B == E2M1) {  // the fold sums, then code j of each step scaled by 2^-(8 T[j] + 1)
+      for (int64_t f = 0; f < nf; ++f) {
+        float sum = 0.f;
+        for (int64_t k = f * fold; k < std::min(Kp, (f + 1) * fold); ++k) sum += row[k];
+        xsum[m * nf + f] = sum;
+      }
+      alignas(32) float mul[8];
+      for (int j = 0; j < 8; ++j) mul[j] = std::ldexp(1.f, -(8 * Step<E2M1>::T[j] + 1));
+      const __m256 vm = _mm256_load_ps(mul);
+      for (int64_t k = 0; k < Kp; k += 8) _mm256_storeu_ps(row + k, _mm256_mul_ps(_mm256_loadu_ps(row + k), vm));
+    }
+  }
+  Book bk{_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_si256()};
   const int fmt = int(d[L_FP8]);
-  if constexpr (B == 4) {
+  if constexpr (B != FP8) {
     const float* t32 = reinterpret_cast<const float*>(d[L_TAB32]);
-    bk = {_mm256_loadu_ps(t32), _mm256_loadu_ps(t32 + 8)};
+    bk.lo = _mm256_loadu_ps(t32);
+    bk.hi = _mm256_loadu_ps(t32 + 8);
+    alignas(32) int8_t b2[32];
+    for (int i = 0; i < 32; ++i) b2[i] = int8_t(2.f * t32[i % 16] + 12.f);
+    bk.b2 = _mm256_load_si256(reinterpret_cast<const __m256i*>(b2));
   }
   for (int64_t m0 = 0; m0 < M; m0 += MR) {
     const float* xr = xs + m0 * Kp;
     switch (std::min<int64_t>(MR, M - m0)) {
-      case 1: gemv_rows<B, 1>(d, bk, fmt, xr, y, m0, threads); break;
-      case 2: gemv_rows<B, 2>(d, bk, fmt, xr, y, m0, threads); break;
-      case 3: gemv_rows<B, 3>(d, bk, fmt, xr, y, m0, threads); break;
-      default: gemv_rows<B, 4>(d, bk, fmt, xr, y, m0, threads); break;
+      case 1: gemv_rows<B, 1>(d, bk, fmt, xr, xsum + m0 * nf, nf, y, m0, threads); break;
+      case 2: gemv_rows<B, 2>(d, bk, fmt, xr, xsum + m0 * nf, nf, y, m0, threads); break;
+      case 3: gemv_rows<B, 3>(d, bk, fmt, xr, xsum + m0 * nf, nf, y, m0, threads); break;
+      default: gemv_rows<B, 4>(d, bk, fmt, xr, xsum + m0 * nf, nf, y, m0, threads); break;
     }
   }
   return 0;
+}
+
+// whether a 16-entry code book is e2m1's: every 2 * value an integer in [-12, 12]
+bool e2m1_book(const float* t32) {
+  for (int i = 0; i < 16; ++i) {
+    const float v = 2.f * t32[i];
+    if (!(v >= -12.f && v <= 12.f) || v != std::nearbyint(v)) return false;
+  }
+  return true;
 }
 #endif
 
@@ -198,7 +256,9 @@ int32_t quantrt_lut_avx2_linear(const int64_t* d, const void* x, int32_t xdt, in
   if (M <= 0) return 0;
   threads = std::max(threads, 1);
   const YView yv{y, ydt, ldy, bias, bdt, d[L_N], reinterpret_cast<const float*>(d[L_ROWSCALE])};
-  return d[L_BITS] == 8 ? run<8>(d, x, xdt, M, sxm, sxk, yv, threads) : run<4>(d, x, xdt, M, sxm, sxk, yv, threads);
+  if (d[L_BITS] == 8) return run<FP8>(d, x, xdt, M, sxm, sxk, yv, threads);
+  return e2m1_book(reinterpret_cast<const float*>(d[L_TAB32])) ? run<E2M1>(d, x, xdt, M, sxm, sxk, yv, threads)
+                                                               : run<BOOK>(d, x, xdt, M, sxm, sxk, yv, threads);
 #else
   (void)d, (void)x, (void)xdt, (void)M, (void)sxm, (void)sxk, (void)bias, (void)bdt, (void)y, (void)ydt, (void)ldy;
   (void)threads;
