@@ -30,6 +30,11 @@ enum Fp8 : int { E4M3 = 0, E5M2 = 1 };
 
 constexpr int TILE = 16;
 constexpr int MR = 4;  // activation rows per pass over the codes
+// the codes are asked for this many bytes ahead, as in wint_avx2.cpp
+#ifndef QRT_LUT_PREFETCH  // overridable for tuning builds
+#define QRT_LUT_PREFETCH 2048
+#endif
+constexpr int64_t kPrefetch = QRT_LUT_PREFETCH;
 
 using qrt::Scratch;
 thread_local Scratch tl_x, tl_sum;
@@ -144,6 +149,7 @@ void gemv_tile(const int64_t* d, const Book& bk, int fmt, int64_t t, const float
       for (int h = 0; h < 2; ++h)
         for (int a = 0; a < NA; ++a) acc[r][h][a] = _mm256_setzero_ps();
     for (int64_t s = s0; s < s1; ++s) {
+      _mm_prefetch(reinterpret_cast<const char*>(q + s * D::BYTES) + kPrefetch, _MM_HINT_T0);
 #pragma GCC unroll 2
       for (int h = 0; h < 2; ++h) {
         __m256 c[S];

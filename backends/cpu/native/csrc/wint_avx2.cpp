@@ -32,6 +32,11 @@ enum WintField : int {
 };
 constexpr int TILE = 16;
 constexpr int MR = 4;  // activation rows per pass over the codes
+// the codes are asked for this many bytes ahead (every other step: a 64-byte line holds two or more)
+#ifndef QRT_WINT_PREFETCH  // overridable for tuning builds
+#define QRT_WINT_PREFETCH 2048
+#endif
+constexpr int64_t kPrefetch = QRT_WINT_PREFETCH;
 
 using qrt::Scratch;
 thread_local Scratch tl_x, tl_sum;
@@ -157,6 +162,7 @@ void gemv_tile(const int64_t* d, int64_t t, const float* xs, const float* xsum, 
         for (int a = 0; a < NA; ++a) acc[r][h][a] = _mm256_setzero_ps();
     for (int64_t s = s0; s < s1; ++s) {
       const uint8_t* p = q + s * Step<B>::BYTES;
+      if ((s & 1) == 0) _mm_prefetch(reinterpret_cast<const char*>(p) + kPrefetch, _MM_HINT_T0);
 #pragma GCC unroll 2
       for (int h = 0; h < 2; ++h) {
         __m256 c[S];
