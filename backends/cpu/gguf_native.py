@@ -87,9 +87,16 @@ def native_library(isa: str = "native") -> ctypes.CDLL:
 
 
 def library_isa(caps: Any) -> str:
-    """The build a CPU runs: the host's own where it has AVX-512 VNNI (the 16-row groups), else the
-    x86-64-v3 one (canonical rows, AVX2). Without capabilities (a kernel made by hand): the host's."""
-    return "native" if caps is None or SIMD_FEATURES <= caps.features else "avx2"
+    """The build a CPU runs: the host's own where it has AVX-512 VNNI (the 16-row groups) or is an Arm
+    CPU (the NEON rows), else the x86-64-v3 one (AVX2). Without capabilities (a kernel made by hand):
+    the host's."""
+    if caps is None or SIMD_FEATURES <= caps.features or _arm(caps):
+        return "native"
+    return "avx2"
+
+
+def _arm(caps: Any) -> bool:
+    return caps.arch == "aarch64" and "neon" in caps.features
 
 
 # -- the load-time layout ------------------------------------------------------------------------------
@@ -240,22 +247,30 @@ def can_run(spec: LayerSpec, caps: Any) -> Verdict:
         (s.weight == "gguf", "weight == 'gguf'", {"weight": s.weight}),
         (gtype in TYPE_CODES, f"gguf_type in {sorted(TYPE_CODES)}", {"gguf_type": s.gguf_type}),
         (spec.K_part % block == 0, f"K % {block} == 0 (whole {gtype} blocks)", {"K": spec.K_part}),
-        (AVX2_FEATURES <= caps.features, "an x86 CPU with AVX2, FMA, F16C", {"features": _isa(caps)}),
+        (
+            AVX2_FEATURES <= caps.features or _arm(caps),
+            "an x86 CPU with AVX2, FMA, F16C, or an Arm CPU with NEON",
+            {"arch": caps.arch, "features": _isa(caps)},
+        ),
     )
     if not verdict:
         return verdict
     ok, why = build.status()
     if not ok:
         return Verdict.no("a native build toolchain", note=why)
-    path = (
-        "AVX-512 VNNI, 16 rows per group"
-        if library_isa(caps) == "native"
-        else (
-            "AVX2 build (x86-64-v3), "
-            + ("16-row groups" if gtype in AVX2_GROUPED else "canonical rows, 32 codes per vector")
-            + " (no AVX-512 F/BW/VL/VNNI)"
+    if _arm(caps):
+        dot = "SDOT" if "dotprod" in caps.features else "widening multiplies (no dotprod)"
+        path = f"NEON build, canonical rows, 16 codes per vector, {dot}"
+    else:
+        path = (
+            "AVX-512 VNNI, 16 rows per group"
+            if library_isa(caps) == "native"
+            else (
+                "AVX2 build (x86-64-v3), "
+                + ("16-row groups" if gtype in AVX2_GROUPED else "canonical rows, 32 codes per vector")
+                + " (no AVX-512 F/BW/VL/VNNI)"
+            )
         )
-    )
     return Verdict.yes(f"{path}; {ACT_QUANT}")
 
 

@@ -22,8 +22,20 @@ NAME = "matrix"
 HELP = "print the support matrix: the kernel each catalog scheme gets on each preset"
 
 #: one preset per vendor and architecture class: Hopper, Blackwell, Ampere, CDNA3, CDNA4, Ponte
-#: Vecchio, Arc, a Xeon with AMX, a Zen 4 with AVX-512
-DEFAULT_PRESETS = ("h100", "b200", "a100", "mi300x", "mi355x", "pvc", "arc", "spr-amx", "zen4")
+#: Vecchio, Arc, a Xeon with AMX, a Zen 4 with AVX-512, a Zen 3 with AVX2 only, a Graviton 3 (Arm)
+DEFAULT_PRESETS = (
+    "h100",
+    "b200",
+    "a100",
+    "mi300x",
+    "mi355x",
+    "pvc",
+    "arc",
+    "spr-amx",
+    "zen4",
+    "zen3",
+    "graviton3",
+)
 
 #: how a labelled plan (``kernel (label)`` in ``plan_catalog``) is marked in the tables
 SHORT_LABELS = {"weight-only substitute": "substitute"}

@@ -5,7 +5,11 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
+#elif defined(__aarch64__)
+#include <arm_neon.h>
+#endif
 #include <omp.h>
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512F__) && defined(__linux__)
 #include <sys/syscall.h>
@@ -57,8 +61,22 @@ inline uint16_t f32_to_bf16(float f) {
   return uint16_t(u >> 16);
 }
 
+#if defined(__aarch64__)
+inline float f16_to_f32(uint16_t h) {
+  __fp16 v;
+  std::memcpy(&v, &h, 2);
+  return float(v);
+}
+inline uint16_t f32_to_f16(float f) {  // round to nearest even, as the x86 conversion
+  const __fp16 v = __fp16(f);
+  uint16_t h;
+  std::memcpy(&h, &v, 2);
+  return h;
+}
+#else
 inline float f16_to_f32(uint16_t h) { return _cvtsh_ss(h); }
 inline uint16_t f32_to_f16(float f) { return _cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT); }
+#endif
 
 inline float load_act(const void* p, int64_t i, int32_t dtype) {
   switch (dtype) {

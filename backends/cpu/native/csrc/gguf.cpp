@@ -47,6 +47,11 @@
 #else
 #define QRT_GGUF_AVX2 0
 #endif
+#if defined(__aarch64__) && defined(__ARM_NEON)
+#define QRT_GGUF_NEON 1
+#else
+#define QRT_GGUF_NEON 0
+#endif
 
 namespace {
 
@@ -482,6 +487,127 @@ float row_dot_scalar(int32_t t, const uint8_t* row, int64_t nb, const XRow& x) {
   }
   return acc;
 }
+
+// ---- NEON path (aarch64): canonical rows, 16 codes per 128-bit vector ----------------------------
+// Every type's block is decoded 32 codes at a time into two int8x16 vectors of signed codes (the
+// type's offset applied) and met by the activation codes in signed 4-byte dot products: SDOT where
+// the CPU has the dot-product extension (__ARM_FEATURE_DOTPROD), else widening multiplies and
+// pairwise accumulation. Sub-block sums are scaled in int32 vectors and reduced once per block, so
+// each block's sum is the exact integer of the scalar path, scaled by the same fp32 expression.
+#if QRT_GGUF_NEON
+inline int32x4_t sdot16(int32x4_t acc, int8x16_t a, int8x16_t b) {
+#if defined(__ARM_FEATURE_DOTPROD)
+  return vdotq_s32(acc, a, b);
+#else
+  return vpadalq_s16(vpadalq_s16(acc, vmull_s8(vget_low_s8(a), vget_low_s8(b))), vmull_high_s8(a, b));
+#endif
+}
+inline int8x16_t s8(uint8x16_t v) { return vreinterpretq_s8_u8(v); }
+// bits 0-15 of `bits` -> bytes 0-15: 16 where set
+inline uint8x16_t fifth16(uint32_t bits) {
+  static const uint8_t sel[16] = {1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128};
+  const uint8x16_t b = vcombine_u8(vdup_n_u8(uint8_t(bits)), vdup_n_u8(uint8_t(bits >> 8)));
+  return vandq_u8(vtstq_u8(b, vld1q_u8(sel)), vdupq_n_u8(16));
+}
+
+float row_dot_neon(int32_t t, const uint8_t* row, int64_t nb, const XRow& x) {
+  const int B = kInfo[t].B, T = kInfo[t].T;
+  const uint8x16_t m4 = vdupq_n_u8(15), m3 = vdupq_n_u8(3);
+  float acc = 0.f;
+  for (int64_t i = 0; i < nb; ++i) {
+    const uint8_t* b = row + i * T;
+    const int8_t* xq = x.q + i * B;
+    if (!is_k(t)) {
+      int8x16_t lo, hi;
+      float d = f16(b), m = 0.f;
+      if (t == Q8_0) {
+        lo = vld1q_s8(reinterpret_cast<const int8_t*>(b + 2));
+        hi = vld1q_s8(reinterpret_cast<const int8_t*>(b + 18));
+      } else {
+        const bool asym = t == Q4_1 || t == Q5_1, five = t == Q5_0 || t == Q5_1;
+        if (asym) m = f16(b + 2);
+        const uint8x16_t v = vld1q_u8(b + (asym ? 4 : 2) + (five ? 4 : 0));
+        uint8x16_t ul = vandq_u8(v, m4), uh = vshrq_n_u8(v, 4);
+        if (five) {
+          const uint32_t qh = u32(b + (asym ? 4 : 2));
+          ul = vorrq_u8(ul, fifth16(qh));
+          uh = vorrq_u8(uh, fifth16(qh >> 16));
+        }
+        const uint8x16_t zero = vdupq_n_u8(uint8_t(asym ? 0 : (five ? 16 : 8)));
+        lo = s8(vsubq_u8(ul, zero));
+        hi = s8(vsubq_u8(uh, zero));
+      }
+      const int32_t s = vaddvq_s32(sdot16(sdot16(vdupq_n_s32(0), lo, vld1q_s8(xq)), hi, vld1q_s8(xq + 16)));
+      acc += d * x.d[i] * float(s) + m * x.d[i] * float(x.s32[i]);
+      continue;
+    }
+    int32_t sc[16], mn[16] = {};
+    float d, dmin = 0.f;
+    if (t == Q2_K) {
+      d = f16(b + 80), dmin = f16(b + 82);
+      for (int u = 0; u < 16; ++u) sc[u] = b[u] & 15, mn[u] = b[u] >> 4;
+    } else if (t == Q3_K) {
+      d = f16(b + 108);
+      k3_scales(b + 96, sc);
+    } else if (t == Q4_K || t == Q5_K) {
+      d = f16(b), dmin = f16(b + 2);
+      k4_scales(b + 4, sc, mn);
+    } else {
+      d = f16(b + 208);
+      for (int u = 0; u < 16; ++u) sc[u] = static_cast<int8_t>(b[192 + u]);
+    }
+    const bool sub16 = t == Q2_K || t == Q3_K || t == Q6_K;
+    int32x4_t sumi = vdupq_n_s32(0);
+    for (int k = 0; k < 8; ++k) {  // chunk k: elements 32k .. 32k + 31, in two halves of 16
+      const int n = k / 4, s = k % 4;
+      uint8x16_t q[2];
+      for (int h = 0; h < 2; ++h) {
+        const int l = 16 * h;  // element 32k + l + j, j < 16
+        switch (t) {
+          case Q2_K: q[h] = vandq_u8(vshlq_u8(vld1q_u8(b + 16 + 32 * n + l), vdupq_n_s8(int8_t(-2 * s))), m3); break;
+          case Q3_K: {
+            const uint8x16_t low = vandq_u8(vshlq_u8(vld1q_u8(b + 32 + 32 * n + l), vdupq_n_s8(int8_t(-2 * s))), m3);
+            const uint8x16_t hb = vandq_u8(vshlq_u8(vld1q_u8(b + l), vdupq_n_s8(int8_t(-k))), vdupq_n_u8(1));
+            q[h] = vsubq_u8(vorrq_u8(low, vshlq_n_u8(hb, 2)), vdupq_n_u8(4));
+            break;
+          }
+          case Q4_K:
+          case Q5_K: {
+            const uint8x16_t v = vld1q_u8(b + (t == Q5_K ? 48 : 16) + 32 * (k / 2) + l);
+            q[h] = k % 2 ? vshrq_n_u8(v, 4) : vandq_u8(v, m4);
+            if (t == Q5_K) {
+              const uint8x16_t hb = vandq_u8(vshlq_u8(vld1q_u8(b + 16 + l), vdupq_n_s8(int8_t(-k))), vdupq_n_u8(1));
+              q[h] = vorrq_u8(q[h], vshlq_n_u8(hb, 4));
+            }
+            break;
+          }
+          default: {  // Q6_K
+            const uint8x16_t lv = vld1q_u8(b + 64 * n + 32 * (s % 2) + l);
+            const uint8x16_t low = s >= 2 ? vshrq_n_u8(lv, 4) : vandq_u8(lv, m4);
+            const uint8x16_t high = vandq_u8(vshlq_u8(vld1q_u8(b + 128 + 32 * n + l), vdupq_n_s8(int8_t(-2 * s))), m3);
+            q[h] = vsubq_u8(vorrq_u8(low, vshlq_n_u8(high, 4)), vdupq_n_u8(32));
+          }
+        }
+      }
+      const int8_t* xk = xq + 32 * k;
+      const int32x4_t d0 = sdot16(vdupq_n_s32(0), s8(q[0]), vld1q_s8(xk));
+      const int32x4_t d1 = sdot16(vdupq_n_s32(0), s8(q[1]), vld1q_s8(xk + 16));
+      if (sub16) {
+        sumi = vmlaq_n_s32(vmlaq_n_s32(sumi, d0, sc[2 * k]), d1, sc[2 * k + 1]);
+      } else {
+        sumi = vmlaq_n_s32(sumi, vaddq_s32(d0, d1), sc[k]);
+      }
+    }
+    int32_t summ = 0;
+    if (sub16)
+      for (int u = 0; u < 16; ++u) summ += mn[u] * x.s16[i * 16 + u];
+    else
+      for (int u = 0; u < 8; ++u) summ += mn[u] * x.s32[i * 8 + u];
+    acc += d * x.d[i] * float(vaddvq_s32(sumi)) - dmin * x.d[i] * float(summ);
+  }
+  return acc;
+}
+#endif  // QRT_GGUF_NEON
 
 // ---- AVX2 path: canonical rows, 32 codes per 256-bit vector ---------------------------------------
 // Built without AVX-512 VNNI but with AVX2 + FMA + F16C (x86-64-v3), every row stays in llama.cpp's
@@ -1467,6 +1593,11 @@ int32_t quantrt_gguf_linear(int32_t type, const uint8_t* w, int64_t N, int64_t K
           for (int i = 0; i < mr; ++i) xr[i] = x_row(ws, xl, m + i);
           rows_dot(type, tail + r * rbytes, nb, xr, mr, v);
           for (int i = 0; i < mr; ++i) store(out, som, odt, bias, bdt, m + i, ngroups * kGroup + r, v[i]);
+        }
+#elif QRT_GGUF_NEON
+        for (int64_t m = m0; m < m1; ++m) {
+          const float v = row_dot_neon(type, tail + r * rbytes, nb, x_row(ws, xl, m));
+          store(out, som, odt, bias, bdt, m, ngroups * kGroup + r, v);
         }
 #else
         for (int64_t m = m0; m < m1; ++m) {
