@@ -1,4 +1,5 @@
-"""The AVX2 builds beside the AVX-512 ones on this CPU: one linear layer at M=1, weights from DRAM.
+"""The AVX2 builds beside the AVX-512 ones on this CPU: one linear layer at M=1 (or ``--ms``), weights
+from DRAM.
 
 Each scheme and shape is planned twice, as this CPU is (the AVX-512 kernels) and held to AVX2 with
 ``QUANTRT_CPU_ISA=avx2``'s override (cpu.avx2_wint, cpu.native_gguf's x86-64-v3 build). Every
@@ -49,9 +50,9 @@ def stored_bytes(w: CanonicalWeight) -> int:
     return sum(t.numel() * t.element_size() for t in w.tensors.values())
 
 
-def run(scheme: str, K: int, N: int, copies: int, repeats: int) -> dict:
+def run(scheme: str, K: int, N: int, M: int, copies: int, repeats: int) -> dict:
     weights = [weight(scheme, N, K, seed) for seed in range(copies)]
-    x = torch.randn(1, K).bfloat16()
+    x = torch.randn(M, K).bfloat16()
     fns, kernels = {}, {}
     for name, ov in VARIANTS.items():
         layers = [
@@ -68,7 +69,7 @@ def run(scheme: str, K: int, N: int, copies: int, repeats: int) -> dict:
         fns[name] = call
     ms = median_ms(fns, repeats, warmups=copies)
     nbytes = stored_bytes(weights[0])
-    row = {"scheme": scheme, "K": K, "N": N, "weight_bytes": nbytes, "copies": copies}
+    row = {"scheme": scheme, "K": K, "N": N, "M": M, "weight_bytes": nbytes, "copies": copies}
     for name in VARIANTS:
         row[name] = {
             "kernel": kernels[name],
@@ -85,6 +86,7 @@ def main() -> None:
         "--schemes", default="w4a16-int-g128-sym,gguf-q4_k,gguf-q4_0,gguf-q6_k,gguf-q8_0,w8a16-int-ch-sym"
     )
     ap.add_argument("--shapes", default="4096x14336,14336x4096", help="KxN, comma-separated")
+    ap.add_argument("--ms", default="1", help="batch sizes, comma-separated")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--copies", type=int, default=4, help="weights per variant, called in turn (beyond L3)")
     ap.add_argument("--repeats", type=int, default=60)
@@ -94,15 +96,16 @@ def main() -> None:
     rows = []
     for scheme in args.schemes.split(","):
         for shape in args.shapes.split(","):
-            K, N = (int(v) for v in shape.split("x"))
-            row = run(scheme, K, N, args.copies, args.repeats)
-            rows.append(row)
-            a, b = row["avx512"], row["avx2"]
-            print(
-                f"{scheme:22s} {K}x{N}: avx512 {a['kernel']} {a['ms']:.3f} ms {a['GB/s']:.1f} GB/s | "
-                f"avx2 {b['kernel']} {b['ms']:.3f} ms {b['GB/s']:.1f} GB/s | share {row['avx2_share']:.2f}",
-                flush=True,
-            )
+            for M in (int(m) for m in args.ms.split(",")):
+                K, N = (int(v) for v in shape.split("x"))
+                row = run(scheme, K, N, M, args.copies, args.repeats)
+                rows.append(row)
+                a, b = row["avx512"], row["avx2"]
+                print(
+                    f"{scheme:22s} {K}x{N} M={M}: avx512 {a['kernel']} {a['ms']:.3f} ms {a['GB/s']:.1f} GB/s | "
+                    f"avx2 {b['kernel']} {b['ms']:.3f} ms {b['GB/s']:.1f} GB/s | share {row['avx2_share']:.2f}",
+                    flush=True,
+                )
     if args.out:
         tree = subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
