@@ -20,27 +20,14 @@ from quantrt.prepared import ALL_M, Prepared, Strategy
 from quantrt.specs import LayerSpec
 
 from .lut_native import LutLayout, can_run, prepare_lut
-from .native import build
-from .native_common import CPU_DTYPES, GEMV, run_linear
+from .native_common import CPU_DTYPES, GEMV, linear_library, run_linear
 
 #: what the library is compiled for (x86-64-v3)
 AVX2_FEATURES = ("avx2", "fma", "f16c")
 
-_LIB: ctypes.CDLL | None = None
-
 
 def _library() -> ctypes.CDLL:
-    global _LIB
-    if _LIB is None:
-        lib = build.library("lut_avx2", "avx2")
-        i64, i32, ptr = ctypes.c_int64, ctypes.c_int32, ctypes.c_void_p
-        lib.quantrt_lut_avx2_isa.restype = i32
-        lib.quantrt_lut_avx2_linear.restype = i32
-        lib.quantrt_lut_avx2_linear.argtypes = [
-            ctypes.POINTER(ctypes.c_int64), ptr, i32, i64, i64, i64, ptr, i32, ptr, i32, i64, i32, i32,
-        ]  # fmt: skip
-        _LIB = lib
-    return _LIB
+    return linear_library("lut_avx2", "avx2", "quantrt_lut_avx2_linear")
 
 
 def gemv(

@@ -10,6 +10,7 @@ so nothing here registers an op or checks ``torch.compiler.is_compiling()``.
 
 from __future__ import annotations
 
+import ctypes
 from typing import Any
 
 import torch
@@ -48,6 +49,25 @@ def check_call(x: torch.Tensor, bias: torch.Tensor | None, N: int) -> None:
         raise ValueError(
             f"expected a CPU bias [{N}] in fp32, bf16 or fp16, found {bias.dtype} {list(bias.shape)}"
         )
+
+
+#: the C signature of the wint/lut libraries' linear entry points (see :func:`run_linear`)
+LINEAR_ARGTYPES = [
+    ctypes.POINTER(ctypes.c_int64), ctypes.c_void_p, ctypes.c_int32, ctypes.c_int64, ctypes.c_int64,
+    ctypes.c_int64, ctypes.c_void_p, ctypes.c_int32, ctypes.c_void_p, ctypes.c_int32, ctypes.c_int64,
+    ctypes.c_int32, ctypes.c_int32,
+]  # fmt: skip
+
+
+def linear_library(name: str, isa: str, entry: str) -> ctypes.CDLL:
+    """The library ``csrc/<name>.cpp`` built for ``isa``, its linear entry point ``entry`` typed for
+    :func:`run_linear` (built on first use, once per process)."""
+    lib = build.library(name, isa)
+    fn = getattr(lib, entry)
+    if fn.argtypes is None:
+        fn.restype = ctypes.c_int32
+        fn.argtypes = LINEAR_ARGTYPES
+    return lib
 
 
 def check_rc(rc: int, name: str) -> None:

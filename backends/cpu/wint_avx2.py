@@ -18,28 +18,15 @@ from quantrt.kernels import Kernel, Verdict
 from quantrt.prepared import ALL_M, Prepared, Strategy
 from quantrt.specs import LayerSpec
 
-from .native import build
-from .native_common import CPU_DTYPES, GEMV, run_linear
+from .native_common import CPU_DTYPES, GEMV, linear_library, run_linear
 from .wint_native import WintLayout, can_run, prepare_wint
 
 #: what the library is compiled for (x86-64-v3)
 AVX2_FEATURES = ("avx2", "fma", "f16c")
 
-_LIB: ctypes.CDLL | None = None
-
 
 def _library() -> ctypes.CDLL:
-    global _LIB
-    if _LIB is None:
-        lib = build.library("wint_avx2", "avx2")
-        i64, i32, ptr = ctypes.c_int64, ctypes.c_int32, ctypes.c_void_p
-        lib.quantrt_wint_avx2_isa.restype = i32
-        lib.quantrt_wint_avx2_linear.restype = i32
-        lib.quantrt_wint_avx2_linear.argtypes = [
-            ctypes.POINTER(ctypes.c_int64), ptr, i32, i64, i64, i64, ptr, i32, ptr, i32, i64, i32, i32,
-        ]  # fmt: skip
-        _LIB = lib
-    return _LIB
+    return linear_library("wint_avx2", "avx2", "quantrt_wint_avx2_linear")
 
 
 def gemv(

@@ -3,6 +3,8 @@
 #pragma once
 #include "common.h"
 
+#include <type_traits>
+
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #define QRT_AVX2 1
 
@@ -14,6 +16,17 @@ inline __m256 load8(const void* p, int32_t dt, int64_t off) {
   const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(p) + off));
   if (dt == F16) return _mm256_cvtph_ps(h);
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+// f(std::integral_constant<int, R>{}) with R = min(rows, 4): a batch's row count as a template argument
+template <class F>
+inline void with_rows4(int64_t rows, F&& f) {
+  switch (rows < 4 ? rows : 4) {
+    case 1: f(std::integral_constant<int, 1>{}); break;
+    case 2: f(std::integral_constant<int, 2>{}); break;
+    case 3: f(std::integral_constant<int, 3>{}); break;
+    default: f(std::integral_constant<int, 4>{});
+  }
 }
 
 inline float hsum8(__m256 v) {
@@ -34,18 +47,8 @@ inline void row_f32(const void* x, int32_t dt, int64_t off, int64_t sk, const in
   for (; k < Kp; ++k) row[k] = 0.f;
 }
 
-// The output rows of one 16-row tile: y[m * ld + n], n = n0 + i < N, in dtype dt, the fp32 sums v
-// times rowscale[n] (when given) plus bias[n] (dtype bdt, when given).
-struct YView {
-  void* p;
-  int32_t dt;
-  int64_t ld;
-  const void* bias;
-  int32_t bdt;
-  int64_t N;
-  const float* rowscale;
-};
-
+// The output rows of one 16-row tile: y[m * ld + n], n = n0 + i < N, the fp32 sums lo (rows 0-7) and
+// hi (8-15) times the row multiplier, plus the bias.
 inline void store_tile(const YView& y, int64_t m, int64_t n0, __m256 lo, __m256 hi) {
   alignas(32) float v[16];
   _mm256_store_ps(v, lo);

@@ -38,6 +38,18 @@ struct Scratch {
   }
 };
 
+// The output of a linear call: y[m * ld + n] in dtype dt for n < N, an optional bias [N] in dtype bdt
+// and an optional fp32 row multiplier [N] (applied before the bias).
+struct YView {
+  void* p;
+  int32_t dt;
+  int64_t ld;
+  const void* bias;
+  int32_t bdt;
+  int64_t N;
+  const float* rowscale = nullptr;
+};
+
 // an fp32's bits and back (memcpy: no aliasing rules broken)
 inline uint32_t bits_of(float f) {
   uint32_t u;

@@ -34,6 +34,7 @@
 //     register-blocked dpbf16 micro-kernel runs every row of x over it, folding each block's scale
 //     into an fp32 tile C [M][64].
 #include "common.h"
+#include "layouts.h"
 
 #include <algorithm>
 #include <cstdlib>
@@ -44,12 +45,6 @@ using qrt::BF16;
 using qrt::F16;
 using qrt::F32;
 
-// fields of the int64 descriptor Python builds per prepared weight (pointers as integers)
-enum LutField : int {
-  L_Q, L_SCALES, L_ROWSCALE, L_TAB, L_N, L_K, L_KP, L_T, L_NG, L_BITS, L_FOLD, L_SKIND, L_KC, L_HASLO, L_PRE, L_LEN
-};
-// how the block scales are stored
-enum ScaleKind : int { SK_NONE = 0, SK_F32 = 1, SK_E4M3 = 2, SK_E8M0 = 3 };
 
 constexpr int TILE = 16;
 constexpr int NT = 4;  // tiles per block of the large-M path (64 output rows)
@@ -119,16 +114,7 @@ inline __mmask16 row_mask(int64_t n0, int64_t N) {
   return n >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << n) - 1);
 }
 
-// the output: y[m * ld + n] in dtype dt, an optional bias [N] in dtype bdt and row multiplier [Np]
-struct YView {
-  void* p;
-  int32_t dt;
-  int64_t ld;
-  const void* bias;
-  int32_t bdt;
-  int64_t N;
-  const float* rowscale;
-};
+using qrt::YView;
 
 inline void store_tile_row(const YView& y, int64_t m, int64_t n0, __m512 v) {
   const __mmask16 mk = row_mask(n0, y.N);

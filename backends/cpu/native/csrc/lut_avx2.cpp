@@ -14,19 +14,12 @@
 //   y[n] = rowscale[n] * sum_f s[n, f] * sum_{k in f} w[n, k] x[k] + bias[n].
 // Strategy: one pass over the codes per 4 activation rows, threads taking tiles.
 #include "avx2.h"
+#include "layouts.h"
 
 #include <algorithm>
 #include <cmath>
 
 namespace {
-
-// lut.cpp's descriptor fields, then this build's: the fp32 code book (4 bits) and the fp8 format
-enum LutField : int {
-  L_Q, L_SCALES, L_ROWSCALE, L_TAB, L_N, L_K, L_KP, L_T, L_NG, L_BITS, L_FOLD, L_SKIND, L_KC, L_HASLO, L_PRE,
-  L_TAB32, L_FP8, L_LEN
-};
-enum ScaleKind : int { SK_NONE = 0, SK_F32 = 1, SK_E4M3 = 2, SK_E8M0 = 3 };
-enum Fp8 : int { E4M3 = 0, E5M2 = 1 };
 
 constexpr int TILE = 16;
 constexpr int MR = 4;  // activation rows per pass over the codes
@@ -218,12 +211,9 @@ int run(const int64_t* d, const void* x, int32_t xdt, int64_t M, int64_t sxm, in
   }
   for (int64_t m0 = 0; m0 < M; m0 += MR) {
     const float* xr = xs + m0 * Kp;
-    switch (std::min<int64_t>(MR, M - m0)) {
-      case 1: gemv_rows<B, 1>(d, bk, fmt, xr, xsum + m0 * nf, nf, y, m0, threads); break;
-      case 2: gemv_rows<B, 2>(d, bk, fmt, xr, xsum + m0 * nf, nf, y, m0, threads); break;
-      case 3: gemv_rows<B, 3>(d, bk, fmt, xr, xsum + m0 * nf, nf, y, m0, threads); break;
-      default: gemv_rows<B, 4>(d, bk, fmt, xr, xsum + m0 * nf, nf, y, m0, threads); break;
-    }
+    qrt::with_rows4(M - m0, [&](auto r) {
+      gemv_rows<B, decltype(r)::value>(d, bk, fmt, xr, xsum + m0 * nf, nf, y, m0, threads);
+    });
   }
   return 0;
 }
@@ -241,15 +231,6 @@ bool e2m1_book(const float* t32) {
 }  // namespace
 
 extern "C" {
-
-// 1 when this build has the AVX2 + FMA + F16C kernels, else 0
-int32_t quantrt_lut_avx2_isa() {
-#ifdef QRT_LUT_AVX2
-  return 1;
-#else
-  return 0;
-#endif
-}
 
 // y[M, N] = x[M, K] @ W.T + bias for a prepared code-book or fp8 weight `d` (lut.cpp's layout and
 // descriptor, plus the fp32 code book), with the ABI of quantrt_lut_linear (the strategy argument is

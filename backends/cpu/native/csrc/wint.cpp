@@ -36,6 +36,7 @@
 // y = a_m * s_n * (sum_k q x - 128 sum_k x). The GEMV and the 6 x 64 micro-kernel read the prepared
 // weights directly (nothing to decode), accumulating int32 per K chunk of 4096.
 #include "common.h"
+#include "layouts.h"
 
 #include <algorithm>
 #include <cstdlib>
@@ -47,11 +48,6 @@ using qrt::BF16;
 using qrt::F16;
 using qrt::F32;
 
-// fields of the int64 descriptor Python builds per prepared weight (pointers as integers)
-enum WintField : int {
-  W_Q, W_SCALES, W_ZEROS, W_PERM, W_N, W_K, W_KP, W_T, W_NG, W_BITS, W_FOLD, W_SSTRIDE, W_KC, W_LEN
-};
-enum A8Field : int { A_Q, A_SCALES, A_N, A_K, A_KP, A_T, A_LEN };
 
 constexpr int TILE = 16;
 constexpr int NT = 4;  // tiles per block of the large-M path (64 output rows)
@@ -137,15 +133,7 @@ inline __mmask16 row_mask(int64_t n0, int64_t N) {
   return n >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << n) - 1);
 }
 
-// the output: y[m * ld + n] in dtype dt, plus an optional bias [N] in dtype bdt
-struct YView {
-  void* p;
-  int32_t dt;
-  int64_t ld;
-  const void* bias;
-  int32_t bdt;
-  int64_t N;
-};
+using qrt::YView;
 
 inline void store_tile_row(const YView& y, int64_t m, int64_t n0, __m512 v) {
   const __mmask16 mk = row_mask(n0, y.N);

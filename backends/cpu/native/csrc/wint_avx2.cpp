@@ -16,6 +16,7 @@
 // Strategy: one pass over the codes per 4 activation rows (each step decoded once for them), threads
 // taking tiles.
 #include "avx2.h"
+#include "layouts.h"
 
 #include <algorithm>
 #include <cstdlib>
@@ -26,10 +27,6 @@ using qrt::BF16;
 using qrt::F16;
 using qrt::F32;
 
-// fields of the int64 descriptor (wint.cpp's WintField)
-enum WintField : int {
-  W_Q, W_SCALES, W_ZEROS, W_PERM, W_N, W_K, W_KP, W_T, W_NG, W_BITS, W_FOLD, W_SSTRIDE, W_KC, W_LEN
-};
 constexpr int TILE = 16;
 constexpr int MR = 4;  // activation rows per pass over the codes
 // the codes are asked for this many bytes ahead (every other step: a 64-byte line holds two or more)
@@ -212,12 +209,7 @@ int run(const int64_t* d, const void* x, int32_t xdt, int64_t M, int64_t sxm, in
   for (int64_t m0 = 0; m0 < M; m0 += MR) {
     const float* xr = xs + m0 * Kp;
     const float* sr = xsum + m0 * nf;
-    switch (std::min<int64_t>(MR, M - m0)) {
-      case 1: gemv_rows<B, 1>(d, xr, sr, nf, y, m0, threads); break;
-      case 2: gemv_rows<B, 2>(d, xr, sr, nf, y, m0, threads); break;
-      case 3: gemv_rows<B, 3>(d, xr, sr, nf, y, m0, threads); break;
-      default: gemv_rows<B, 4>(d, xr, sr, nf, y, m0, threads); break;
-    }
+    qrt::with_rows4(M - m0, [&](auto r) { gemv_rows<B, decltype(r)::value>(d, xr, sr, nf, y, m0, threads); });
   }
   return 0;
 }
@@ -226,15 +218,6 @@ int run(const int64_t* d, const void* x, int32_t xdt, int64_t M, int64_t sxm, in
 }  // namespace
 
 extern "C" {
-
-// 1 when this build has the AVX2 + FMA + F16C kernels, else 0
-int32_t quantrt_wint_avx2_isa() {
-#ifdef QRT_WINT_AVX2
-  return 1;
-#else
-  return 0;
-#endif
-}
 
 // y[M, N] = x[M, K] @ W.T + bias for a prepared integer weight `d` (wint.cpp's layout and descriptor),
 // with the ABI of quantrt_wint_linear (the strategy argument is accepted and ignored: one GEMV).

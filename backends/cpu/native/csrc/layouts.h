@@ -1,0 +1,20 @@
+// The int64 descriptors Python builds per prepared weight (pointers as integers), shared by the
+// builds that read one layout: wint.cpp and wint_avx2.cpp (backends/cpu/wint_native.py WINT_FIELDS),
+// lut.cpp and lut_avx2.cpp (lut_native.py FIELDS, then AVX2_FIELDS, which lut.cpp does not read).
+#pragma once
+
+// an integer weight: codes, scales, zeros, act-order permutation, sizes, bits, fold
+enum WintField : int {
+  W_Q, W_SCALES, W_ZEROS, W_PERM, W_N, W_K, W_KP, W_T, W_NG, W_BITS, W_FOLD, W_SSTRIDE, W_KC, W_LEN
+};
+// a W8A8 int8 weight
+enum A8Field : int { A_Q, A_SCALES, A_N, A_K, A_KP, A_T, A_LEN };
+// a code-book or float weight; the AVX2 build adds the fp32 code book and the fp8 format
+enum LutField : int {
+  L_Q, L_SCALES, L_ROWSCALE, L_TAB, L_N, L_K, L_KP, L_T, L_NG, L_BITS, L_FOLD, L_SKIND, L_KC, L_HASLO, L_PRE,
+  L_TAB32, L_FP8, L_LEN
+};
+// how a code-book weight's block scales are stored
+enum ScaleKind : int { SK_NONE = 0, SK_F32 = 1, SK_E4M3 = 2, SK_E8M0 = 3 };
+// the fp8 format of L_FP8
+enum Fp8Format : int { E4M3 = 0, E5M2 = 1 };
