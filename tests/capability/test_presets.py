@@ -15,7 +15,10 @@ from quantrt.capability.cpu import cpu_matrix_types
 from quantrt.capability.nvidia import nvidia_arch
 from quantrt.capability.xpu import XPU_ARCHS
 
-PRESETS = ["a100", "arc", "b200", "h100", "h200", "l40s", "mi300x", "mi355x", "pvc", "spr-amx", "zen4"]
+PRESETS = [
+    "a100", "arc", "b200", "graviton3", "h100", "h200", "l40s", "mi300x", "mi355x", "pvc", "spr-amx", "zen3", "zen4",
+]  # fmt: skip
+CPU_ONLY = ("spr-amx", "zen4", "zen3", "graviton3")
 
 
 def _preset_text(name: str) -> str:
@@ -47,7 +50,9 @@ def test_preset_is_complete_and_agrees_with_the_tables(name: str) -> None:
     devices = [caps.cpu, *caps.accelerators]
     assert all(d.runnable for d in devices)
     assert all(d.name != "unknown" and d.arch != "unknown" and d.cores for d in devices)
-    assert caps.cpu.arch == "x86_64" and caps.cpu.microarch != "unknown"
+    assert (
+        caps.cpu.arch == ("aarch64" if name == "graviton3" else "x86_64") and caps.cpu.microarch != "unknown"
+    )
     assert caps.cpu.matrix_types == cpu_matrix_types(caps.cpu.features)
     assert "_weight_int4pack_mm_for_cpu" in caps.cpu.torch_ops
     for dev in caps.accelerators:
@@ -61,7 +66,7 @@ def test_preset_is_complete_and_agrees_with_the_tables(name: str) -> None:
             assert (dev.matrix_types, dev.features) == amd_arch(dev.arch)
         else:
             assert dev.matrix_types == XPU_ARCHS[dev.arch]
-    assert bool(caps.accelerators) == (name not in ("spr-amx", "zen4"))
+    assert bool(caps.accelerators) == (name not in CPU_ONLY)
 
 
 def test_h200_and_b200() -> None:
@@ -80,6 +85,15 @@ def test_cpu_and_amd_presets() -> None:
     assert spr.has("amx_tile", "amx_bf16", "amx_int8", "avx512_fp16") and spr.microarch == "sapphire_rapids"
     zen4 = load_preset("zen4").cpu
     assert zen4.has("avx512_bf16", "avx512_vnni") and not zen4.features & {"amx_tile", "avx512_fp16"}
+    zen3 = load_preset("zen3").cpu  # AVX2 only: the x86-64-v3 builds
+    assert zen3.has("avx2", "fma", "f16c") and not any(f.startswith("avx512") for f in zen3.features)
+    graviton3 = load_preset("graviton3").cpu
+    assert (graviton3.arch, graviton3.microarch) == ("aarch64", "neoverse_v1")
+    assert graviton3.has("neon", "dotprod", "i8mm", "sve") and graviton3.matrix_types == {
+        "bf16",
+        "fp16",
+        "int8",
+    }
     mi300x = load_preset("mi300x").device("cuda:0")
     assert (mi300x.kind, mi300x.arch) == ("rocm", "gfx942") and mi300x.has("mi300_class", "fp8_e4m3fnuz")
     mi355x = load_preset("mi355x").device("cuda:0")
@@ -105,7 +119,7 @@ def test_unknown_preset_lists_the_known_ones() -> None:
     msg = _error("h300")
     assert msg == (
         "'h300' is neither a capability preset nor a .json file; known presets: "
-        "a100, arc, b200, h100, h200, l40s, mi300x, mi355x, pvc, spr-amx, zen4"
+        "a100, arc, b200, graviton3, h100, h200, l40s, mi300x, mi355x, pvc, spr-amx, zen3, zen4"
     )
     with pytest.raises(CapabilityError, match="unknown capability preset 'x'; known presets: a100, arc"):
         load_preset("x")

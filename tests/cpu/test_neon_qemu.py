@@ -1,6 +1,8 @@
-"""The NEON build of the native GGUF kernel (native/csrc/gguf.cpp on aarch64), cross-compiled here and
-run under qemu-aarch64 user emulation, against the independent integer reference (gguf_reference.py),
-on small awkward shapes of every type: with the dot-product extension (SDOT) and without it.
+"""The NEON builds of the native CPU kernels, cross-compiled here and run under qemu-aarch64 user
+emulation on small awkward shapes: GGUF (native/csrc/gguf.cpp) on every type against the independent
+integer reference (gguf_reference.py), with the dot-product extension (SDOT) and without it; the
+integer weight-only kernel (native/csrc/wint_neon.cpp) on cpu.native_wint's prepared layout against
+the fp32 reference, every bit width, granularity, zero points and act-order.
 
 Needs a cross compiler (g++-aarch64-linux-gnu) and qemu-user: ci/setup.sh installs both where it can
 (Debian/Ubuntu as root) and sets QUANTRT_NEON_TESTS=1, which turns their absence into a failure."""
@@ -18,10 +20,13 @@ import pytest
 import torch
 from gguf_reference import integer_reference
 
+from quantrt import reference
 from quantrt.backends.cpu.gguf_native import TYPE_CODES
 from quantrt.backends.cpu.native.build import CSRC
+from quantrt.backends.cpu.wint_native import WINT_FIELDS, prepare_wint
 from quantrt.reference.gguf import random_blocks
 from quantrt.schemes import GGUF_TYPES
+from quantrt.specs import LayerSpec
 
 CXX = shutil.which("aarch64-linux-gnu-g++")
 QEMU = shutil.which("qemu-aarch64")
@@ -35,22 +40,35 @@ if MISSING and REQUIRED:
 pytestmark = pytest.mark.skipif(
     bool(MISSING), reason=f"needs {', '.join(MISSING)} (ci/setup.sh installs them)"
 )
-HARNESS = Path(__file__).parent / "cross" / "gguf_harness.cpp"
+CROSS = Path(__file__).parent / "cross"
 #: -march levels: plain ARMv8 NEON (the widening-multiply path), and ARMv8.2 with SDOT
 MARCH = {"neon": "armv8-a", "dotprod": "armv8.2-a+dotprod"}
 EXACT = 1e-5
 
 
-@pytest.fixture(scope="module", params=sorted(MARCH))
-def binary(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("neon") / f"gguf-{request.param}"
+def cross_build(out: Path, march: str, harness: str, source: str) -> Path:
+    """A static aarch64 executable of a driver in cross/ and one library source."""
     cmd = [
-        CXX, f"-march={MARCH[request.param]}", "-O2", "-std=c++17", "-fopenmp", "-fno-math-errno", "-static",
-        f"-I{CSRC}", str(HARNESS), str(CSRC / "gguf.cpp"), "-o", str(out),
+        CXX, f"-march={march}", "-O2", "-std=c++17", "-fopenmp", "-fno-math-errno", "-static",
+        f"-I{CSRC}", str(CROSS / harness), str(CSRC / source), "-o", str(out),
     ]  # fmt: skip
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-4000:]
     return out
+
+
+def qemu(binary: Path, src: Path, dst: Path) -> bytes:
+    """Run a cross-built driver under qemu-aarch64 on one input file; its output file's bytes."""
+    cmd = [QEMU, "-L", str(SYSROOT), str(binary), str(src), str(dst)]
+    done = subprocess.run(cmd, capture_output=True, timeout=300)
+    assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
+    return dst.read_bytes()
+
+
+@pytest.fixture(scope="module", params=sorted(MARCH))
+def binary(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("neon") / f"gguf-{request.param}"
+    return cross_build(out, MARCH[request.param], "gguf_harness.cpp", "gguf.cpp")
 
 
 def run(binary: Path, gtype: str, q: torch.Tensor, x: torch.Tensor, tmp: Path) -> tuple[int, torch.Tensor]:
@@ -62,11 +80,7 @@ def run(binary: Path, gtype: str, q: torch.Tensor, x: torch.Tensor, tmp: Path) -
         + w
         + x.float().contiguous().numpy().tobytes()
     )
-    done = subprocess.run(
-        [QEMU, "-L", str(SYSROOT), str(binary), str(src), str(dst)], capture_output=True, timeout=300
-    )
-    assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
-    raw = dst.read_bytes()
+    raw = qemu(binary, src, dst)
     group = struct.unpack("<i", raw[:4])[0]
     return group, torch.from_numpy(np.frombuffer(raw[4:], dtype="<f4").copy()).reshape(M, N)
 
@@ -88,3 +102,56 @@ def test_every_type_against_the_integer_reference(binary: Path, gtype: str, tmp_
     assert not y[2].any()
     err = float((y.double() - ref).norm() / ref.norm())
     assert err < EXACT, f"{gtype} seed {seed}: {err:.3g}"
+
+
+# -- integer weight-only ------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def wint_binary(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return cross_build(
+        tmp_path_factory.mktemp("neon") / "wint", MARCH["neon"], "wint_harness.cpp", "wint_neon.cpp"
+    )
+
+
+WINT_CASES = [
+    ("w4a16-int-g128-sym", 33, 256),
+    ("w4a16-int-g32-asym", 20, 160),
+    ("w4a16-int-g64-asym", 17, 192),
+    ("w4a16-int-ch-sym", 24, 100),
+    ("w4a16-int-g64-asym-actorder", 18, 256),
+    ("w8a16-int-ch-sym", 33, 150),
+    ("w8a16-int-g128-asym", 20, 256),
+    ("w3a16-int-g128-asym", 19, 256),
+    ("w3a16-int-g32-sym", 24, 224),
+    ("w2a16-int-g64-sym", 33, 320),
+    ("w2a16-int-g128-asym", 16, 384),
+]
+
+
+@pytest.mark.parametrize("scheme,N,K", WINT_CASES)
+def test_wint_against_the_reference(wint_binary: Path, scheme: str, N: int, K: int, tmp_path: Path) -> None:
+    """cpu.native_wint's prepared layout (the tensors an Arm machine's prepare makes), run by the NEON
+    build on M = 1 and 6 rows, against the fp32 dequantize-then-matmul reference."""
+    seed = int.from_bytes(os.urandom(4), "little")
+    g = torch.Generator().manual_seed(seed)
+    w = reference.quantize(
+        torch.randn(N, K, generator=g) * 0.02, scheme, calib=torch.randn(16, K, generator=g)
+    )
+    lay = prepare_wint(w, LayerSpec(w.scheme, K, N), fn=lambda *a: 1)  # the layout only: no x86 library
+    names = ("q", "scales", "zeros", "perm")
+    arrays = [lay.tensors.get(n) for n in names]
+    fields = list(lay.desc)
+    for name, t in zip(names, arrays, strict=True):
+        fields[WINT_FIELDS.index(name)] = 0 if t is None else t.numel() * t.element_size()
+    blobs = b"".join(t.contiguous().numpy().tobytes() for t in arrays if t is not None)
+    for M in (1, 6):
+        x = torch.randn(M, K, generator=g)
+        src, dst = tmp_path / "wint.in", tmp_path / "wint.out"
+        src.write_bytes(
+            struct.pack(f"<{len(fields)}qq", *fields, M) + blobs + x.contiguous().numpy().tobytes()
+        )
+        y = torch.from_numpy(np.frombuffer(qemu(wint_binary, src, dst), dtype="<f4").copy()).reshape(M, N)
+        ref = reference.linear(x, w, out_dtype=torch.float32)
+        err = float((y.double() - ref.double()).norm() / ref.double().norm())
+        assert err < EXACT, f"{scheme} M={M} seed {seed}: {err:.3g}"

@@ -3,7 +3,7 @@ reference on awkward shapes, dtypes, strides and codes; the reference's dequanti
 written here; one prepared layout no larger than the checkpoint; dispatch picks them.
 
 The weight-only tests run the kernel this CPU gets: cpu.native_wint with AVX-512 BF16, else
-cpu.avx2_wint (backends/cpu/wint_avx2.py) on the same layout; QUANTRT_CPU_ISA=avx2 runs them on the
+cpu.avx2_wint (backends/cpu/wint_gemv.py) on the same layout; QUANTRT_CPU_ISA=avx2 runs them on the
 AVX2 build here (ci/test.sh does)."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import torch
 from quantrt import reference
 from quantrt.backends.cpu import wint_native
 from quantrt.backends.cpu.native import build
-from quantrt.backends.cpu.wint_avx2 import Avx2Wint
+from quantrt.backends.cpu.wint_gemv import Avx2Wint
 from quantrt.backends.cpu.wint_native import NativeW8A8Int8, NativeWint
 from quantrt.canonical import CanonicalWeight, pack_int_codes
 from quantrt.dispatch import machine_capabilities
