@@ -1,5 +1,5 @@
 // The int64 descriptors Python builds per prepared weight (pointers as integers), shared by the
-// builds that read one layout: wint.cpp and wint_avx2.cpp (backends/cpu/wint_native.py WINT_FIELDS),
+// builds that read one layout: wint.cpp, wint_avx2.cpp and wint_neon.cpp (wint_native.py WINT_FIELDS),
 // lut.cpp and lut_avx2.cpp (lut_native.py FIELDS, then AVX2_FIELDS, which lut.cpp does not read).
 #pragma once
 
@@ -7,6 +7,34 @@
 enum WintField : int {
   W_Q, W_SCALES, W_ZEROS, W_PERM, W_N, W_K, W_KP, W_T, W_NG, W_BITS, W_FOLD, W_SSTRIDE, W_KC, W_LEN
 };
+// An integer weight's step (wint.cpp's layout): codes per row and step, bytes per step, and the power
+// of two p of code j of a step for the GEMVs that decode in place (wint_avx2.cpp, wint_neon.cpp): its
+// bit position in its row's 16-bit word, 0 for 3 and 8 bits, which they decode to plain integers
+template <int B>
+struct WintStep;
+template <>
+struct WintStep<8> {
+  static constexpr int S = 2, BYTES = 32;
+  static constexpr int P[2] = {0, 0};
+};
+template <>
+struct WintStep<4> {
+  // word r: bits 0-3 code k0, 4-7 k0 + 2, 8-11 k0 + 1, 12-15 k0 + 3
+  static constexpr int S = 4, BYTES = 32;
+  static constexpr int P[4] = {0, 8, 4, 12};
+};
+template <>
+struct WintStep<2> {
+  // word r: bits 2f (+ 8 for odd codes) hold code k0 + 2f + e
+  static constexpr int S = 8, BYTES = 32;
+  static constexpr int P[8] = {0, 8, 2, 10, 4, 12, 6, 14};
+};
+template <>
+struct WintStep<3> {
+  static constexpr int S = 8, BYTES = 48;
+  static constexpr int P[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+};
+
 // a W8A8 int8 weight
 enum A8Field : int { A_Q, A_SCALES, A_N, A_K, A_KP, A_T, A_LEN };
 // a code-book or float weight; the AVX2 build adds the fp32 code book and the fp8 format

@@ -43,32 +43,8 @@ thread_local Scratch tl_x, tl_sum;
 using qrt::hsum8;
 using qrt::YView;
 
-// codes per step, bytes per step, and the power of two p of code j of a step (its bit position in
-// its row's 16-bit word; 0 for 3 and 8 bits, which decode to plain integers)
 template <int B>
-struct Step;
-template <>
-struct Step<8> {
-  static constexpr int S = 2, BYTES = 32;
-  static constexpr int P[2] = {0, 0};
-};
-template <>
-struct Step<4> {
-  // word r: bits 0-3 code k0, 4-7 k0 + 2, 8-11 k0 + 1, 12-15 k0 + 3
-  static constexpr int S = 4, BYTES = 32;
-  static constexpr int P[4] = {0, 8, 4, 12};
-};
-template <>
-struct Step<2> {
-  // word r: bits 2f (+ 8 for odd codes) hold code k0 + 2f + e
-  static constexpr int S = 8, BYTES = 32;
-  static constexpr int P[8] = {0, 8, 2, 10, 4, 12, 6, 14};
-};
-template <>
-struct Step<3> {
-  static constexpr int S = 8, BYTES = 48;
-  static constexpr int P[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-};
+using Step = WintStep<B>;
 
 // code j of the 8 rows of half h of one step, as fp32 (times 2^P[j])
 template <int B>

@@ -24,30 +24,8 @@ thread_local Scratch tl_x, tl_sum;
 #if defined(__aarch64__) && defined(__ARM_NEON)
 #define QRT_WINT_NEON 1
 
-// codes per step, bytes per step, and each code's bit position in its row's 16-bit word (0 where the
-// code is decoded as an integer)
 template <int B>
-struct Step;
-template <>
-struct Step<8> {
-  static constexpr int S = 2, BYTES = 32;
-  static constexpr int P[2] = {0, 0};
-};
-template <>
-struct Step<4> {
-  static constexpr int S = 4, BYTES = 32;
-  static constexpr int P[4] = {0, 8, 4, 12};
-};
-template <>
-struct Step<2> {
-  static constexpr int S = 8, BYTES = 32;
-  static constexpr int P[8] = {0, 8, 2, 10, 4, 12, 6, 14};
-};
-template <>
-struct Step<3> {
-  static constexpr int S = 8, BYTES = 48;
-  static constexpr int P[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-};
+using Step = WintStep<B>;
 
 // code j of the 4 rows of quarter v (rows 4v .. 4v + 3) of one step, as fp32 (times 2^P[j])
 template <int B>
