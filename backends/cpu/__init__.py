@@ -4,8 +4,8 @@
 - ``native/``: C++ kernels with AVX-512/AVX2 intrinsics built on first use (``native/build.py``);
   the kernel classes that call them live beside this file, one module per family:
   ``gguf_native`` (llama.cpp's block types), ``wint_native`` (integer weight-only and int8 W8A8),
-  ``wint_gemv`` and ``lut_avx2`` (the integer and code-book layouts' GEMVs for CPUs without AVX-512:
-  AVX2 builds, and NEON for the integer one),
+  ``wint_gemv`` and ``lut_gemv`` (the integer and code-book layouts' GEMVs for CPUs without AVX-512:
+  AVX2 and NEON builds),
   ``lut_native`` (code-book and float formats: NF4/FP4, fp8, NVFP4/MXFP4), ``dense_native`` (a
   GEMV for the dense bf16/fp16 layers a checkpoint leaves unquantized, registered with
   ``register_dense``), ``kv_native`` (the KV cache's quantize-on-write and decode attention,
@@ -27,7 +27,7 @@ def register(registry: Any) -> None:
     from .dense_native import make_dense_linear
     from .gguf_native import CpuNativeGGUF
     from .kv_native import NativeKV
-    from .lut_avx2 import Avx2Lut
+    from .lut_gemv import Avx2Lut, NeonLut
     from .lut_native import NativeLut
     from .torch_packed import CpuInt4Pack, CpuInt8Pack, CpuIntMM
     from .wint_gemv import Avx2Wint, NeonWint
@@ -43,7 +43,8 @@ def register(registry: Any) -> None:
         NativeLut,
         Avx2Wint,  # the same layouts built for AVX2 + FMA (CPUs without AVX-512)
         Avx2Lut,
-        NeonWint,  # the integer layout's NEON build (aarch64)
+        NeonWint,  # the NEON builds (aarch64)
+        NeonLut,
         CpuInt4Pack,  # torch's packed CPU ops, where no native kernel can be built
         CpuInt8Pack,
         CpuIntMM,

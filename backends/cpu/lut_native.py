@@ -68,8 +68,9 @@ FIELDS = (
     "haslo",
     "pre",
 )
-#: the fields lut_avx2.cpp reads after those: the fp32 code book (4 bits) and the fp8 format (1: e5m2)
-AVX2_FIELDS = ("tab32", "fp8")
+#: the fields the GEMV builds (lut_avx2.cpp, lut_neon.cpp) read after those: the fp32 code book (4
+#: bits) and the fp8 format (1: e5m2)
+GEMV_FIELDS = ("tab32", "fp8")
 #: e8m0 codes the panel GEMM may multiply into the decoded panel: every e2m1 value (0.5 .. 6) times
 #: 2^(E - 127) is then an exact normal bf16, and its products with activations stay normal fp32 down
 #: to |x| = 2^-63 (AVX-512 BF16 and AMX flush subnormal products, which the unscaled codes of the
@@ -327,12 +328,12 @@ def can_run(spec: LayerSpec, caps: Any, features: tuple[str, ...] = FEATURES) ->
     ) and _native_verdict(caps, features)
 
 
-def prepare_lut(weight: CanonicalWeight, spec: LayerSpec, fn: Any = None, avx2: bool = False) -> LutLayout:
+def prepare_lut(weight: CanonicalWeight, spec: LayerSpec, fn: Any = None, gemv: bool = False) -> LutLayout:
     """The codes and scales re-tiled into lut.cpp's layout, with its decode table (the load-time work
-    of every kernel on this layout, cpu.amx_lut's and cpu.avx2_lut's included). A bnb code book is
+    of every kernel on this layout, cpu.amx_lut's and the GEMV builds' included). A bnb code book is
     also kept in fp32 (``code32``, 16 values): exact row dequantization needs it. ``fn``: the entry
-    point that runs the layout (by default quantrt_lut_linear); ``avx2``: the descriptor also carries
-    the fp32 code book and the fp8 format (:data:`AVX2_FIELDS`, read by lut_avx2.cpp)."""
+    point that runs the layout (by default quantrt_lut_linear); ``gemv``: the descriptor also carries
+    the fp32 code book and the fp8 format (:data:`GEMV_FIELDS`, read by lut_avx2.cpp and lut_neon.cpp)."""
     N, K = weight.N, weight.K
     Np = round_up(N, TILE)
     p = PREPARE[weight.scheme.family](weight, Np)
@@ -345,7 +346,7 @@ def prepare_lut(weight: CanonicalWeight, spec: LayerSpec, fn: Any = None, avx2: 
         tensors["rowscale"] = p["rowscale"]
     if weight.scheme.family == "bnb4":
         tensors["code32"] = weight["code"].float().cpu().contiguous()
-    if avx2 and bits == 4:
+    if gemv and bits == 4:
         tensors["tab32"] = p["book"].float().cpu().contiguous()
     fold = p["fold"]
     values = {
@@ -366,7 +367,7 @@ def prepare_lut(weight: CanonicalWeight, spec: LayerSpec, fn: Any = None, avx2: 
         "tab32": tensors.get("tab32"),
         "fp8": int(weight.scheme.weight == "fp8_e5m2"),
     }
-    fields = FIELDS + AVX2_FIELDS if avx2 else FIELDS
+    fields = FIELDS + GEMV_FIELDS if gemv else FIELDS
     row = [v.data_ptr() if isinstance(v, torch.Tensor) else int(v or 0) for v in (values[f] for f in fields)]
     desc = (ctypes.c_int64 * len(row))(*row)
     acts = None

@@ -11,11 +11,13 @@ so nothing here registers an op or checks ``torch.compiler.is_compiling()``.
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from quantrt.kernels import Verdict, check
+from quantrt.kernels import Kernel, Verdict, check
+from quantrt.specs import LayerSpec
 
 from .native import build
 
@@ -68,6 +70,30 @@ def linear_library(name: str, isa: str, entry: str) -> ctypes.CDLL:
         fn.restype = ctypes.c_int32
         fn.argtypes = LINEAR_ARGTYPES
     return lib
+
+
+class IsaGemv(Kernel):
+    """A weight-only kernel whose one strategy is a GEMV of another kernel's prepared layout, built
+    for one ISA (the AVX2 and NEON builds): its source (``csrc/<source>.cpp``), ISA level, entry
+    point, CPU architecture and features; ``scheme_verdict`` is the layout's own scheme check."""
+
+    act_dtypes = CPU_DTYPES
+    source = ""
+    isa = "native"
+    entry = ""
+    arch = ""
+    features: tuple[str, ...] = ()
+    scheme_verdict: Callable[[LayerSpec, Any, tuple[str, ...]], Verdict]
+
+    @classmethod
+    def can_implement(cls, spec: LayerSpec, caps: Any) -> Verdict:
+        return check(
+            (caps.arch.startswith(cls.arch), f"an {cls.arch} CPU", {"arch": caps.arch}),
+        ) and cls.scheme_verdict(spec, caps, cls.features)
+
+    def entry_point(self) -> Any:
+        """The build's linear entry point (built on first use)."""
+        return getattr(linear_library(self.source, self.isa, self.entry), self.entry)
 
 
 def check_rc(rc: int, name: str) -> None:

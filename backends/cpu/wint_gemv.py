@@ -16,34 +16,21 @@ from typing import Any
 import torch
 
 from quantrt.canonical import CanonicalWeight
-from quantrt.kernels import Kernel, Verdict, check
 from quantrt.prepared import ALL_M, Prepared, Strategy
 from quantrt.specs import LayerSpec
 
-from .native_common import CPU_DTYPES, GEMV, linear_library, run_linear
+from .native_common import GEMV, IsaGemv, run_linear
 from .wint_native import WintLayout, can_run, prepare_wint
 
 
-class GemvWint(Kernel):
+class GemvWint(IsaGemv):
     """int2/3/4/8 weight-only layers (symmetric or zero-point, group/channel/tensor scales, act-order)
     through one ISA's GEMV build: exact integer codes, fp32 fused products and sums, scales per fold."""
 
-    act_dtypes = CPU_DTYPES
-    #: the build: its source (csrc/<source>.cpp), ISA level, entry point, CPU architecture and features
-    source = ""
-    isa = "native"
-    entry = ""
-    arch = ""
-    features: tuple[str, ...] = ()
-
-    @classmethod
-    def can_implement(cls, spec: LayerSpec, caps: Any) -> Verdict:
-        return check(
-            (caps.arch.startswith(cls.arch), f"an {cls.arch} CPU", {"arch": caps.arch}),
-        ) and can_run(spec, caps, cls.features)
+    scheme_verdict = staticmethod(can_run)
 
     def prepare(self, weight: CanonicalWeight, spec: LayerSpec) -> Prepared:
-        fn = getattr(linear_library(self.source, self.isa, self.entry), self.entry)
+        fn = self.entry_point()
         layout = prepare_wint(weight, spec, fn)
         return self.prepared(layout, [Strategy(ALL_M, "gemv, 4 activation rows per pass", self.gemv)], spec)
 

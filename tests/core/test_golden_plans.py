@@ -52,6 +52,7 @@ def test_golden_facts_that_must_hold() -> None:
     assert plans["zen3"]["gguf-q4_k"] == "cpu.native_gguf"
     assert plans["graviton3"]["gguf-q4_k"] == "cpu.native_gguf"  # the NEON builds
     assert plans["graviton3"]["w4a16-int-g128-asym"] == "cpu.neon_wint"
+    assert plans["graviton3"]["w4a16-nvfp4"] == "cpu.neon_lut"
     assert plans["mi300x"]["w4a16-int-g128-asym"] == "rocm.triton_w4a16"  # the portable Triton kernels
     assert plans["mi300x"]["w8a8-fp8-block128"] == "rocm.triton_block_fp8"
     assert plans["pvc"]["w4a16-nvfp4"] == "xpu.triton_fp4"

@@ -4,7 +4,7 @@ math written here (the published NF4 table, the e2m1 value list, e4m3/e8m0 by fo
 layout within 1.10x of the checkpoint; dispatch picks it.
 
 The kernel tested is the one this CPU gets: cpu.native_lut with AVX-512 BF16, else cpu.avx2_lut
-(backends/cpu/lut_avx2.py) on the same layout; QUANTRT_CPU_ISA=avx2 runs this file on the AVX2
+(backends/cpu/lut_gemv.py) on the same layout; QUANTRT_CPU_ISA=avx2 runs this file on the AVX2
 build here (ci/test.sh does)."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from quantrt import reference
-from quantrt.backends.cpu.lut_avx2 import Avx2Lut
+from quantrt.backends.cpu.lut_gemv import Avx2Lut
 from quantrt.backends.cpu.lut_native import NativeLut
 from quantrt.backends.cpu.native import build
 from quantrt.canonical import CanonicalWeight

@@ -1,8 +1,10 @@
 """The NEON builds of the native CPU kernels, cross-compiled here and run under qemu-aarch64 user
 emulation on small awkward shapes: GGUF (native/csrc/gguf.cpp) on every type against the independent
 integer reference (gguf_reference.py), with the dot-product extension (SDOT) and without it; the
-integer weight-only kernel (native/csrc/wint_neon.cpp) on cpu.native_wint's prepared layout against
-the fp32 reference, every bit width, granularity, zero points and act-order.
+integer weight-only kernel (native/csrc/wint_neon.cpp) on cpu.native_wint's prepared layout and the
+code-book/float kernel (native/csrc/lut_neon.cpp) on cpu.native_lut's, against the fp32 reference:
+every bit width, granularity, zero points and act-order; NF4, bnb FP4, NVFP4, MXFP4, fp8 (W8A8 fp8
+through its activation quantization).
 
 Needs a cross compiler (g++-aarch64-linux-gnu) and qemu-user: ci/setup.sh installs both where it can
 (Debian/Ubuntu as root) and sets QUANTRT_NEON_TESTS=1, which turns their absence into a failure."""
@@ -22,6 +24,7 @@ from gguf_reference import integer_reference
 
 from quantrt import reference
 from quantrt.backends.cpu.gguf_native import TYPE_CODES
+from quantrt.backends.cpu.lut_native import FIELDS, GEMV_FIELDS, prepare_lut
 from quantrt.backends.cpu.native.build import CSRC
 from quantrt.backends.cpu.wint_native import WINT_FIELDS, prepare_wint
 from quantrt.reference.gguf import random_blocks
@@ -46,10 +49,10 @@ MARCH = {"neon": "armv8-a", "dotprod": "armv8.2-a+dotprod"}
 EXACT = 1e-5
 
 
-def cross_build(out: Path, march: str, harness: str, source: str) -> Path:
+def cross_build(out: Path, march: str, harness: str, source: str, *defines: str) -> Path:
     """A static aarch64 executable of a driver in cross/ and one library source."""
     cmd = [
-        CXX, f"-march={march}", "-O2", "-std=c++17", "-fopenmp", "-fno-math-errno", "-static",
+        CXX, f"-march={march}", "-O2", "-std=c++17", "-fopenmp", "-fno-math-errno", "-static", *defines,
         f"-I{CSRC}", str(CROSS / harness), str(CSRC / source), "-o", str(out),
     ]  # fmt: skip
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
@@ -104,14 +107,34 @@ def test_every_type_against_the_integer_reference(binary: Path, gtype: str, tmp_
     assert err < EXACT, f"{gtype} seed {seed}: {err:.3g}"
 
 
+# -- the weight-only GEMVs on the x86 kernels' prepared layouts --------------------------------------
+
+
+def run_prepared(
+    binary: Path, lay: object, all_fields: tuple, arrays: tuple, x: torch.Tensor, N: int, tmp: Path
+):
+    """y of a prepared layout (its descriptor, each pointer field replaced by its tensor's byte count, then
+    those tensors' bytes in ``arrays`` order) on fp32 x, run by a cross-built driver under qemu."""
+    tensors = [lay.tensors.get(n) for n in arrays]
+    fields = list(lay.desc)
+    for name, t in zip(arrays, tensors, strict=True):
+        fields[all_fields.index(name)] = 0 if t is None else t.numel() * t.element_size()
+    blobs = b"".join(t.contiguous().numpy().tobytes() for t in tensors if t is not None)
+    src, dst = tmp / "layer.in", tmp / "layer.out"
+    M = x.shape[0]
+    src.write_bytes(
+        struct.pack(f"<{len(fields)}qq", *fields, M) + blobs + x.float().contiguous().numpy().tobytes()
+    )
+    return torch.from_numpy(np.frombuffer(qemu(binary, src, dst), dtype="<f4").copy()).reshape(M, N)
+
+
 # -- integer weight-only ------------------------------------------------------------------------
 
 
 @pytest.fixture(scope="module")
 def wint_binary(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return cross_build(
-        tmp_path_factory.mktemp("neon") / "wint", MARCH["neon"], "wint_harness.cpp", "wint_neon.cpp"
-    )
+    out = tmp_path_factory.mktemp("neon") / "wint"
+    return cross_build(out, MARCH["neon"], "prepared_harness.cpp", "wint_neon.cpp", "-DQRT_HARNESS_WINT")
 
 
 WINT_CASES = [
@@ -152,6 +175,50 @@ def test_wint_against_the_reference(wint_binary: Path, scheme: str, N: int, K: i
             struct.pack(f"<{len(fields)}qq", *fields, M) + blobs + x.contiguous().numpy().tobytes()
         )
         y = torch.from_numpy(np.frombuffer(qemu(wint_binary, src, dst), dtype="<f4").copy()).reshape(M, N)
+        ref = reference.linear(x, w, out_dtype=torch.float32)
+        err = float((y.double() - ref.double()).norm() / ref.double().norm())
+        assert err < EXACT, f"{scheme} M={M} seed {seed}: {err:.3g}"
+
+
+# -- code books and fp8 -------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def lut_binary(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("neon") / "lut"
+    return cross_build(out, MARCH["neon"], "prepared_harness.cpp", "lut_neon.cpp", "-DQRT_HARNESS_LUT")
+
+
+LUT_CASES = [
+    ("w4a16-nf4-g64", 33, 256),
+    ("w4a16-nf4-g64-dq", 20, 512),
+    ("w4a16-bnbfp4-g64", 17, 192),
+    ("w4a16-nvfp4", 33, 160),
+    ("w4a16-mxfp4", 19, 256),
+    ("w8a16-fp8-tensor", 24, 100),
+    ("w8a16-fp8-ch", 33, 150),
+    ("w8a16-fp8-block128", 40, 256),
+    ("w8a16-fp8e5m2-ch", 20, 96),
+    ("w8a8-fp8-ch", 18, 128),
+]
+
+
+@pytest.mark.parametrize("scheme,N,K", LUT_CASES)
+def test_lut_against_the_reference(lut_binary: Path, scheme: str, N: int, K: int, tmp_path: Path) -> None:
+    """cpu.native_lut's prepared layout with the GEMV builds' fields, run by the NEON build on M = 1 and
+    5 rows, against the fp32 reference (a W8A8 fp8 scheme's activations quantized by the layer's own
+    step, as cpu.neon_lut's strategy does before the call)."""
+    seed = int.from_bytes(os.urandom(4), "little")
+    g = torch.Generator().manual_seed(seed)
+    w = reference.quantize(
+        torch.randn(N, K, generator=g) * 0.02, scheme, calib=torch.randn(16, K, generator=g)
+    )
+    lay = prepare_lut(w, LayerSpec(w.scheme, K, N), fn=lambda *a: 1, gemv=True)
+    for M in (1, 5):
+        x = torch.randn(M, K, generator=g)
+        xq = lay.acts.apply(x) if lay.acts is not None else x
+        y = run_prepared(lut_binary, lay, FIELDS + GEMV_FIELDS, ("q", "scales", "rowscale", "tab", "tab32"), xq, N,
+                         tmp_path)  # fmt: skip
         ref = reference.linear(x, w, out_dtype=torch.float32)
         err = float((y.double() - ref.double()).norm() / ref.double().norm())
         assert err < EXACT, f"{scheme} M={M} seed {seed}: {err:.3g}"

@@ -3,8 +3,6 @@
 #pragma once
 #include "common.h"
 
-#include <type_traits>
-
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #define QRT_AVX2 1
 
@@ -16,17 +14,6 @@ inline __m256 load8(const void* p, int32_t dt, int64_t off) {
   const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(p) + off));
   if (dt == F16) return _mm256_cvtph_ps(h);
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-}
-
-// f(std::integral_constant<int, R>{}) with R = min(rows, 4): a batch's row count as a template argument
-template <class F>
-inline void with_rows4(int64_t rows, F&& f) {
-  switch (rows < 4 ? rows : 4) {
-    case 1: f(std::integral_constant<int, 1>{}); break;
-    case 2: f(std::integral_constant<int, 2>{}); break;
-    case 3: f(std::integral_constant<int, 3>{}); break;
-    default: f(std::integral_constant<int, 4>{});
-  }
 }
 
 inline float hsum8(__m256 v) {
@@ -53,12 +40,7 @@ inline void store_tile(const YView& y, int64_t m, int64_t n0, __m256 lo, __m256 
   alignas(32) float v[16];
   _mm256_store_ps(v, lo);
   _mm256_store_ps(v + 8, hi);
-  for (int i = 0; i < 16 && n0 + i < y.N; ++i) {
-    const int64_t n = n0 + i;
-    float r = y.rowscale ? v[i] * y.rowscale[n] : v[i];
-    if (y.bias) r += load_act(y.bias, n, y.bdt);
-    store_out(y.p, m * y.ld + n, r, y.dt);
-  }
+  store_tile_values(y, m, n0, v);
 }
 
 }  // namespace qrt

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <type_traits>
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 #elif defined(__aarch64__)
@@ -49,6 +50,17 @@ struct YView {
   int64_t N;
   const float* rowscale = nullptr;
 };
+
+// f(std::integral_constant<int, R>{}) with R = min(rows, 4): a batch's row count as a template argument
+template <class F>
+inline void with_rows4(int64_t rows, F&& f) {
+  switch (rows < 4 ? rows : 4) {
+    case 1: f(std::integral_constant<int, 1>{}); break;
+    case 2: f(std::integral_constant<int, 2>{}); break;
+    case 3: f(std::integral_constant<int, 3>{}); break;
+    default: f(std::integral_constant<int, 4>{});
+  }
+}
 
 // an fp32's bits and back (memcpy: no aliasing rules broken)
 inline uint32_t bits_of(float f) {
@@ -103,6 +115,17 @@ inline void store_out(void* p, int64_t i, float v, int32_t dtype) {
     case BF16: static_cast<uint16_t*>(p)[i] = f32_to_bf16(v); break;
     case F16: static_cast<uint16_t*>(p)[i] = f32_to_f16(v); break;
     default: static_cast<float*>(p)[i] = v;
+  }
+}
+
+// Row m of one 16-row output tile from its fp32 sums v[16]: y[m * ld + n] for n = n0 + i < N, times the
+// row multiplier (when given) plus the bias (when given), rounded once to the output dtype.
+inline void store_tile_values(const YView& y, int64_t m, int64_t n0, const float* v) {
+  for (int i = 0; i < 16 && n0 + i < y.N; ++i) {
+    const int64_t n = n0 + i;
+    float r = y.rowscale ? v[i] * y.rowscale[n] : v[i];
+    if (y.bias) r += load_act(y.bias, n, y.bdt);
+    store_out(y.p, m * y.ld + n, r, y.dt);
   }
 }
 

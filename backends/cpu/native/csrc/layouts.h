@@ -1,6 +1,7 @@
 // The int64 descriptors Python builds per prepared weight (pointers as integers), shared by the
 // builds that read one layout: wint.cpp, wint_avx2.cpp and wint_neon.cpp (wint_native.py WINT_FIELDS),
-// lut.cpp and lut_avx2.cpp (lut_native.py FIELDS, then AVX2_FIELDS, which lut.cpp does not read).
+// lut.cpp, lut_avx2.cpp and lut_neon.cpp (lut_native.py FIELDS, then GEMV_FIELDS, which lut.cpp does not
+// read).
 #pragma once
 
 // an integer weight: codes, scales, zeros, act-order permutation, sizes, bits, fold
@@ -37,7 +38,7 @@ struct WintStep<3> {
 
 // a W8A8 int8 weight
 enum A8Field : int { A_Q, A_SCALES, A_N, A_K, A_KP, A_T, A_LEN };
-// a code-book or float weight; the AVX2 build adds the fp32 code book and the fp8 format
+// a code-book or float weight; the GEMV builds add the fp32 code book and the fp8 format
 enum LutField : int {
   L_Q, L_SCALES, L_ROWSCALE, L_TAB, L_N, L_K, L_KP, L_T, L_NG, L_BITS, L_FOLD, L_SKIND, L_KC, L_HASLO, L_PRE,
   L_TAB32, L_FP8, L_LEN

@@ -10,7 +10,6 @@
 #include "layouts.h"
 
 #include <algorithm>
-#include <type_traits>
 
 namespace {
 
@@ -123,11 +122,7 @@ void gemv_rows(const int64_t* d, const float* xs, const float* xsum, int64_t nf,
     float v[16];
     for (int r = 0; r < R; ++r) {
       for (int i = 0; i < 4; ++i) vst1q_f32(v + 4 * i, tot[r][i]);
-      for (int i = 0; i < TILE && t * TILE + i < y.N; ++i) {
-        const int64_t n = t * TILE + i;
-        const float b = y.bias ? qrt::load_act(y.bias, n, y.bdt) : 0.f;
-        qrt::store_out(y.p, (m0 + r) * y.ld + n, v[i] + b, y.dt);
-      }
+      qrt::store_tile_values(y, m0 + r, t * TILE, v);
     }
   }
 }
@@ -143,12 +138,7 @@ int run(const int64_t* d, const void* x, int32_t xdt, int64_t M, int64_t sxm, in
   for (int64_t m0 = 0; m0 < M; m0 += MR) {
     const float* xr = xs + m0 * Kp;
     const float* sr = xsum + m0 * nf;
-    switch (std::min<int64_t>(MR, M - m0)) {
-      case 1: gemv_rows<B, 1>(d, xr, sr, nf, y, m0, threads); break;
-      case 2: gemv_rows<B, 2>(d, xr, sr, nf, y, m0, threads); break;
-      case 3: gemv_rows<B, 3>(d, xr, sr, nf, y, m0, threads); break;
-      default: gemv_rows<B, 4>(d, xr, sr, nf, y, m0, threads); break;
-    }
+    qrt::with_rows4(M - m0, [&](auto r) { gemv_rows<B, decltype(r)::value>(d, xr, sr, nf, y, m0, threads); });
   }
   return 0;
 }
