@@ -3,6 +3,9 @@
 // lut.cpp, lut_avx2.cpp and lut_neon.cpp (lut_native.py FIELDS, then GEMV_FIELDS, which lut.cpp does not
 // read).
 #pragma once
+#include "common.h"
+
+#include <algorithm>
 
 // an integer weight: codes, scales, zeros, act-order permutation, sizes, bits, fold
 enum WintField : int {
@@ -35,6 +38,22 @@ struct WintStep<3> {
   static constexpr int S = 8, BYTES = 48;
   static constexpr int P[8] = {0, 0, 0, 0, 0, 0, 0, 0};
 };
+
+// One activation row prepared for a GEMV that decodes WintStep<B> codes in place, from element k0 on
+// (the elements before it done by the caller, whole folds of them): row[k] = x[perm[k]] (zero from K
+// to Kp), xsum[f] = the fold's sum, then row[k] scaled by 2^-P[k mod S] (exact: a power of two).
+template <int B>
+inline void wint_prep_row(const void* x, int32_t dt, int64_t off, int64_t sk, const int32_t* perm, int64_t K,
+                          int64_t Kp, int64_t fold, int64_t nf, int64_t k0, float* row, float* xsum) {
+  constexpr int S = WintStep<B>::S;
+  for (int64_t k = k0; k < Kp; ++k) row[k] = k < K ? qrt::load_act(x, off + (perm ? perm[k] : k) * sk, dt) : 0.f;
+  for (int64_t f = k0 / fold; f < nf; ++f) {
+    float s = 0.f;
+    for (int64_t k = f * fold; k < std::min(Kp, (f + 1) * fold); ++k) s += row[k];
+    xsum[f] = s;
+  }
+  for (int64_t k = k0; k < Kp; ++k) row[k] *= 1.f / float(1 << WintStep<B>::P[k % S]);
+}
 
 // a W8A8 int8 weight
 enum A8Field : int { A_Q, A_SCALES, A_N, A_K, A_KP, A_T, A_LEN };

@@ -106,13 +106,7 @@ void xprep(const void* x, int32_t dt, int64_t M, int64_t sm, int64_t sk, const i
       }
       k -= k % fold;  // the unfinished fold again, element by element
     }
-    for (int64_t i = k; i < Kp; ++i) row[i] = i < K ? qrt::load_act(x, m * sm + (perm ? perm[i] : i) * sk, dt) : 0.f;
-    for (int64_t f = k / fold; f < nf; ++f) {
-      float s = 0.f;
-      for (int64_t k = f * fold; k < std::min(Kp, (f + 1) * fold); ++k) s += row[k];
-      xsum[m * nf + f] = s;
-    }
-    for (int64_t i = k; i < Kp; ++i) row[i] *= mul[i % S];
+    wint_prep_row<B>(x, dt, m * sm, sk, perm, K, Kp, fold, nf, k, row, xsum + m * nf);
   }
 }
 

@@ -61,17 +61,8 @@ inline void decode(const uint8_t* q, int v, float32x4_t* c) {
 template <int B>
 void xprep(const void* x, int32_t dt, int64_t M, int64_t sm, int64_t sk, const int32_t* perm, int64_t K,
            int64_t Kp, int64_t fold, int64_t nf, float* xs, float* xsum) {
-  constexpr int S = Step<B>::S;
-  for (int64_t m = 0; m < M; ++m) {
-    float* row = xs + m * Kp;
-    for (int64_t k = 0; k < Kp; ++k) row[k] = k < K ? qrt::load_act(x, m * sm + (perm ? perm[k] : k) * sk, dt) : 0.f;
-    for (int64_t f = 0; f < nf; ++f) {
-      float s = 0.f;
-      for (int64_t k = f * fold; k < std::min(Kp, (f + 1) * fold); ++k) s += row[k];
-      xsum[m * nf + f] = s;
-    }
-    for (int64_t k = 0; k < Kp; ++k) row[k] *= 1.f / float(1 << Step<B>::P[k % S]);
-  }
+  for (int64_t m = 0; m < M; ++m)
+    wint_prep_row<B>(x, dt, m * sm, sk, perm, K, Kp, fold, nf, 0, xs + m * Kp, xsum + m * nf);
 }
 
 // the 16 fp32 results (before bias) of tile t for R activation rows
