@@ -14,7 +14,10 @@ memory. Both are exact:
   tables (the bf16 high and low bytes of 0, 0.5, 1, 1.5, 2, 3, 4, 6); ``prmt``'s sign-replicate mode
   makes the sign bits byte masks ORed into the high bytes; one packed ``fma`` per two values
   multiplies by the scale: value (2 significant bits) times an e4m3 or e8m0 scale (at most 4) is
-  exact in bf16, as the fp32 product the portable path rounds.
+  exact in bf16, as the fp32 product the portable path rounds. NVFP4's scales arrive re-encoded
+  at load (``bf16_byte_scales``: one shift makes a scale's bf16, times 2^-117, always normal) and
+  take tables of the values times 2^117, where an e4m3 byte would cost a conversion through fp16
+  and fp32 per scale.
 
 fp32 activations (and fp16 ones for e2m1, whose scales may leave fp16's range) take the portable
 decode; the Triton interpreter cannot run PTX, so the CPU tests run the portable decodes.
@@ -22,11 +25,12 @@ decode; the Triton interpreter cannot run PTX, so the CPU tests run the portable
 
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
 
 from quantrt.backends.triton.lut4 import _scale
-from quantrt.backends.triton.moe import _fp4_decode, _nibble_minus
+from quantrt.backends.triton.moe import BF16_BYTE_LIFT, _fp4_decode, _nibble_minus
 
 
 def _int4_asm(high: bool, magic: int, one: int, fma: str) -> tl.constexpr:
@@ -48,17 +52,34 @@ _INT4_BF16_HI = _int4_asm(True, 0x43004300, 0x3F803F80, "fma.rn.bf16x2")
 _INT4_F16_LO = _int4_asm(False, 0x64006400, 0x3C003C00, "fma.rn.f16x2")
 _INT4_F16_HI = _int4_asm(True, 0x64006400, 0x3C003C00, "fma.rn.f16x2")
 
-# e2m1 magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6 as bf16 0x0000 0x3F00 0x3F80 0x3FC0 0x4000 0x4040
-# 0x4080 0x40C0: high bytes {0x3F3F3F00, 0x40404040}, low bytes {0xC0800000, 0xC0804000}.
-# Both nibbles of four code bytes b0..b3 in one block ($4): the magnitudes masked in place are
-# prmt selectors as they lie (nibbles L0 H0 L1 H1 | L2 H2 L3 H3), four table lookups give the high
-# and low bytes of all eight values, the signs become byte masks by prmt's sign-replicate mode (the
-# low nibbles' sign bits shifted to their byte's top first) and are ORed into the high bytes, four
-# prmt pair the bytes into bf16x2 (L0 L1, L2 L3, H0 H1, H2 H3) and four packed fma apply the
-# scales ($5 $6: the low nibbles', $7 $8: the high ones'; the -0 addend keeps -0's sign).
-_E2M1_PAIR_BF16 = tl.constexpr("""{
+
+def _e2m1_tables(lift: int) -> tuple[int, int, int, int]:
+    """The bf16 high and low bytes of the e2m1 magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6 times 2^lift,
+    as two 4-byte ``prmt`` tables each: (high 0..3, high 4..7, low 0..3, low 4..7)."""
+    bits = [
+        int(torch.tensor(m * 2.0**lift).to(torch.bfloat16).view(torch.int16)) & 0xFFFF for m in E2M1_VALUES
+    ]
+    hi = [b >> 8 for b in bits]
+    lo = [b & 0xFF for b in bits]
+
+    def word(b: list[int]) -> int:
+        return b[0] | b[1] << 8 | b[2] << 16 | b[3] << 24
+
+    return word(hi[:4]), word(hi[4:]), word(lo[:4]), word(lo[4:])
+
+
+def _e2m1_asm(lift: int) -> tl.constexpr:
+    """Both nibbles of four code bytes b0..b3 in one block ($4): the magnitudes masked in place are
+    prmt selectors as they lie (nibbles L0 H0 L1 H1 | L2 H2 L3 H3), four table lookups give the high
+    and low bytes of all eight values (times 2^lift), the signs become byte masks by prmt's
+    sign-replicate mode (the low nibbles' sign bits shifted to their byte's top first) and are ORed
+    into the high bytes, four prmt pair the bytes into bf16x2 (L0 L1, L2 L3, H0 H1, H2 H3) and four
+    packed fma apply the scales ($5 $6: the low nibbles', $7 $8: the high ones'; the -0 addend keeps
+    -0's sign)."""
+    h0, h1, l0, l1 = _e2m1_tables(lift)
+    return tl.constexpr(f"""{{
 .reg .b32 m, sb, rl, h0, h1, l0, l1, hb0, hb1, lb0, lb1, sg0, sg1, t, mk, sm, nz;
-mov.b32 h0, 0x3F3F3F00; mov.b32 h1, 0x40404040; mov.b32 l0, 0xC0800000; mov.b32 l1, 0xC0804000;
+mov.b32 h0, {h0:#010x}; mov.b32 h1, {h1:#010x}; mov.b32 l0, {l0:#010x}; mov.b32 l1, {l1:#010x};
 mov.b32 mk, 0x77777777; mov.b32 sm, 0x80808080; mov.b32 nz, 0x80008000;
 and.b32 m, $4, mk;
 shr.b32 sb, m, 16;
@@ -79,7 +100,14 @@ prmt.b32 t, lb0, hb0, 0x7351;
 fma.rn.bf16x2 $2, t, $7, nz;
 prmt.b32 t, lb1, hb1, 0x7351;
 fma.rn.bf16x2 $3, t, $8, nz;
-}""")
+}}""")
+
+
+E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+#: e2m1 values times their e4m3/e8m0 scales decoded to bf16
+_E2M1_PAIR_BF16 = _e2m1_asm(0)
+#: the values times 2^117 against "bf16_byte" scales (backends/triton/moe.py bf16_byte_scales)
+_E2M1_PAIR_BF16_LIFTED = _e2m1_asm(BF16_BYTE_LIFT)
 
 
 @triton.jit
@@ -105,8 +133,16 @@ def int4_minus(w, z, HIGH: tl.constexpr, like):
 @triton.jit
 def _broadcast_scales(sc, SKIND: tl.constexpr, G: tl.constexpr, T: tl.constexpr, shape: tl.constexpr):
     """A half tile's stored scale codes ([BN, BK/2/G] when T else [BK/2/G, BN]) as bf16 values,
-    one per code (exact: 4 significant bits, in bf16's range)."""
-    s = _scale(sc, SKIND, False).to(tl.bfloat16)
+    one per code (exact: 4 significant bits, in bf16's range). "bf16_byte" codes (SKIND 3) widen by
+    one shift into the bf16 of the scale times 2^-117; e8m0 exponents are placed as bf16 bits (2^-127
+    as the subnormal it is); e4m3 goes through fp32 (:func:`.lut4._scale`)."""
+    if SKIND == 3:
+        s = (sc.to(tl.int16) << 4).to(tl.bfloat16, bitcast=True)
+    elif SKIND == 1:
+        sub = tl.full(sc.shape, 0x40, tl.int16)  # e = 0: 2^-127, bf16's 0x0040; others are larger
+        s = tl.maximum(sc.to(tl.int16) << 7, sub).to(tl.bfloat16, bitcast=True)
+    else:
+        s = _scale(sc, SKIND, False).to(tl.bfloat16)
     if T:
         s = tl.reshape(tl.broadcast_to(s[:, :, None], (shape[0], s.shape[1], G)), shape)
     else:
@@ -117,13 +153,19 @@ def _broadcast_scales(sc, SKIND: tl.constexpr, G: tl.constexpr, T: tl.constexpr,
 @triton.jit
 def e2m1_scaled(w, sc_lo, sc_hi, G: tl.constexpr, SKIND: tl.constexpr, T: tl.constexpr, like):
     """Both nibbles of the e2m1 codes times their group scales, in like's dtype: (low, high).
-    sc_lo/sc_hi: each half tile's stored e4m3/e8m0 scale codes."""
+    sc_lo/sc_hi: each half tile's stored e4m3/bf16_byte/e8m0 scale codes."""
     if like.dtype == tl.bfloat16:
         s_lo = _broadcast_scales(sc_lo, SKIND, G, T, w.shape)
         s_hi = _broadcast_scales(sc_hi, SKIND, G, T, w.shape)
-        lo, hi = tl.inline_asm_elementwise(
-            _E2M1_PAIR_BF16, "=r,=r,=r,=r,r,r,r,r,r", [w, s_lo, s_hi], (tl.bfloat16, tl.bfloat16), True, 4
-        )
+        if SKIND == 3:
+            lo, hi = tl.inline_asm_elementwise(
+                _E2M1_PAIR_BF16_LIFTED, "=r,=r,=r,=r,r,r,r,r,r", [w, s_lo, s_hi], (tl.bfloat16, tl.bfloat16),
+                True, 4,
+            )  # fmt: skip
+        else:
+            lo, hi = tl.inline_asm_elementwise(
+                _E2M1_PAIR_BF16, "=r,=r,=r,=r,r,r,r,r,r", [w, s_lo, s_hi], (tl.bfloat16, tl.bfloat16), True, 4
+            )
     else:
         lo, hi = _fp4_decode(w, sc_lo, sc_hi, G, SKIND, T, like)
     return lo, hi

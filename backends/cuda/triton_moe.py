@@ -585,7 +585,7 @@ class CudaTritonMoeFp4(CudaTritonMoe):
         )
 
     def prepare(self, weight: CanonicalExperts, spec: LayerSpec) -> PreparedExperts:
-        from quantrt.backends.triton.moe import MoeWeights, pair_nibbles
+        from quantrt.backends.triton.moe import MoeWeights, bf16_byte_scales, pair_nibbles
 
         s = weight.scheme
         nv = s.family == "nvfp4"
@@ -603,10 +603,13 @@ class CudaTritonMoeFp4(CudaTritonMoe):
             row = _per_row(weight["global_scale"], weight, "tensor")
         G = s.group_size
         assert G is not None
-        codes = pair_nibbles(weight["qweight"].contiguous(), weight.K, PAIR_SPAN)
+        codes = weight["qweight"].contiguous()
+        if nv:  # scales the K loop widens with one shift (bf16_byte_scales)
+            codes, scales = bf16_byte_scales(codes, scales, G)
+        codes = pair_nibbles(codes, weight.K, PAIR_SPAN)
         w = MoeWeights(
             "fp4", codes, scales.contiguous(), weight.E, weight.N, weight.K,
-            row_scale=row, group=G, scale_kind="e4m3" if nv else "e8m0", pair=PAIR_SPAN,
+            row_scale=row, group=G, scale_kind="bf16_byte" if nv else "e8m0", pair=PAIR_SPAN,
         )  # fmt: skip
         return self._prepared(w, spec)
 

@@ -28,8 +28,8 @@ epilogue, masked stores:
   and one dot. ``q - z`` is an exact integer in x's dtype (the magic-number decode for 16-bit
   floats); group scales [E, N, K/G] (``block_k`` divides G) multiply each tile's fp32 partial sum,
   channel scales [E, N] the accumulator once after the loop.
-* ``fp4``: NVFP4 / MXFP4 weight-only, codes paired as int4's, 1-byte scales [E, N, K/G] (e4m3 bits,
-  e8m0 exponents), NVFP4's global scale as an fp32 row scale [E, N]; value * scale is decoded exactly
+* ``fp4``: NVFP4 / MXFP4 weight-only, codes paired as int4's, 1-byte scales [E, N, K/G] (e4m3 bits or
+  :func:`bf16_byte_scales`' bytes, e8m0 exponents), NVFP4's global scale as an fp32 row scale [E, N]; value * scale is decoded exactly
   in fp32 (:func:`.lut4._values`, :func:`.lut4._scale`) and cast to x's dtype before the dots.
 * ``rowwise``: W8A8 fp8 (or int8) codes [E, N, K] with one weight scale per row [E, N] and activation
   scales per input row (``act_scale_mode`` "row") or per expert ("expert": x holds one row per
@@ -62,6 +62,11 @@ from .lut4 import SCALE_KINDS, _scale, _values
 
 #: MoeWeights.kind -> the kernel's KIND constexpr
 KINDS = {"int": 0, "fp4": 1, "rowwise": 2, "block": 3}
+#: fp4 scale kinds -> the kernel's SKIND constexpr: lut4's, and "bf16_byte" (NVFP4's e4m3 scales
+#: re-encoded at load by :func:`bf16_byte_scales`)
+FP4_SCALE_KINDS = {**SCALE_KINDS, "bf16_byte": 3}
+#: a "bf16_byte" scale byte c stands for the bf16 whose bits are c << 4, times 2^BF16_BYTE_LIFT
+BF16_BYTE_LIFT = 117
 #: activation-scale modes of the rowwise kind -> the kernel's ACT constexpr
 ACT_SCALE_MODES = {"none": 0, "row": 1, "expert": 2}
 
@@ -115,7 +120,7 @@ class MoeWeights:
     bits: int = 4
     group: int = 0  # int: the scale group along K (0: channel scales); fp4: 16 or 32
     block: tuple[int, int] = (0, 0)  # block kind: (bn, bk)
-    scale_kind: str = "e4m3"  # fp4: "e4m3" (NVFP4) or "e8m0" (MXFP4)
+    scale_kind: str = "e4m3"  # fp4: "e4m3" or "bf16_byte" (NVFP4), "e8m0" (MXFP4)
 
     pair: int = 0  # 4-bit codes: the pairing span of :func:`pair_nibbles` (0 for 8-bit codes)
 
@@ -154,6 +159,33 @@ def pair_nibbles(codes: torch.Tensor, K: int, span: int) -> torch.Tensor:
         v = torch.nn.functional.pad(v, (0, Kp - K)).reshape(N, Kp // (2 * span), 2, span)
         out[e] = (v[:, :, 0] | (v[:, :, 1] << 4)).reshape(N, Kp // 2)
     return out
+
+
+def bf16_byte_scales(
+    codes: torch.Tensor, scales: torch.Tensor, group: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """NVFP4's e4m3 scale bytes [..., K/G] re-encoded for the K loop, with the canonical e2m1 codes
+    [..., K/2] they scale: ``(codes, bytes)`` holding the same products code x scale.
+
+    Byte c is the scale's magnitude times 2^-117 as the bf16 whose bits are ``c << 4``: every e4m3
+    magnitude (2^-9 .. 448, at most 4 significant bits) lands on a normal bf16 whose low four bits are
+    zero and whose bits fit 12, so the K loop widens a scale with one shift instead of decoding e4m3
+    through fp16 and fp32; the 2^117 rides on the e2m1 values' table (:mod:`..cuda.triton_decode`).
+    A negative scale's group has its codes' sign bits flipped instead (e2m1 is sign-magnitude: the
+    same products). Scale codes must not be NaN (0x7F, 0xFF: the caller refuses them)."""
+    if group % 2 or codes.shape[-1] * 2 != scales.shape[-1] * group:
+        raise ValueError(
+            f"bf16_byte_scales: {list(codes.shape)} code bytes do not hold {list(scales.shape)} groups of {group}"
+        )
+    if codes.dim() > 2:  # one leading slice (an expert) at a time: the fp32 copies stay its size
+        parts = [bf16_byte_scales(c, sc, group) for c, sc in zip(codes, scales, strict=True)]
+        return torch.stack([p[0] for p in parts]), torch.stack([p[1] for p in parts])
+    s = scales.view(torch.uint8).view(torch.float8_e4m3fn).float()
+    lifted = (s.abs() * 2.0**-BF16_BYTE_LIFT).to(torch.bfloat16).view(torch.int16).to(torch.int32)
+    if lifted.numel() and (bool(((lifted & 0xF) != 0).any()) or int(lifted.max()) >> 4 > 255):
+        raise ValueError("bf16_byte_scales: a scale outside e4m3's magnitudes (NaN codes?)")
+    flip = (s < 0).repeat_interleave(group // 2, dim=-1).to(torch.uint8) * 0x88
+    return codes ^ flip, (lifted >> 4).to(torch.uint8)
 
 
 # -- the grouped GEMM ----------------------------------------------------------------------------
@@ -316,9 +348,19 @@ def _fp4_half(w, s, HIGH: tl.constexpr, G: tl.constexpr, SKIND: tl.constexpr, T:
 def _fp4_decode(w, sc_lo, sc_hi, G: tl.constexpr, SKIND: tl.constexpr, T: tl.constexpr, like):
     """The portable e2m1 decode of both nibbles: value * scale in fp32 (exact), cast to like's
     dtype; sc_lo/sc_hi hold each half tile's stored scale codes. Returns (low, high)."""
-    lo = _fp4_half(w, _scale(sc_lo, SKIND, True), False, G, SKIND, T).to(like.dtype)
-    hi = _fp4_half(w, _scale(sc_hi, SKIND, True), True, G, SKIND, T).to(like.dtype)
+    lo = _fp4_half(w, _fp4_scale(sc_lo, SKIND), False, G, SKIND, T).to(like.dtype)
+    hi = _fp4_half(w, _fp4_scale(sc_hi, SKIND), True, G, SKIND, T).to(like.dtype)
     return lo, hi
+
+
+@triton.jit
+def _fp4_scale(c, SKIND: tl.constexpr):
+    """Stored fp4 scale codes -> fp32, exact (e4m3 times e2m1's 2^14, as :func:`.lut4._scale`)."""
+    if SKIND == 3:  # bf16_byte: the bf16 of bits c << 4, times 2^117 (two steps: fp32's range)
+        s = (c.to(tl.int32) << 20).to(tl.float32, bitcast=True) * (2.0**58) * (2.0**59)
+    else:
+        s = _scale(c, SKIND, True)
+    return s
 
 
 @triton.jit
@@ -596,7 +638,7 @@ def moe_matmul(
         r.stride(0) if r is not None else 0, bias.stride(0) if bias is not None else 0, y.stride(-2),
         A * N if split else 0,
         KIND=kind, BITS=weights.bits, G=max(G, 1), P=weights.pair or 1,
-        QN=weights.block[0] or 1, QK=weights.block[1] or 1, SKIND=SCALE_KINDS[weights.scale_kind],
+        QN=weights.block[0] or 1, QK=weights.block[1] or 1, SKIND=FP4_SCALE_KINDS[weights.scale_kind],
         GROUPED=grouped, HAS_Z=z is not None, ACT=ACT_SCALE_MODES[act_scale_mode],
         INT_DOT=weights.w.dtype == torch.int8, HAS_R=r is not None, HAS_B=bias is not None,
         WEIGHTED=topk_weights is not None,

@@ -6,6 +6,7 @@ CUDA graph and compiles with ``torch.compile(fullgraph=True)`` through ``quantrt
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import pytest
 import torch
@@ -63,6 +64,21 @@ def experts(scheme: str, E: int, K: int, N: int, g: torch.Generator) -> Canonica
         w[:, torch.randint(0, K, (2,), generator=g)] *= 6
         ws.append(reference.quantize(w, scheme, calib=torch.randn(32, K, generator=g) * 2))
     return CanonicalExperts.stack(ws)
+
+
+def awkward_nvfp4(scheme: str, E: int, K: int, N: int, g: torch.Generator) -> CanonicalExperts:
+    """NVFP4 experts whose block scales the load-time re-encoding (``bf16_byte_scales``) must carry
+    exactly: a quarter negative (sign bit set), and expert 0's all subnormal e4m3 (codes 1..7, its
+    global scale raised 2^15 so its outputs keep their size)."""
+    c = experts(scheme, E, K, N, g)
+    t = dict(c.tensors)
+    s = t["scales"].view(torch.uint8).clone()
+    s[torch.rand(s.shape, generator=g) < 0.25] |= 0x80
+    s[0] = torch.randint(1, 8, s[0].shape, generator=g, dtype=torch.uint8) | (s[0] & 0x80)
+    t["scales"] = s.view(torch.float8_e4m3fn)
+    t["global_scale"] = t["global_scale"].clone()
+    t["global_scale"][0] *= 2.0**15
+    return CanonicalExperts(c.scheme, c.E, c.N, c.K, t, c.output_sizes)
 
 
 def weight_only(c: CanonicalExperts) -> CanonicalExperts:
@@ -233,6 +249,17 @@ def test_ptx_decodes_match_oracle(
         check_projection(scheme, E, K, N, split, dtype, decoders=(int4_minus, e2m1_scaled), swap=swap)
 
 
+@pytest.mark.parametrize("swap", [False, True], ids=["tiles", "swap"])
+def test_nvfp4_negative_and_subnormal_scales(swap: bool) -> None:
+    """NVFP4 scales re-encoded at load through the PTX decode's lifted tables: negative block scales
+    (their codes' signs flipped) and subnormal e4m3 ones (normal bf16 after the 2^-117 lift)."""
+    from quantrt.backends.cuda.triton_decode import e2m1_scaled, int4_minus
+
+    check_projection(
+        "w4a16-nvfp4", 5, 256, 72, True, decoders=(int4_minus, e2m1_scaled), swap=swap, make=awkward_nvfp4
+    )
+
+
 def check_projection(
     scheme: str,
     E: int,
@@ -242,9 +269,10 @@ def check_projection(
     dtype: torch.dtype = BF16,
     decoders: tuple | None = None,
     swap: bool | None = None,
+    make: Any = experts,
 ) -> None:
     g = torch.Generator().manual_seed(E + K + N)
-    c = experts(scheme, E, K, N, g)
+    c = make(scheme, E, K, N, g)
     spec = LayerSpec(c.scheme, K, N, act_dtype=dtype, op="grouped", num_experts=E)
     state = kernel_for(scheme)().prepare(c.to("cuda"), spec)
     if not split:

@@ -60,6 +60,8 @@ def _compile(cx: dict) -> str:
     sig = {p: PTRS.get(p, "constexpr" if p in cx else "i32") for p in params}
     if cx["KIND"] >= 2:
         sig.update(X="*fp8e4nv", W="*fp8e4nv", S="*fp32")
+    elif cx["KIND"] == 1:
+        sig.update(S="*u8")  # fp4 scale codes
     attrs = {(params.index(p),): [["tt.divisibility", 16]] for p in DIV16}
     k = triton.compile(
         ASTSource(moe._moe_kernel, sig, constexprs=cx, attrs=attrs),
@@ -74,7 +76,7 @@ WEIGHT_ONLY = {
     "int4-ch-asym-ragged": dict(KIND=0, BITS=4, GROUPED=False, HAS_Z=True, EVEN_K=False, BN=64, SPLIT_K=2),
     "int8-asym": dict(KIND=0, BITS=8, HAS_Z=True, P=1),
     "mxfp4": dict(KIND=1, G=32, SKIND=1),
-    "nvfp4-ragged": dict(KIND=1, G=16, SKIND=0, HAS_R=True, EVEN_K=False),
+    "nvfp4-ragged": dict(KIND=1, G=16, SKIND=3, HAS_R=True, EVEN_K=False),  # bf16_byte scales
 }
 VARIANTS = {
     **{

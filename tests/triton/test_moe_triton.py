@@ -187,6 +187,31 @@ def test_grouped_matches_oracle(scheme: str, kind: str, E: int, K: int, N: int, 
         assert err < TOL[dtype], (scheme, M, top_k, gather, split, err)
 
 
+def test_nvfp4_negative_and_subnormal_scales() -> None:
+    """NVFP4 block scales the load-time re-encoding (``bf16_byte_scales``) must carry exactly: a
+    quarter negative (their codes' signs flipped instead), and expert 0's all subnormal e4m3 (codes
+    1..7, its global scale raised 2^15 so its rows keep their size), through the portable decode."""
+    g = torch.Generator().manual_seed(29)
+    c = make_experts("w4a16-nvfp4", 3, 64, 40, g)
+    t = dict(c.tensors)
+    s = t["scales"].view(torch.uint8).clone()
+    s[torch.rand(s.shape, generator=g) < 0.25] |= 0x80
+    s[0] = torch.randint(1, 8, s[0].shape, generator=g, dtype=torch.uint8) | (s[0] & 0x80)
+    t["scales"] = s.view(torch.float8_e4m3fn)
+    t["global_scale"] = t["global_scale"].clone()
+    t["global_scale"][0] *= 2.0**15
+    experts = CanonicalExperts(c.scheme, c.E, c.N, c.K, t, c.output_sizes)
+    _, state = prepare("fp4", experts, torch.float32, False)
+    ids = torch.tensor([[0, 1], [2, 0], [0, 0], [1, 2]])
+    batch = ExpertBatch(ids.to(DEV), torch.rand(4, 2, generator=g).to(DEV) + 0.1, 3)
+    x = make_x(4, 64, "contig", torch.float32, g)
+    y = state(x, batch, gather=True, weighted=True)
+    ref = oracle(x, experts, batch, True, True, None, True)
+    zero = batch.ids.cpu() == 0
+    assert rel(y[zero], ref[zero]) < TOL[torch.float32]  # expert 0's rows alone: the subnormal scales
+    assert rel(y, ref) < TOL[torch.float32]
+
+
 @pytest.mark.parametrize(
     "tile",
     [

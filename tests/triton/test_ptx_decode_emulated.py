@@ -7,6 +7,7 @@ agrees is tests/gpu/test_moe_cuda.py's ``ptx`` tests."""
 
 from __future__ import annotations
 
+import operator
 import struct
 
 import numpy as np
@@ -67,7 +68,13 @@ def run(asm: str, inputs: list[int], n_out: int = 2) -> list[int]:
             put(args[0], lop3(val(args[1]), val(args[2]), val(args[3]), val(args[4])))
         elif op in ("shr.b32", "shl.b32", "and.b32", "or.b32"):
             a, b = val(args[1]), val(args[2])
-            put(args[0], {"shr.b32": a >> b, "shl.b32": a << b, "and.b32": a & b, "or.b32": a | b}[op])
+            fn = {  # only the one op: a << (a mask) would build a huge int
+                "shr.b32": operator.rshift,
+                "shl.b32": operator.lshift,
+                "and.b32": operator.and_,
+                "or.b32": operator.or_,
+            }
+            put(args[0], fn[op](a, b))
         elif op in ("fma.rn.bf16x2", "fma.rn.f16x2"):
             kind = "bf16" if "bf16" in op else "f16"
             a, b, c = (_f16x2(val(x), kind) for x in args[1:4])
@@ -123,3 +130,30 @@ def test_e2m1_scaled() -> None:
         assert [str(g).startswith("-") for g, nz in zip(got, neg_zero, strict=True) if nz] == [True] * sum(
             neg_zero
         )
+
+
+def test_e2m1_lifted_against_bf16_byte_scales() -> None:
+    """NVFP4's path: e4m3 scales re-encoded by ``bf16_byte_scales`` (one per code byte here, group 2;
+    negative ones flip their codes' signs), widened as the kernel does (bits ``c << 4``) and fed to the
+    block with the tables times 2^117: every product equals e2m1 value x e4m3 scale, over every e4m3
+    code but the NaNs, subnormal scales included."""
+    from quantrt.backends.triton.moe import bf16_byte_scales
+
+    asm = td._E2M1_PAIR_BF16_LIFTED.value
+    e4m3 = [c for c in range(256) if c & 0x7F != 0x7F]
+    rng = np.random.default_rng(11)
+    for i in range(600):
+        b = [int(v) for v in rng.integers(0, 256, 4)]
+        sc = [e4m3[(4 * i + j) % len(e4m3)] for j in range(4)]  # every code, in turn
+        codes, c = bf16_byte_scales(
+            torch.tensor([b], dtype=torch.uint8), torch.tensor([sc], dtype=torch.uint8), 2
+        )
+        w = [int(v) for v in codes[0]]
+        s16 = [int(v) << 4 for v in c[0]]
+        pairs = [s16[0] | s16[1] << 16, s16[2] | s16[3] << 16]
+        outs = run(asm, [w[0] | w[1] << 8 | w[2] << 16 | w[3] << 24, *pairs, *pairs], 4)
+        got = [v for o in outs for v in _f16x2(o, "bf16")]
+        scale = torch.tensor(sc, dtype=torch.uint8).view(torch.float8_e4m3fn).float().tolist()
+        codes_in = [x & 0xF for x in b] + [x >> 4 for x in b]
+        want = [(-1.0 if q & 8 else 1.0) * E2M1[q & 7] * scale[j % 4] for j, q in enumerate(codes_in)]
+        assert got == want, (b, sc, got, want)
