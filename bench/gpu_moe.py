@@ -29,7 +29,8 @@ shape's baseline, then scheme by scheme, both shapes each) spreads a cut-off ove
 rewritten after every cell; a compact table and the targets' verdicts are printed last.
 
 ``--sweep`` times tile candidates instead (every bucket forced to one tile, CUDA-graph replay of the
-whole layer) and ``--table`` writes the best per rows-per-expert bucket as
+whole layer; the K split off, or as the table sets it with ``--sweep-split``: a small batch's second
+projection of a long K wants it) and ``--table`` writes the best per rows-per-expert bucket as
 ``backends/cuda/tunings/moe_<arch>.json`` takes it.
 """
 
@@ -484,7 +485,8 @@ def sweep(args: argparse.Namespace) -> dict:
             try:
                 for p, lay in zip(projections, saved):
                     t = _fit(tile, lay.weights)
-                    p.state.layout = dataclasses.replace(lay, tiles=(t,) * 5, targets=(0,) * 5)
+                    targets = lay.targets if args.sweep_split else (0,) * 5
+                    p.state.layout = dataclasses.replace(lay, tiles=(t,) * 5, targets=targets, _split={})
                 us, err = graph_us(partial(m, x, ids, w))
                 res[json.dumps(dataclasses.asdict(tile))] = us if us is not None else err
             except Exception as e:
@@ -584,6 +586,11 @@ def main() -> int:
     ap.add_argument("--sweep", action="store_true")
     ap.add_argument("--sweep-shape", default="mixtral")
     ap.add_argument("--sweep-scheme", default="w4a16-int-g128")
+    ap.add_argument(
+        "--sweep-split",
+        action="store_true",
+        help="keep each projection's K-split targets from the table (default: the split off)",
+    )
     ap.add_argument("--table", default=None)
     ap.add_argument("--profile", action="store_true", help="kernel breakdown of --sweep-shape/--sweep-scheme")
     ap.add_argument("--profile-reps", type=int, default=20)
