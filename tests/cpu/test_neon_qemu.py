@@ -1,8 +1,8 @@
 """The NEON builds of the native CPU kernels, cross-compiled here and run under qemu-aarch64 user
 emulation on small awkward shapes: GGUF (native/csrc/gguf.cpp) on every type against the independent
-integer reference (gguf_reference.py), with the dot-product extension (SDOT) and without it; the
-integer weight-only kernel (native/csrc/wint_neon.cpp) on cpu.native_wint's prepared layout and the
-code-book/float kernel (native/csrc/lut_neon.cpp) on cpu.native_lut's, against the fp32 reference:
+integer reference (gguf_reference.py), without the dot-product extension, with it (SDOT) and with
+the int8 matrix-multiply one (SMMLA), which must agree bit for bit; the integer weight-only kernel
+(native/csrc/wint_neon.cpp) on cpu.native_wint's prepared layout and the code-book/float kernel (native/csrc/lut_neon.cpp) on cpu.native_lut's, against the fp32 reference:
 every bit width, granularity, zero points and act-order; NF4, bnb FP4, NVFP4, MXFP4, fp8 (W8A8 fp8
 through its activation quantization).
 
@@ -11,10 +11,12 @@ Needs a cross compiler (g++-aarch64-linux-gnu) and qemu-user: ci/setup.sh instal
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import struct
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -44,8 +46,9 @@ pytestmark = pytest.mark.skipif(
     bool(MISSING), reason=f"needs {', '.join(MISSING)} (ci/setup.sh installs them)"
 )
 CROSS = Path(__file__).parent / "cross"
-#: -march levels: plain ARMv8 NEON (the widening-multiply path), and ARMv8.2 with SDOT
-MARCH = {"neon": "armv8-a", "dotprod": "armv8.2-a+dotprod"}
+#: -march levels: plain ARMv8 NEON (the widening-multiply path), ARMv8.2 with SDOT, and ARMv8.6 with
+#: SMMLA (qemu's default cpu "max" emulates FEAT_I8MM)
+MARCH = {"neon": "armv8-a", "dotprod": "armv8.2-a+dotprod", "i8mm": "armv8.6-a+i8mm"}
 EXACT = 1e-5
 
 
@@ -68,10 +71,21 @@ def qemu(binary: Path, src: Path, dst: Path) -> bytes:
     return dst.read_bytes()
 
 
+@pytest.fixture(scope="module")
+def gguf_build(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+    """The GGUF driver at a MARCH level, each level built once for the module."""
+    root = tmp_path_factory.mktemp("neon")
+
+    @functools.cache
+    def build(level: str) -> Path:
+        return cross_build(root / f"gguf-{level}", MARCH[level], "gguf_harness.cpp", "gguf.cpp")
+
+    return build
+
+
 @pytest.fixture(scope="module", params=sorted(MARCH))
-def binary(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("neon") / f"gguf-{request.param}"
-    return cross_build(out, MARCH[request.param], "gguf_harness.cpp", "gguf.cpp")
+def binary(request: pytest.FixtureRequest, gguf_build: Callable[[str], Path]) -> Path:
+    return gguf_build(request.param)
 
 
 def run(binary: Path, gtype: str, q: torch.Tensor, x: torch.Tensor, tmp: Path) -> tuple[int, torch.Tensor]:
@@ -88,23 +102,45 @@ def run(binary: Path, gtype: str, q: torch.Tensor, x: torch.Tensor, tmp: Path) -
     return group, torch.from_numpy(np.frombuffer(raw[4:], dtype="<f4").copy()).reshape(M, N)
 
 
-@pytest.mark.parametrize("gtype", sorted(GGUF_TYPES))
-def test_every_type_against_the_integer_reference(binary: Path, gtype: str, tmp_path: Path) -> None:
-    """Random bytes in every field (codes, scales, mins, signs) with finite f16 scales; N = 19 rows,
-    3 blocks along K, M = 5 rows of x with outliers; the NEON build keeps every row canonical."""
+def problem(gtype: str, M: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random bytes in every field (codes, scales, mins, signs) with finite f16 scales, N = 19 rows (odd:
+    the SMMLA build's last weight row has no partner), 3 blocks along K; M rows of x with outliers, row 2
+    (where there is one) all zero: zero scales, zero outputs."""
     B = GGUF_TYPES[gtype][0]
-    seed = int.from_bytes(os.urandom(4), "little")
     q = random_blocks(gtype, 19, 3 * B, seed)
     g = torch.Generator().manual_seed(seed)
-    x = torch.randn(5, 3 * B, generator=g)
+    x = torch.randn(M, 3 * B, generator=g)
     x[:, torch.randint(0, 3 * B, (3,), generator=g)] *= 20
-    x[2] = 0.0  # an all-zero activation row: zero scales, zero outputs
-    group, y = run(binary, gtype, q, x, tmp_path)
-    assert group == 0
-    ref = integer_reference(x, q, gtype)
-    assert not y[2].any()
-    err = float((y.double() - ref).norm() / ref.norm())
-    assert err < EXACT, f"{gtype} seed {seed}: {err:.3g}"
+    if M > 2:
+        x[2] = 0.0
+    return q, x
+
+
+@pytest.mark.parametrize("gtype", sorted(GGUF_TYPES))
+def test_every_type_against_the_integer_reference(binary: Path, gtype: str, tmp_path: Path) -> None:
+    """M = 1, 6 and 7: the kernel takes activation rows 4 at a time, so every count 1 to 4 runs, and an
+    odd one leaves the SMMLA build a row for SDOT; the NEON builds keep every row canonical."""
+    seed = int.from_bytes(os.urandom(4), "little")
+    for M in (1, 6, 7):
+        q, x = problem(gtype, M, seed)
+        group, y = run(binary, gtype, q, x, tmp_path)
+        assert group == 0
+        ref = integer_reference(x, q, gtype)
+        if M > 2:
+            assert not y[2].any()
+        err = float((y.double() - ref).norm() / ref.norm())
+        assert err < EXACT, f"{gtype} M={M} seed {seed}: {err:.3g}"
+
+
+@pytest.mark.parametrize("gtype", sorted(GGUF_TYPES))
+def test_builds_agree_bit_for_bit(gguf_build: Callable[[str], Path], gtype: str, tmp_path: Path) -> None:
+    """Every block's integer sum is exact and each build adds it to its row by the same fp32 expression,
+    so plain NEON, SDOT and SMMLA give the same bits; M = 5: two SMMLA pairs, then a row for SDOT."""
+    seed = int.from_bytes(os.urandom(4), "little")
+    q, x = problem(gtype, 5, seed)
+    ys = {level: run(gguf_build(level), gtype, q, x, tmp_path)[1] for level in sorted(MARCH)}
+    for level, y in ys.items():
+        assert torch.equal(y.view(torch.int32), ys["neon"].view(torch.int32)), f"{gtype} {level} seed {seed}"
 
 
 # -- the weight-only GEMVs on the x86 kernels' prepared layouts --------------------------------------

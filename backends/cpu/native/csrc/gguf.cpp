@@ -52,6 +52,11 @@
 #else
 #define QRT_GGUF_NEON 0
 #endif
+#if QRT_GGUF_NEON && defined(__ARM_FEATURE_MATMUL_INT8)
+#define QRT_GGUF_I8MM 1
+#else
+#define QRT_GGUF_I8MM 0
+#endif
 
 namespace {
 
@@ -490,12 +495,20 @@ float row_dot_scalar(int32_t t, const uint8_t* row, int64_t nb, const XRow& x) {
 
 // ---- NEON path (aarch64): canonical rows, 16 codes per 128-bit vector ----------------------------
 // Every type's block is decoded 32 codes at a time into two int8x16 vectors of signed codes (the
-// type's offset applied) and met by the activation codes in signed 4-byte dot products: SDOT where
-// the CPU has the dot-product extension (__ARM_FEATURE_DOTPROD), else widening multiplies and
-// pairwise accumulation. Sub-block sums are scaled in int32 vectors and reduced once per block, so
-// each block's sum is the exact integer of the scalar path, scaled by the same fp32 expression.
+// type's offset applied), once for up to 4 activation rows, and met by each row's activation codes
+// in signed 4-byte dot products: SDOT where the CPU has the dot-product extension
+// (__ARM_FEATURE_DOTPROD), else widening multiplies and pairwise accumulation. With the int8 matrix
+// multiply extension (__ARM_FEATURE_MATMUL_INT8) two weight rows are decoded together and each pair
+// of activation rows meets them in SMMLA (one instruction: 2 activation rows x 2 weight rows x 8
+// codes); an odd activation row takes SDOT. Sub-block sums are scaled in int32 vectors and reduced
+// once per block, so each block's sum is the exact integer of the scalar path, and every path adds
+// it to the row's accumulator by the same fp32 expression (neon_legacy_term, neon_k_term): the
+// builds agree bit for bit.
 #if QRT_GGUF_NEON
-inline int32x4_t sdot16(int32x4_t acc, int8x16_t a, int8x16_t b) {
+// the helpers must inline: the type and chunk index they switch on are constants only there
+#define QRT_NEON_INLINE inline __attribute__((always_inline))
+
+QRT_NEON_INLINE int32x4_t sdot16(int32x4_t acc, int8x16_t a, int8x16_t b) {
 #if defined(__ARM_FEATURE_DOTPROD)
   return vdotq_s32(acc, a, b);
 #else
@@ -510,103 +523,301 @@ inline uint8x16_t fifth16(uint32_t bits) {
   return vandq_u8(vtstq_u8(b, vld1q_u8(sel)), vdupq_n_u8(16));
 }
 
-float row_dot_neon(int32_t t, const uint8_t* row, int64_t nb, const XRow& x) {
-  const int B = kInfo[t].B, T = kInfo[t].T;
-  const uint8x16_t m4 = vdupq_n_u8(15), m3 = vdupq_n_u8(3);
-  float acc = 0.f;
-  for (int64_t i = 0; i < nb; ++i) {
-    const uint8_t* b = row + i * T;
-    const int8_t* xq = x.q + i * B;
-    if (!is_k(t)) {
-      int8x16_t lo, hi;
-      float d = f16(b), m = 0.f;
-      if (t == Q8_0) {
-        lo = vld1q_s8(reinterpret_cast<const int8_t*>(b + 2));
-        hi = vld1q_s8(reinterpret_cast<const int8_t*>(b + 18));
-      } else {
-        const bool asym = t == Q4_1 || t == Q5_1, five = t == Q5_0 || t == Q5_1;
-        if (asym) m = f16(b + 2);
-        const uint8x16_t v = vld1q_u8(b + (asym ? 4 : 2) + (five ? 4 : 0));
-        uint8x16_t ul = vandq_u8(v, m4), uh = vshrq_n_u8(v, 4);
-        if (five) {
-          const uint32_t qh = u32(b + (asym ? 4 : 2));
-          ul = vorrq_u8(ul, fifth16(qh));
-          uh = vorrq_u8(uh, fifth16(qh >> 16));
-        }
-        const uint8x16_t zero = vdupq_n_u8(uint8_t(asym ? 0 : (five ? 16 : 8)));
-        lo = s8(vsubq_u8(ul, zero));
-        hi = s8(vsubq_u8(uh, zero));
-      }
-      const int32_t s = vaddvq_s32(sdot16(sdot16(vdupq_n_s32(0), lo, vld1q_s8(xq)), hi, vld1q_s8(xq + 16)));
-      acc += d * x.d[i] * float(s) + m * x.d[i] * float(x.s32[i]);
-      continue;
-    }
-    int32_t sc[16], mn[16] = {};
-    float d, dmin = 0.f;
-    if (t == Q2_K) {
-      d = f16(b + 80), dmin = f16(b + 82);
-      for (int u = 0; u < 16; ++u) sc[u] = b[u] & 15, mn[u] = b[u] >> 4;
-    } else if (t == Q3_K) {
-      d = f16(b + 108);
-      k3_scales(b + 96, sc);
-    } else if (t == Q4_K || t == Q5_K) {
-      d = f16(b), dmin = f16(b + 2);
-      k4_scales(b + 4, sc, mn);
-    } else {
-      d = f16(b + 208);
-      for (int u = 0; u < 16; ++u) sc[u] = static_cast<int8_t>(b[192 + u]);
-    }
-    const bool sub16 = t == Q2_K || t == Q3_K || t == Q6_K;
-    int32x4_t sumi = vdupq_n_s32(0);
-    for (int k = 0; k < 8; ++k) {  // chunk k: elements 32k .. 32k + 31, in two halves of 16
-      const int n = k / 4, s = k % 4;
-      uint8x16_t q[2];
-      for (int h = 0; h < 2; ++h) {
-        const int l = 16 * h;  // element 32k + l + j, j < 16
-        switch (t) {
-          case Q2_K: q[h] = vandq_u8(vshlq_u8(vld1q_u8(b + 16 + 32 * n + l), vdupq_n_s8(int8_t(-2 * s))), m3); break;
-          case Q3_K: {
-            const uint8x16_t low = vandq_u8(vshlq_u8(vld1q_u8(b + 32 + 32 * n + l), vdupq_n_s8(int8_t(-2 * s))), m3);
-            const uint8x16_t hb = vandq_u8(vshlq_u8(vld1q_u8(b + l), vdupq_n_s8(int8_t(-k))), vdupq_n_u8(1));
-            q[h] = vsubq_u8(vorrq_u8(low, vshlq_n_u8(hb, 2)), vdupq_n_u8(4));
-            break;
-          }
-          case Q4_K:
-          case Q5_K: {
-            const uint8x16_t v = vld1q_u8(b + (t == Q5_K ? 48 : 16) + 32 * (k / 2) + l);
-            q[h] = k % 2 ? vshrq_n_u8(v, 4) : vandq_u8(v, m4);
-            if (t == Q5_K) {
-              const uint8x16_t hb = vandq_u8(vshlq_u8(vld1q_u8(b + 16 + l), vdupq_n_s8(int8_t(-k))), vdupq_n_u8(1));
-              q[h] = vorrq_u8(q[h], vshlq_n_u8(hb, 4));
-            }
-            break;
-          }
-          default: {  // Q6_K
-            const uint8x16_t lv = vld1q_u8(b + 64 * n + 32 * (s % 2) + l);
-            const uint8x16_t low = s >= 2 ? vshrq_n_u8(lv, 4) : vandq_u8(lv, m4);
-            const uint8x16_t high = vandq_u8(vshlq_u8(vld1q_u8(b + 128 + 32 * n + l), vdupq_n_s8(int8_t(-2 * s))), m3);
-            q[h] = vsubq_u8(vorrq_u8(low, vshlq_n_u8(high, 4)), vdupq_n_u8(32));
-          }
-        }
-      }
-      const int8_t* xk = xq + 32 * k;
-      const int32x4_t d0 = sdot16(vdupq_n_s32(0), s8(q[0]), vld1q_s8(xk));
-      const int32x4_t d1 = sdot16(vdupq_n_s32(0), s8(q[1]), vld1q_s8(xk + 16));
-      if (sub16) {
-        sumi = vmlaq_n_s32(vmlaq_n_s32(sumi, d0, sc[2 * k]), d1, sc[2 * k + 1]);
-      } else {
-        sumi = vmlaq_n_s32(sumi, vaddq_s32(d0, d1), sc[k]);
-      }
-    }
-    int32_t summ = 0;
-    if (sub16)
-      for (int u = 0; u < 16; ++u) summ += mn[u] * x.s16[i * 16 + u];
-    else
-      for (int u = 0; u < 8; ++u) summ += mn[u] * x.s32[i * 8 + u];
-    acc += d * x.d[i] * float(vaddvq_s32(sumi)) - dmin * x.d[i] * float(summ);
+// A legacy block decoded: 32 signed codes (q[0]: elements 0-15, q[1]: 16-31), w = d * q + m.
+struct NeonLegacy {
+  int8x16_t q[2];
+  float d, m;
+};
+QRT_NEON_INLINE NeonLegacy neon_legacy(int32_t t, const uint8_t* b) {
+  NeonLegacy o;
+  o.d = f16(b);
+  o.m = 0.f;
+  if (t == Q8_0) {
+    o.q[0] = vld1q_s8(reinterpret_cast<const int8_t*>(b + 2));
+    o.q[1] = vld1q_s8(reinterpret_cast<const int8_t*>(b + 18));
+    return o;
   }
-  return acc;
+  const bool asym = t == Q4_1 || t == Q5_1, five = t == Q5_0 || t == Q5_1;
+  if (asym) o.m = f16(b + 2);
+  const uint8x16_t v = vld1q_u8(b + (asym ? 4 : 2) + (five ? 4 : 0));
+  uint8x16_t ul = vandq_u8(v, vdupq_n_u8(15)), uh = vshrq_n_u8(v, 4);
+  if (five) {
+    const uint32_t qh = u32(b + (asym ? 4 : 2));
+    ul = vorrq_u8(ul, fifth16(qh));
+    uh = vorrq_u8(uh, fifth16(qh >> 16));
+  }
+  const uint8x16_t zero = vdupq_n_u8(uint8_t(asym ? 0 : (five ? 16 : 8)));
+  o.q[0] = s8(vsubq_u8(ul, zero));
+  o.q[1] = s8(vsubq_u8(uh, zero));
+  return o;
 }
+
+// A K-quant super-block's scales: d, dmin, a scale and a min per sub-block (16 of 16 codes for
+// Q2_K, Q3_K, Q6_K; 8 of 32 for Q4_K, Q5_K), w = d * sc * q - dmin * mn.
+struct NeonKHead {
+  int32_t sc[16], mn[16];
+  float d, dmin;
+};
+constexpr bool sub16(int32_t t) { return t == Q2_K || t == Q3_K || t == Q6_K; }
+constexpr bool has_mins(int32_t t) { return t == Q2_K || t == Q4_K || t == Q5_K; }
+QRT_NEON_INLINE void neon_k_head(int32_t t, const uint8_t* b, NeonKHead& h) {
+  h.dmin = 0.f;
+  for (int u = 0; u < 16; ++u) h.mn[u] = 0;
+  if (t == Q2_K) {
+    h.d = f16(b + 80), h.dmin = f16(b + 82);
+    for (int u = 0; u < 16; ++u) h.sc[u] = b[u] & 15, h.mn[u] = b[u] >> 4;
+  } else if (t == Q3_K) {
+    h.d = f16(b + 108);
+    k3_scales(b + 96, h.sc);
+  } else if (t == Q4_K || t == Q5_K) {
+    h.d = f16(b), h.dmin = f16(b + 2);
+    k4_scales(b + 4, h.sc, h.mn);
+  } else {
+    h.d = f16(b + 208);
+    for (int u = 0; u < 16; ++u) h.sc[u] = static_cast<int8_t>(b[192 + u]);
+  }
+}
+
+// chunk k (elements 32k .. 32k + 31) of a K-quant super-block as signed codes, in two halves of 16
+QRT_NEON_INLINE void neon_k_chunk(int32_t t, const uint8_t* b, int k, int8x16_t* q) {
+  const uint8x16_t m4 = vdupq_n_u8(15), m3 = vdupq_n_u8(3);
+  const int n = k / 4, s = k % 4;
+  for (int h = 0; h < 2; ++h) {
+    const int l = 16 * h;  // element 32k + l + j, j < 16
+    uint8x16_t u;
+    switch (t) {
+      case Q2_K: u = vandq_u8(vshlq_u8(vld1q_u8(b + 16 + 32 * n + l), vdupq_n_s8(int8_t(-2 * s))), m3); break;
+      case Q3_K: {
+        const uint8x16_t low = vandq_u8(vshlq_u8(vld1q_u8(b + 32 + 32 * n + l), vdupq_n_s8(int8_t(-2 * s))), m3);
+        const uint8x16_t hb = vandq_u8(vshlq_u8(vld1q_u8(b + l), vdupq_n_s8(int8_t(-k))), vdupq_n_u8(1));
+        u = vsubq_u8(vorrq_u8(low, vshlq_n_u8(hb, 2)), vdupq_n_u8(4));
+        break;
+      }
+      case Q4_K:
+      case Q5_K: {
+        const uint8x16_t v = vld1q_u8(b + (t == Q5_K ? 48 : 16) + 32 * (k / 2) + l);
+        u = k % 2 ? vshrq_n_u8(v, 4) : vandq_u8(v, m4);
+        if (t == Q5_K) {
+          const uint8x16_t hb = vandq_u8(vshlq_u8(vld1q_u8(b + 16 + l), vdupq_n_s8(int8_t(-k))), vdupq_n_u8(1));
+          u = vorrq_u8(u, vshlq_n_u8(hb, 4));
+        }
+        break;
+      }
+      default: {  // Q6_K
+        const uint8x16_t lv = vld1q_u8(b + 64 * n + 32 * (s % 2) + l);
+        const uint8x16_t low = s >= 2 ? vshrq_n_u8(lv, 4) : vandq_u8(lv, m4);
+        const uint8x16_t high = vandq_u8(vshlq_u8(vld1q_u8(b + 128 + 32 * n + l), vdupq_n_s8(int8_t(-2 * s))), m3);
+        u = vsubq_u8(vorrq_u8(low, vshlq_n_u8(high, 4)), vdupq_n_u8(32));
+      }
+    }
+    q[h] = s8(u);
+  }
+}
+
+// a legacy block's 32 codes against 32 activation codes: the exact int32 dot
+QRT_NEON_INLINE int32_t legacy_sdot(const int8x16_t* q, const int8_t* xq) {
+  return vaddvq_s32(sdot16(sdot16(vdupq_n_s32(0), q[0], vld1q_s8(xq)), q[1], vld1q_s8(xq + 16)));
+}
+
+// chunk k's codes q against its 32 activation codes xk, scaled per sub-block into sumi
+QRT_NEON_INLINE int32x4_t k_chunk_sdot(int32_t t, int32x4_t sumi, const int8x16_t* q, const int8_t* xk,
+                                       const int32_t* sc, int k) {
+  const int32x4_t d0 = sdot16(vdupq_n_s32(0), q[0], vld1q_s8(xk));
+  const int32x4_t d1 = sdot16(vdupq_n_s32(0), q[1], vld1q_s8(xk + 16));
+  if (sub16(t)) return vmlaq_n_s32(vmlaq_n_s32(sumi, d0, sc[2 * k]), d1, sc[2 * k + 1]);
+  return vmlaq_n_s32(sumi, vaddq_s32(d0, d1), sc[k]);
+}
+
+// block i's fp32 term added to the accumulator of activation row x: the one expression of every path
+QRT_NEON_INLINE void neon_legacy_term(float& acc, const NeonLegacy& o, const XRow& x, int64_t i, int32_t s) {
+  acc += o.d * x.d[i] * float(s) + o.m * x.d[i] * float(x.s32[i]);
+}
+QRT_NEON_INLINE void neon_k_term(float& acc, int32_t t, const NeonKHead& h, const XRow& x, int64_t i, int32_t sumi) {
+  int32_t summ = 0;  // stays the exact 0 of all-zero mins for the types without them
+  if (has_mins(t)) {
+    if (sub16(t))
+      for (int u = 0; u < 16; ++u) summ += h.mn[u] * x.s16[i * 16 + u];
+    else
+      for (int u = 0; u < 8; ++u) summ += h.mn[u] * x.s32[i * 8 + u];
+  }
+  acc += h.d * x.d[i] * float(sumi) - h.dmin * x.d[i] * float(summ);
+}
+
+// out[r] = row . x[r] for r < MR, one canonical row of nb blocks of type T
+template <int T, int MR>
+void rows_dot_neon_t(const uint8_t* row, int64_t nb, const XRow* x, float* out) {
+  constexpr int B = kInfo[T].B, TB = kInfo[T].T;
+  float acc[MR] = {};
+  for (int64_t i = 0; i < nb; ++i) {
+    const uint8_t* b = row + i * TB;
+    if constexpr (B == 32) {
+      const NeonLegacy o = neon_legacy(T, b);
+      for (int r = 0; r < MR; ++r) neon_legacy_term(acc[r], o, x[r], i, legacy_sdot(o.q, x[r].q + i * 32));
+    } else {
+      NeonKHead h;
+      neon_k_head(T, b, h);
+      int32x4_t sumi[MR];
+      for (int r = 0; r < MR; ++r) sumi[r] = vdupq_n_s32(0);
+#pragma GCC unroll 8
+      for (int k = 0; k < 8; ++k) {
+        int8x16_t q[2];
+        neon_k_chunk(T, b, k, q);
+        for (int r = 0; r < MR; ++r) sumi[r] = k_chunk_sdot(T, sumi[r], q, x[r].q + i * 256 + 32 * k, h.sc, k);
+      }
+      for (int r = 0; r < MR; ++r) neon_k_term(acc[r], T, h, x[r], i, vaddvq_s32(sumi[r]));
+    }
+  }
+  for (int r = 0; r < MR; ++r) out[r] = acc[r];
+}
+
+template <int T>
+void rows_dot_neon_mr(const uint8_t* row, int64_t nb, const XRow* x, int mr, float* out) {
+  switch (mr) {
+    case 1: return rows_dot_neon_t<T, 1>(row, nb, x, out);
+    case 2: return rows_dot_neon_t<T, 2>(row, nb, x, out);
+    case 3: return rows_dot_neon_t<T, 3>(row, nb, x, out);
+    default: return rows_dot_neon_t<T, 4>(row, nb, x, out);
+  }
+}
+
+// out[r] = row . x[r] for r < mr <= 4
+void rows_dot_neon(int32_t t, const uint8_t* row, int64_t nb, const XRow* x, int mr, float* out) {
+  switch (t) {
+    case Q4_0: return rows_dot_neon_mr<Q4_0>(row, nb, x, mr, out);
+    case Q4_1: return rows_dot_neon_mr<Q4_1>(row, nb, x, mr, out);
+    case Q5_0: return rows_dot_neon_mr<Q5_0>(row, nb, x, mr, out);
+    case Q5_1: return rows_dot_neon_mr<Q5_1>(row, nb, x, mr, out);
+    case Q8_0: return rows_dot_neon_mr<Q8_0>(row, nb, x, mr, out);
+    case Q2_K: return rows_dot_neon_mr<Q2_K>(row, nb, x, mr, out);
+    case Q3_K: return rows_dot_neon_mr<Q3_K>(row, nb, x, mr, out);
+    case Q4_K: return rows_dot_neon_mr<Q4_K>(row, nb, x, mr, out);
+    case Q5_K: return rows_dot_neon_mr<Q5_K>(row, nb, x, mr, out);
+    default: return rows_dot_neon_mr<Q6_K>(row, nb, x, mr, out);
+  }
+}
+
+#if QRT_GGUF_I8MM
+// SMMLA takes each operand as two rows of 8 codes: [a low 8 | b low 8] and [a high 8 | b high 8]
+QRT_NEON_INLINE int8x16_t zip_lo(int8x16_t a, int8x16_t b) {
+  return vreinterpretq_s8_s64(vzip1q_s64(vreinterpretq_s64_s8(a), vreinterpretq_s64_s8(b)));
+}
+QRT_NEON_INLINE int8x16_t zip_hi(int8x16_t a, int8x16_t b) {
+  return vreinterpretq_s8_s64(vzip2q_s64(vreinterpretq_s64_s8(a), vreinterpretq_s64_s8(b)));
+}
+
+// 16 codes of two weight rows, zipped (w[0] = zip_lo, w[1] = zip_hi), against 16 activation codes
+// of two rows at xa, xb: int32 lanes [xa.w0, xa.w1, xb.w0, xb.w1]
+QRT_NEON_INLINE int32x4_t mm16(int32x4_t acc, const int8x16_t* w, const int8_t* xa, const int8_t* xb) {
+  const int8x16_t a = vld1q_s8(xa), b = vld1q_s8(xb);
+  return vmmlaq_s32(vmmlaq_s32(acc, zip_lo(a, b), w[0]), zip_hi(a, b), w[1]);
+}
+
+// [a, b, a, b]: the two weight rows' sub-block scales in the lanes of mm16's result
+QRT_NEON_INLINE int32x4_t scale_pair(int32_t a, int32_t b) { return vzip1q_s32(vdupq_n_s32(a), vdupq_n_s32(b)); }
+
+// out0[r] = row0 . x[r] and out1[r] = row1 . x[r] for r < MR: activation rows in pairs through SMMLA,
+// an odd last one through SDOT, every block of both weight rows decoded once
+template <int T, int MR>
+void rows_dot_neon_mm_t(const uint8_t* row0, const uint8_t* row1, int64_t nb, const XRow* x, float* out0,
+                        float* out1) {
+  constexpr int B = kInfo[T].B, TB = kInfo[T].T, NP = MR / 2;
+  float acc0[MR] = {}, acc1[MR] = {};
+  for (int64_t i = 0; i < nb; ++i) {
+    const uint8_t* b0 = row0 + i * TB;
+    const uint8_t* b1 = row1 + i * TB;
+    if constexpr (B == 32) {
+      const NeonLegacy o0 = neon_legacy(T, b0), o1 = neon_legacy(T, b1);
+      const int8x16_t w[4] = {zip_lo(o0.q[0], o1.q[0]), zip_hi(o0.q[0], o1.q[0]), zip_lo(o0.q[1], o1.q[1]),
+                              zip_hi(o0.q[1], o1.q[1])};
+      for (int p = 0; p < NP; ++p) {
+        const XRow &xa = x[2 * p], &xb = x[2 * p + 1];
+        const int8_t* qa = xa.q + i * 32;
+        const int8_t* qb = xb.q + i * 32;
+        const int32x4_t s = mm16(mm16(vdupq_n_s32(0), w, qa, qb), w + 2, qa + 16, qb + 16);
+        neon_legacy_term(acc0[2 * p], o0, xa, i, vgetq_lane_s32(s, 0));
+        neon_legacy_term(acc1[2 * p], o1, xa, i, vgetq_lane_s32(s, 1));
+        neon_legacy_term(acc0[2 * p + 1], o0, xb, i, vgetq_lane_s32(s, 2));
+        neon_legacy_term(acc1[2 * p + 1], o1, xb, i, vgetq_lane_s32(s, 3));
+      }
+      if constexpr (MR % 2) {
+        const XRow& xl = x[MR - 1];
+        neon_legacy_term(acc0[MR - 1], o0, xl, i, legacy_sdot(o0.q, xl.q + i * 32));
+        neon_legacy_term(acc1[MR - 1], o1, xl, i, legacy_sdot(o1.q, xl.q + i * 32));
+      }
+    } else {
+      NeonKHead h0, h1;
+      neon_k_head(T, b0, h0);
+      neon_k_head(T, b1, h1);
+      int32x4_t sumi[NP + 1], last0 = vdupq_n_s32(0), last1 = vdupq_n_s32(0);
+      for (int p = 0; p < NP; ++p) sumi[p] = vdupq_n_s32(0);
+#pragma GCC unroll 8
+      for (int k = 0; k < 8; ++k) {
+        int8x16_t q0[2], q1[2];
+        neon_k_chunk(T, b0, k, q0);
+        neon_k_chunk(T, b1, k, q1);
+        const int8x16_t w[4] = {zip_lo(q0[0], q1[0]), zip_hi(q0[0], q1[0]), zip_lo(q0[1], q1[1]),
+                                zip_hi(q0[1], q1[1])};
+        for (int p = 0; p < NP; ++p) {
+          const int8_t* qa = x[2 * p].q + i * 256 + 32 * k;
+          const int8_t* qb = x[2 * p + 1].q + i * 256 + 32 * k;
+          if constexpr (sub16(T)) {
+            const int32x4_t d0 = mm16(vdupq_n_s32(0), w, qa, qb), d1 = mm16(vdupq_n_s32(0), w + 2, qa + 16, qb + 16);
+            sumi[p] = vmlaq_s32(vmlaq_s32(sumi[p], d0, scale_pair(h0.sc[2 * k], h1.sc[2 * k])), d1,
+                                scale_pair(h0.sc[2 * k + 1], h1.sc[2 * k + 1]));
+          } else {
+            const int32x4_t d = mm16(mm16(vdupq_n_s32(0), w, qa, qb), w + 2, qa + 16, qb + 16);
+            sumi[p] = vmlaq_s32(sumi[p], d, scale_pair(h0.sc[k], h1.sc[k]));
+          }
+        }
+        if constexpr (MR % 2) {
+          const int8_t* ql = x[MR - 1].q + i * 256 + 32 * k;
+          last0 = k_chunk_sdot(T, last0, q0, ql, h0.sc, k);
+          last1 = k_chunk_sdot(T, last1, q1, ql, h1.sc, k);
+        }
+      }
+      for (int p = 0; p < NP; ++p) {
+        neon_k_term(acc0[2 * p], T, h0, x[2 * p], i, vgetq_lane_s32(sumi[p], 0));
+        neon_k_term(acc1[2 * p], T, h1, x[2 * p], i, vgetq_lane_s32(sumi[p], 1));
+        neon_k_term(acc0[2 * p + 1], T, h0, x[2 * p + 1], i, vgetq_lane_s32(sumi[p], 2));
+        neon_k_term(acc1[2 * p + 1], T, h1, x[2 * p + 1], i, vgetq_lane_s32(sumi[p], 3));
+      }
+      if constexpr (MR % 2) {
+        neon_k_term(acc0[MR - 1], T, h0, x[MR - 1], i, vaddvq_s32(last0));
+        neon_k_term(acc1[MR - 1], T, h1, x[MR - 1], i, vaddvq_s32(last1));
+      }
+    }
+  }
+  for (int r = 0; r < MR; ++r) out0[r] = acc0[r], out1[r] = acc1[r];
+}
+
+template <int T>
+void rows_dot_neon_mm_mr(const uint8_t* row0, const uint8_t* row1, int64_t nb, const XRow* x, int mr, float* out0,
+                         float* out1) {
+  switch (mr) {
+    case 1: return rows_dot_neon_mm_t<T, 1>(row0, row1, nb, x, out0, out1);
+    case 2: return rows_dot_neon_mm_t<T, 2>(row0, row1, nb, x, out0, out1);
+    case 3: return rows_dot_neon_mm_t<T, 3>(row0, row1, nb, x, out0, out1);
+    default: return rows_dot_neon_mm_t<T, 4>(row0, row1, nb, x, out0, out1);
+  }
+}
+
+// out0[r] = row0 . x[r], out1[r] = row1 . x[r] for r < mr <= 4
+void rows_dot_neon_mm(int32_t t, const uint8_t* row0, const uint8_t* row1, int64_t nb, const XRow* x, int mr,
+                      float* out0, float* out1) {
+  switch (t) {
+    case Q4_0: return rows_dot_neon_mm_mr<Q4_0>(row0, row1, nb, x, mr, out0, out1);
+    case Q4_1: return rows_dot_neon_mm_mr<Q4_1>(row0, row1, nb, x, mr, out0, out1);
+    case Q5_0: return rows_dot_neon_mm_mr<Q5_0>(row0, row1, nb, x, mr, out0, out1);
+    case Q5_1: return rows_dot_neon_mm_mr<Q5_1>(row0, row1, nb, x, mr, out0, out1);
+    case Q8_0: return rows_dot_neon_mm_mr<Q8_0>(row0, row1, nb, x, mr, out0, out1);
+    case Q2_K: return rows_dot_neon_mm_mr<Q2_K>(row0, row1, nb, x, mr, out0, out1);
+    case Q3_K: return rows_dot_neon_mm_mr<Q3_K>(row0, row1, nb, x, mr, out0, out1);
+    case Q4_K: return rows_dot_neon_mm_mr<Q4_K>(row0, row1, nb, x, mr, out0, out1);
+    case Q5_K: return rows_dot_neon_mm_mr<Q5_K>(row0, row1, nb, x, mr, out0, out1);
+    default: return rows_dot_neon_mm_mr<Q6_K>(row0, row1, nb, x, mr, out0, out1);
+  }
+}
+#endif  // QRT_GGUF_I8MM
 #endif  // QRT_GGUF_NEON
 
 // ---- AVX2 path: canonical rows, 32 codes per 256-bit vector ---------------------------------------
@@ -1583,6 +1794,28 @@ int32_t quantrt_gguf_linear(int32_t type, const uint8_t* w, int64_t N, int64_t K
         }
       }
 #endif
+#if QRT_GGUF_I8MM
+      // weight rows in pairs, an odd last one alone: one SMMLA serves two of them
+#pragma omp for schedule(static)
+      for (int64_t rp = 0; rp < (ntail + 1) / 2; ++rp) {
+        const int64_t r = 2 * rp, n = ngroups * kGroup + r;
+        const bool pair = r + 1 < ntail;
+        for (int64_t m = m0; m < m1; m += 4) {
+          const int mr = int(std::min<int64_t>(4, m1 - m));
+          XRow xr[4];
+          float v0[4], v1[4];
+          for (int i = 0; i < mr; ++i) xr[i] = x_row(ws, xl, m + i);
+          if (pair)
+            rows_dot_neon_mm(type, tail + r * rbytes, tail + (r + 1) * rbytes, nb, xr, mr, v0, v1);
+          else
+            rows_dot_neon(type, tail + r * rbytes, nb, xr, mr, v0);
+          for (int i = 0; i < mr; ++i) {
+            store(out, som, odt, bias, bdt, m + i, n, v0[i]);
+            if (pair) store(out, som, odt, bias, bdt, m + i, n + 1, v1[i]);
+          }
+        }
+      }
+#else
 #pragma omp for schedule(static)
       for (int64_t r = 0; r < ntail; ++r) {
 #if QRT_GGUF_AVX2
@@ -1595,9 +1828,13 @@ int32_t quantrt_gguf_linear(int32_t type, const uint8_t* w, int64_t N, int64_t K
           for (int i = 0; i < mr; ++i) store(out, som, odt, bias, bdt, m + i, ngroups * kGroup + r, v[i]);
         }
 #elif QRT_GGUF_NEON
-        for (int64_t m = m0; m < m1; ++m) {
-          const float v = row_dot_neon(type, tail + r * rbytes, nb, x_row(ws, xl, m));
-          store(out, som, odt, bias, bdt, m, ngroups * kGroup + r, v);
+        for (int64_t m = m0; m < m1; m += 4) {
+          const int mr = int(std::min<int64_t>(4, m1 - m));
+          XRow xr[4];
+          float v[4];
+          for (int i = 0; i < mr; ++i) xr[i] = x_row(ws, xl, m + i);
+          rows_dot_neon(type, tail + r * rbytes, nb, xr, mr, v);
+          for (int i = 0; i < mr; ++i) store(out, som, odt, bias, bdt, m + i, ngroups * kGroup + r, v[i]);
         }
 #else
         for (int64_t m = m0; m < m1; ++m) {
@@ -1606,6 +1843,7 @@ int32_t quantrt_gguf_linear(int32_t type, const uint8_t* w, int64_t N, int64_t K
         }
 #endif
       }
+#endif  // QRT_GGUF_I8MM
     }
   }
   // rows with a NaN or Inf input came out NaN; those with Inf but no NaN get the reference's infinities
