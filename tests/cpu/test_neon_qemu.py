@@ -2,9 +2,10 @@
 emulation on small awkward shapes: GGUF (native/csrc/gguf.cpp) on every type against the independent
 integer reference (gguf_reference.py), without the dot-product extension, with it (SDOT) and with
 the int8 matrix-multiply one (SMMLA), which must agree bit for bit; the integer weight-only kernel
-(native/csrc/wint_neon.cpp) on cpu.native_wint's prepared layout and the code-book/float kernel (native/csrc/lut_neon.cpp) on cpu.native_lut's, against the fp32 reference:
-every bit width, granularity, zero points and act-order; NF4, bnb FP4, NVFP4, MXFP4, fp8 (W8A8 fp8
-through its activation quantization).
+(native/csrc/wint_neon.cpp) on cpu.native_wint's prepared layout and the code-book/float kernel
+(native/csrc/lut_neon.cpp) on cpu.native_lut's, against the fp32 reference: every bit width,
+granularity, zero points and act-order; NF4, bnb FP4, NVFP4, MXFP4, fp8 (W8A8 fp8 through its
+activation quantization).
 
 Needs a cross compiler (g++-aarch64-linux-gnu) and qemu-user: ci/setup.sh installs both where it can
 (Debian/Ubuntu as root) and sets QUANTRT_NEON_TESTS=1, which turns their absence into a failure."""
