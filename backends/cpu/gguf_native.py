@@ -88,11 +88,16 @@ def native_library(isa: str = "native") -> ctypes.CDLL:
 
 def library_isa(caps: Any) -> str:
     """The build a CPU runs: the host's own where it has AVX-512 VNNI (the 16-row groups) or is an Arm
-    CPU (the NEON rows), else the x86-64-v3 one (AVX2). Without capabilities (a kernel made by hand):
-    the host's."""
+    CPU (the NEON rows), else the x86-64-v3 one (AVX2), with AVX-VNNI's VPDPBUSD where the CPU has it
+    (``avx2_vnni``). Without capabilities (a kernel made by hand): the host's."""
     if caps is None or SIMD_FEATURES <= caps.features or _arm(caps):
         return "native"
-    return "avx2"
+    return "avx2_vnni" if "avx_vnni" in caps.features else "avx2"
+
+
+def _isa_name(isa: str) -> str:
+    """How notes name the x86-64-v3 builds."""
+    return "AVX2 + AVX-VNNI" if isa.startswith("avx2_vnni") else "AVX2"
 
 
 def _arm(caps: Any) -> bool:
@@ -266,7 +271,9 @@ def can_run(spec: LayerSpec, caps: Any) -> Verdict:
             "AVX-512 VNNI, 16 rows per group"
             if library_isa(caps) == "native"
             else (
-                "AVX2 build (x86-64-v3), "
+                "AVX2 build (x86-64-v3"
+                + (" with AVX-VNNI" if library_isa(caps) == "avx2_vnni" else "")
+                + "), "
                 + ("16-row groups" if gtype in AVX2_GROUPED else "canonical rows, 32 codes per vector")
                 + " (no AVX-512 F/BW/VL/VNNI)"
             )
@@ -339,7 +346,7 @@ def linear(
 def gguf_strategies(layout: GGUFLayout) -> list[Strategy]:
     """The native GEMV (one row) and GEMM (more), one C entry point that picks between them."""
     path = (
-        f"16-row groups ({'AVX-512 VNNI' if layout.isa == 'native' else 'AVX2'})"
+        f"16-row groups ({'AVX-512 VNNI' if layout.isa == 'native' else _isa_name(layout.isa)})"
         if layout.groups
         else "canonical rows"
     )

@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from quantrt import reference
-from quantrt.capability import probe
+from quantrt.backends.cpu import gguf_native
+from quantrt.capability import load_preset, probe
 from quantrt.capability.cpu import ISA_LEVELS, isa_limit, limit_isa
 from quantrt.dispatch import machine_capabilities, select
 from quantrt.env import Overrides
@@ -113,3 +114,23 @@ def test_explain_json_names_the_level() -> None:
         subprocess.run(cmd, env=env, capture_output=True, text=True, check=True, timeout=120).stdout
     )
     assert out["cpu_isa"] == "native" and out["kernel"] != "cpu.avx2_wint"
+
+
+def test_gguf_picks_the_avx_vnni_build() -> None:
+    """AVX-VNNI without AVX-512 (an Alder Lake-like CPU made from the Sapphire Rapids preset) runs the
+    gguf library's avx2_vnni build; without AVX-VNNI the avx2 one; with AVX-512 VNNI the host's; and
+    QUANTRT_CPU_ISA=avx2 keeps avx_vnni, so such a CPU held to AVX2 runs avx2_vnni too."""
+    spr = load_preset("spr-amx").cpu
+    assert "avx_vnni" in spr.features and gguf_native.library_isa(spr) == "native"
+    client = dataclasses.replace(
+        spr, features=frozenset(f for f in spr.features if not f.startswith(("avx512", "amx")))
+    )
+    assert gguf_native.library_isa(client) == "avx2_vnni"
+    assert gguf_native.library_isa(limit_isa(spr, "avx2")) == "avx2_vnni"
+    no_vnni = dataclasses.replace(client, features=client.features - {"avx_vnni"})
+    assert gguf_native.library_isa(no_vnni) == "avx2"
+    assert gguf_native.library_isa(load_preset("zen3").cpu) == "avx2"
+    spec = LayerSpec(parse_scheme("gguf-q4_k"), 512, 48)
+    verdict = gguf_native.can_run(spec, client)
+    if verdict:  # a toolchain is present: the note names the build
+        assert "AVX2 build (x86-64-v3 with AVX-VNNI)" in verdict.note

@@ -33,6 +33,7 @@ from quantrt.backends.cpu import gguf_native
 from quantrt.backends.cpu.gguf_native import CpuNativeGGUF, group_layout
 from quantrt.backends.cpu.native import build
 from quantrt.canonical import CanonicalWeight
+from quantrt.capability import probe
 from quantrt.dispatch import machine_capabilities
 from quantrt.layers import QuantLinear
 from quantrt.prepared import Prepared
@@ -59,7 +60,7 @@ AMX = {"amx_bf16", "amx_tile"} <= set(CPU.features)
 
 def group_rows(gtype: str) -> int:
     """Rows per interleaved group this build lays ``gtype`` out in (0: canonical rows)."""
-    return 16 if SIMD or (ISA == "avx2" and gtype in gguf_native.AVX2_GROUPED) else 0
+    return 16 if SIMD or (ISA.startswith("avx2") and gtype in gguf_native.AVX2_GROUPED) else 0
 
 
 def rel(y: torch.Tensor, ref: torch.Tensor) -> float:
@@ -410,3 +411,50 @@ def test_a_wrong_code_is_caught():
     broken[4] ^= 0x01  # a code byte: row 1 qs[0] in 16-row groups, row 0 qs[2] in canonical rows
     y = KERNEL.apply(restate(state, dataclasses.replace(state.layout, weight=broken)), x)
     assert rel(y, integer_reference(x, cw["qweight"], "q4_0")) > 10 * EXACT
+
+
+# -- the AVX-VNNI path of the AVX2 build, through its EVEX twin ----------------------------------------
+
+#: what the avx2_vnni_twin build's EVEX VPDPBUSD on ymm registers needs (the CPU as probed: the test
+#: runs under QUANTRT_CPU_ISA=avx2 too)
+TWIN_FEATURES = frozenset({"avx512_vnni", "avx512vl"})
+
+
+def build_state(cw: CanonicalWeight, isa: str) -> Prepared:
+    """``cw`` prepared by the ``isa`` build of the library (its layout and entry point)."""
+    state = prepare(cw)
+    spec = LayerSpec(cw.scheme, cw.K, cw.N, act_dtype=torch.float32, out_dtype=torch.float32)
+    return restate(state, gguf_native.prepare_layout(cw, spec, isa))
+
+
+def bits(y: torch.Tensor) -> torch.Tensor:
+    return y.view(torch.int32)
+
+
+@pytest.mark.skipif(
+    not TWIN_FEATURES <= probe().cpu.features,
+    reason="the avx2_vnni_twin build runs VPDPBUSD in its EVEX encoding: needs AVX-512 VNNI and VL",
+)
+@pytest.mark.parametrize("gtype", TYPES)
+def test_avx_vnni_twin_matches_the_avx2_build_bit_for_bit(gtype: str):
+    """The x86-64-v3 build with VPDPBUSD (an AVX-VNNI laptop's code, here in the EVEX encoding) against
+    the integer reference, and bit for bit against the maddubs build: 37 rows (two 16-row groups and
+    canonical rows where the type groups), 4 blocks along K, M = 1, 3, 5, 17; RTN weights, random
+    blocks, and all-0xFF codes against +-127 activation codes (the int16 bounds of the maddubs path)."""
+    B = GGUF_TYPES[gtype][0]
+    K, N = 4 * B, 37
+    grouped = gtype in gguf_native.AVX2_GROUPED
+    weights = [rtn_weight(gtype, N, K, seed=21), weight(random_blocks(gtype, N, K, seed=22), gtype, K)]
+    scales = np.full((N, K // B, len(F16_FIELDS[gtype])), 0x3C00, np.uint16)
+    weights.append(weight(random_blocks(gtype, N, K, seed=23, scales=scales, fill=0xFF), gtype, K))
+    for cw in weights:
+        states = {isa: build_state(cw, isa) for isa in ("avx2", "avx2_vnni_twin")}
+        for isa, st in states.items():
+            assert st.layout.isa == isa and st.layout.groups == (2 if grouped else 0)
+        for M in (1, 3, 5, 17):
+            x = gaussian(M, K, seed=24 + M)
+            big = 4.0 * float(x[0].abs().max())  # every other activation code of row 0 at +-127
+            x[0, ::4], x[0, 2::4] = big, -big
+            twin = check_exact(cw, x, rows=True, state=states["avx2_vnni_twin"])
+            plain = KERNEL.apply(states["avx2"], x)
+            assert torch.equal(bits(twin), bits(plain)), f"{gtype} M={M}: the dpbusd build's bits differ"

@@ -49,7 +49,16 @@ BASE_CFLAGS = ("-O3", "-fopenmp", "-std=c++17", "-fno-math-errno")
 #: the ISA a library is built for: ``native`` is the host's own (-march=native); a lower level builds
 #: the same source for every CPU of that level, so its kernels run (and are tested) on a CPU above it.
 #: ``avx2`` is x86-64-v3: AVX2, FMA, F16C, BMI2 (Haswell, Zen 1 and later), tuned for the host.
-ISA_CFLAGS = {"native": ("-march=native",), "avx2": ("-march=x86-64-v3", "-mtune=native")}
+#: ``avx2_vnni`` adds AVX-VNNI (VEX VPDPBUSD on ymm: Alder Lake and later client cores, Sierra Forest,
+#: Zen 5) for the gguf library only. ``avx2_vnni_twin`` is for tests and benchmarks: x86-64-v3 code
+#: whose VPDPBUSD is the EVEX (AVX-512 VNNI) encoding, so an AVX-512 CPU runs what an AVX-VNNI one
+#: would (csrc/gguf.cpp's QRT_VNNI_EVEX_TWIN); it needs AVX-512 VNNI and VL at run time.
+ISA_CFLAGS = {
+    "native": ("-march=native",),
+    "avx2": ("-march=x86-64-v3", "-mtune=native"),
+    "avx2_vnni": ("-march=x86-64-v3", "-mavxvnni", "-mtune=native"),
+    "avx2_vnni_twin": ("-march=x86-64-v3", "-mtune=native", "-DQRT_VNNI_EVEX_TWIN"),
+}
 LDFLAGS = ("-fopenmp",)
 #: our lock file in a build directory (a flock, with its holder's pid and host written in it)
 LOCK_NAME = "quantrt-build.lock"

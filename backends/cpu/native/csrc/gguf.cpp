@@ -830,7 +830,30 @@ void rows_dot_neon_mm(int32_t t, const uint8_t* row0, const uint8_t* row1, int64
 // take their two scales in the two 128-bit halves), so every block's sum is an exact int32 as in the
 // scalar path; mins use the activation sums (x.s16 / x.s32) as there. No int16 sum saturates: two
 // products of at most 128 * 127.
+//
+// With VPDPBUSD on ymm registers (QRT_GGUF_DPBUSD: AVX-VNNI, or its EVEX twin for testing) the groups
+// of 4 byte products go straight into int32 lanes: one instruction per maddubs + madd pair (or per
+// chain of maddubs summed in int16 and widened once). Every lane then holds the same exact int32 as
+// the maddubs build, and the fp32 code is shared, so the two builds give identical bits.
 #if QRT_GGUF_AVX2
+#if defined(__AVXVNNI__) || defined(QRT_VNNI_EVEX_TWIN)
+#define QRT_GGUF_DPBUSD 1
+#else
+#define QRT_GGUF_DPBUSD 0
+#endif
+#if QRT_GGUF_DPBUSD
+// acc + the dot of each 4 unsigned bytes of u with the 4 signed bytes of s in its int32 lane
+inline __attribute__((always_inline)) __m256i dpbusd(__m256i acc, __m256i u, __m256i s) {
+#if defined(__AVXVNNI__)
+  return _mm256_dpbusd_avx_epi32(acc, u, s);
+#else
+  // QRT_VNNI_EVEX_TWIN: the AVX-512 VNNI encoding of the same instruction, so that an AVX-512 CPU
+  // runs (and tests) the code an AVX-VNNI CPU compiles; the flags stay x86-64-v3 (ymm0-15 only)
+  asm("%{evex%} vpdpbusd %2, %1, %0" : "+x"(acc) : "x"(u), "x"(s));
+  return acc;
+#endif
+}
+#endif
 inline __m256i ld32(const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
 
 // 16 bytes of nibbles -> 32 codes: the low nibbles (elements 0-15), then the high ones (16-31)
@@ -864,12 +887,43 @@ inline __m256i pairs(__m256i q, __m256i x) {
   return _mm256_maddubs_epi16(q, x);
 }
 
+// 8 int32 sums of 4 products of codes q (signed: the sign trick) times activation codes x
+template <bool SIGNED>
+inline __m256i quads(__m256i q, __m256i x) {
+#if QRT_GGUF_DPBUSD
+  if constexpr (SIGNED) return dpbusd(_mm256_setzero_si256(), _mm256_sign_epi8(q, q), _mm256_sign_epi8(x, q));
+  return dpbusd(_mm256_setzero_si256(), q, x);
+#else
+  return _mm256_madd_epi16(pairs<SIGNED>(q, x), _mm256_set1_epi16(1));
+#endif
+}
+
+// the same, each lane times its int16 sub-block scale (scv: from word_pick, or word_pick_lo with
+// dpbusd, whose 4-product sums fit int16: at most 4 x 32 x 127, so VPMADDWD against the scale in the
+// low word and 0 in the high one multiplies exactly)
+template <bool SIGNED>
+inline __m256i quads_scaled(__m256i q, __m256i x, __m256i scv) {
+#if QRT_GGUF_DPBUSD
+  return _mm256_madd_epi16(quads<SIGNED>(q, x), scv);
+#else
+  return _mm256_madd_epi16(pairs<SIGNED>(q, x), scv);
+#endif
+}
+
 // a byte shuffle that fills the low lane with its word a and the high lane with its word b
 inline __m256i word_pick(int a, int b) {
   const char a0 = char(2 * a), a1 = char(2 * a + 1), b0 = char(2 * b), b1 = char(2 * b + 1);
   return _mm256_setr_epi8(a0, a1, a0, a1, a0, a1, a0, a1, a0, a1, a0, a1, a0, a1, a0, a1,  //
                           b0, b1, b0, b1, b0, b1, b0, b1, b0, b1, b0, b1, b0, b1, b0, b1);
 }
+// the same with the high word of every 32-bit lane zeroed (the scale of quads_scaled's dpbusd sums)
+inline __m256i word_pick_lo(int a, int b) {
+  const char a0 = char(2 * a), a1 = char(2 * a + 1), b0 = char(2 * b), b1 = char(2 * b + 1), z = char(0x80);
+  return _mm256_setr_epi8(a0, a1, z, z, a0, a1, z, z, a0, a1, z, z, a0, a1, z, z,  //
+                          b0, b1, z, z, b0, b1, z, z, b0, b1, z, z, b0, b1, z, z);
+}
+// quads_scaled's scale vector for the words a, b of a lane of scales
+inline __m256i scale_pick(int a, int b) { return QRT_GGUF_DPBUSD ? word_pick_lo(a, b) : word_pick(a, b); }
 
 // Q4_K/Q5_K: 12 bytes -> 8 six-bit scales and 8 six-bit mins, a byte each (k4_scales, 32 bits at a time)
 inline void k4_unpack(const uint8_t* s, uint64_t& sc, uint64_t& mn) {
@@ -911,8 +965,7 @@ void rows_dot_avx2(const uint8_t* row, int64_t nb, const XRow* x, float* out) {
       if constexpr (T == Q8_0) q = ld32(b + 2);
       constexpr bool sgn = T == Q4_0 || T == Q5_0 || T == Q8_0;
       for (int r = 0; r < MR; ++r) {
-        const __m256i p = _mm256_madd_epi16(pairs<sgn>(q, ld32(reinterpret_cast<const uint8_t*>(x[r].q) + i * 32)),
-                                            _mm256_set1_epi16(1));
+        const __m256i p = quads<sgn>(q, ld32(reinterpret_cast<const uint8_t*>(x[r].q) + i * 32));
         acc[r][A] = _mm256_fmadd_ps(_mm256_set1_ps(d * x[r].d[i]), _mm256_cvtepi32_ps(p), acc[r][A]);
         if constexpr (T == Q4_1 || T == Q5_1) accs[r] += m * x[r].d[i] * float(x[r].s32[i]);
       }
@@ -976,11 +1029,11 @@ void rows_dot_avx2(const uint8_t* row, int64_t nb, const XRow* x, float* out) {
         q = _mm256_sub_epi8(_mm256_or_si256(lo, _mm256_slli_epi16(crumb(ld32(b + 128 + 32 * n), s), 4)),
                             _mm256_set1_epi8(32));
       }
-      const __m256i scv = sub16 ? _mm256_shuffle_epi8(k < 4 ? sc_lo : sc_hi, word_pick((2 * k) % 8, (2 * k + 1) % 8))
-                                : _mm256_shuffle_epi8(sc16, word_pick(k, k));
+      const __m256i scv = sub16 ? _mm256_shuffle_epi8(k < 4 ? sc_lo : sc_hi, scale_pick((2 * k) % 8, (2 * k + 1) % 8))
+                                : _mm256_shuffle_epi8(sc16, scale_pick(k, k));
       for (int r = 0; r < MR; ++r)
         sumi[r] = _mm256_add_epi32(
-            sumi[r], _mm256_madd_epi16(pairs<sgn>(q, ld32(reinterpret_cast<const uint8_t*>(x[r].q) + i * 256 + 32 * k)), scv));
+            sumi[r], quads_scaled<sgn>(q, ld32(reinterpret_cast<const uint8_t*>(x[r].q) + i * 256 + 32 * k), scv));
     }
     __m256i mn32 = _mm256_setzero_si256();
     if constexpr (T == Q4_K || T == Q5_K) mn32 = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(mn)));
@@ -1069,7 +1122,9 @@ QRT_INLINE void prefetch(const uint8_t* p, int64_t bytes) {
 // 32 the pair sums of 4 planes are added in int16 first (4 x 2 x 31 x 127 < 2^15), so one widening
 // serves 16 activation codes; Q6_K's codes (below 64) add two planes, Q8_0's signed ones take the
 // sign trick per plane. High nibbles are shifted down (16x the code would saturate the int16 pairs).
-// Sums, sub-block scales and fp32 scaling are the AVX-512 kernels', per half.
+// Sums, sub-block scales and fp32 scaling are the AVX-512 kernels', per half. With QRT_GGUF_DPBUSD
+// every plane takes one VPDPBUSD, as there, and Q4_K's sub-block sums are scaled in int32 (VPMULLD)
+// as Q5_K's are: no int16 sum is left to bound.
 #if QRT_GGUF_AVX2
 QRT_INLINE __m256i ldh(const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
 QRT_INLINE __m256 f16x8(const uint8_t* p) {
@@ -1086,6 +1141,18 @@ QRT_INLINE __m256i bcast4(const int8_t* p) {
   std::memcpy(&v, p, 4);
   return _mm256_set1_epi32(v);
 }
+#if QRT_GGUF_DPBUSD
+// acc + n planes of unsigned codes (one half) against 4n activation codes at p: an int32 per row
+template <int n>
+QRT_INLINE __m256i dot_planes(__m256i acc, const __m256i* u, const int8_t* p) {
+  QRT_UNROLL
+  for (int c = 0; c < n; ++c) acc = dpbusd(acc, u[c], bcast4(p + 4 * c));
+  return acc;
+}
+// no int16 sums to keep below saturation: any codes below 256
+QRT_INLINE __m256i dot4_small(const __m256i* u, const int8_t* p) { return dot_planes<4>(_mm256_setzero_si256(), u, p); }
+QRT_INLINE __m256i dot4_mid(const __m256i* u, const int8_t* p) { return dot_planes<4>(_mm256_setzero_si256(), u, p); }
+#else
 QRT_INLINE __m256i widen(__m256i pairs16) { return _mm256_madd_epi16(pairs16, _mm256_set1_epi16(1)); }
 // 4 planes of codes below 32 (one half) against 16 activation codes at p: an int32 per row
 QRT_INLINE __m256i dot4_small(const __m256i* u, const int8_t* p) {
@@ -1100,6 +1167,7 @@ QRT_INLINE __m256i dot4_mid(const __m256i* u, const int8_t* p) {
   const __m256i b = _mm256_add_epi16(_mm256_maddubs_epi16(u[2], bcast4(p + 8)), _mm256_maddubs_epi16(u[3], bcast4(p + 12)));
   return _mm256_add_epi32(widen(a), widen(b));
 }
+#endif
 // bytes of v holding bit `bit` -> 16, else 0
 QRT_INLINE __m256i bit16(__m256i v, int bit) {
   const __m256i b = _mm256_set1_epi8(static_cast<char>(bit));
@@ -1153,8 +1221,14 @@ void grp2_q8_0(const uint8_t* p, const uint8_t* f, int64_t nb, const XRow* x, __
         const int8_t* q = x[m].q + 32 * b;
         __m256i a = _mm256_setzero_si256();
         QRT_UNROLL
-        for (int c = 0; c < 8; ++c)
-          a = _mm256_add_epi32(a, widen(_mm256_maddubs_epi16(a8[c], _mm256_sign_epi8(bcast4(q + 4 * c), u[c]))));
+        for (int c = 0; c < 8; ++c) {
+          const __m256i xs = _mm256_sign_epi8(bcast4(q + 4 * c), u[c]);
+#if QRT_GGUF_DPBUSD
+          a = dpbusd(a, a8[c], xs);
+#else
+          a = _mm256_add_epi32(a, widen(_mm256_maddubs_epi16(a8[c], xs)));
+#endif
+        }
         acc[m][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a), _mm256_mul_ps(dw, _mm256_set1_ps(x[m].d[b])), acc[m][h]);
       }
     }
@@ -1197,6 +1271,16 @@ void grp2_q45_k(const uint8_t* p, const uint8_t* f, int64_t nb, const XRow* x, _
           }
           continue;
         }
+#if QRT_GGUF_DPBUSD
+        // Q4_K: one int32 sum per row and sub-block (8 planes), times its scale
+        QRT_UNROLL
+        for (int m = 0; m < MR; ++m) {
+          const int8_t* q = x[m].q + 256 * b + 64 * j;
+          const __m256i da = dot_planes<8>(_mm256_setzero_si256(), lo, q);
+          const __m256i db = dot_planes<8>(_mm256_setzero_si256(), hi, q + 32);
+          sum[m] = _mm256_add_epi32(sum[m], _mm256_add_epi32(_mm256_mullo_epi32(da, sa), _mm256_mullo_epi32(db, sb)));
+        }
+#else
         // Q4_K: each row's sub-block scale in both int16 halves of its lane, so that VPMADDWD scales
         // the int16 pair sums of all 8 planes (8 x 2 x 15 x 127 < 2^15) while it widens them
         const __m256i sa2 = _mm256_or_si256(sa, _mm256_slli_epi32(sa, 16));
@@ -1212,6 +1296,7 @@ void grp2_q45_k(const uint8_t* p, const uint8_t* f, int64_t nb, const XRow* x, _
           }
           sum[m] = _mm256_add_epi32(sum[m], _mm256_add_epi32(_mm256_madd_epi16(pa, sa2), _mm256_madd_epi16(pb, sb2)));
         }
+#endif
       }
       QRT_UNROLL
       for (int t = 0; t < 8; ++t) {  // mins below 64, activation sums in int16: one VPMADDWD each
