@@ -62,6 +62,23 @@ namespace {
 
 enum GType : int32_t { Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, NTYPES };
 
+// f(std::integral_constant<int, T>{}) for type t: the one dispatch of the per-type row kernels
+template <class F>
+inline void with_type(int32_t t, F&& f) {
+  switch (t) {
+    case Q4_0: return f(std::integral_constant<int, Q4_0>{});
+    case Q4_1: return f(std::integral_constant<int, Q4_1>{});
+    case Q5_0: return f(std::integral_constant<int, Q5_0>{});
+    case Q5_1: return f(std::integral_constant<int, Q5_1>{});
+    case Q8_0: return f(std::integral_constant<int, Q8_0>{});
+    case Q2_K: return f(std::integral_constant<int, Q2_K>{});
+    case Q3_K: return f(std::integral_constant<int, Q3_K>{});
+    case Q4_K: return f(std::integral_constant<int, Q4_K>{});
+    case Q5_K: return f(std::integral_constant<int, Q5_K>{});
+    default: return f(std::integral_constant<int, Q6_K>{});
+  }
+}
+
 // elements per block, canonical bytes per block; per row and block in a 16-row group: code (plane)
 // bytes and field bytes (more than T - P where 6-bit scales are unpacked)
 struct TypeInfo {
@@ -670,30 +687,11 @@ void rows_dot_neon_t(const uint8_t* row, int64_t nb, const XRow* x, float* out) 
   for (int r = 0; r < MR; ++r) out[r] = acc[r];
 }
 
-template <int T>
-void rows_dot_neon_mr(const uint8_t* row, int64_t nb, const XRow* x, int mr, float* out) {
-  switch (mr) {
-    case 1: return rows_dot_neon_t<T, 1>(row, nb, x, out);
-    case 2: return rows_dot_neon_t<T, 2>(row, nb, x, out);
-    case 3: return rows_dot_neon_t<T, 3>(row, nb, x, out);
-    default: return rows_dot_neon_t<T, 4>(row, nb, x, out);
-  }
-}
-
 // out[r] = row . x[r] for r < mr <= 4
 void rows_dot_neon(int32_t t, const uint8_t* row, int64_t nb, const XRow* x, int mr, float* out) {
-  switch (t) {
-    case Q4_0: return rows_dot_neon_mr<Q4_0>(row, nb, x, mr, out);
-    case Q4_1: return rows_dot_neon_mr<Q4_1>(row, nb, x, mr, out);
-    case Q5_0: return rows_dot_neon_mr<Q5_0>(row, nb, x, mr, out);
-    case Q5_1: return rows_dot_neon_mr<Q5_1>(row, nb, x, mr, out);
-    case Q8_0: return rows_dot_neon_mr<Q8_0>(row, nb, x, mr, out);
-    case Q2_K: return rows_dot_neon_mr<Q2_K>(row, nb, x, mr, out);
-    case Q3_K: return rows_dot_neon_mr<Q3_K>(row, nb, x, mr, out);
-    case Q4_K: return rows_dot_neon_mr<Q4_K>(row, nb, x, mr, out);
-    case Q5_K: return rows_dot_neon_mr<Q5_K>(row, nb, x, mr, out);
-    default: return rows_dot_neon_mr<Q6_K>(row, nb, x, mr, out);
-  }
+  with_type(t, [&](auto T) {
+    qrt::with_rows4(mr, [&](auto r) { rows_dot_neon_t<decltype(T)::value, decltype(r)::value>(row, nb, x, out); });
+  });
 }
 
 #if QRT_GGUF_I8MM
@@ -790,32 +788,14 @@ void rows_dot_neon_mm_t(const uint8_t* row0, const uint8_t* row1, int64_t nb, co
   for (int r = 0; r < MR; ++r) out0[r] = acc0[r], out1[r] = acc1[r];
 }
 
-template <int T>
-void rows_dot_neon_mm_mr(const uint8_t* row0, const uint8_t* row1, int64_t nb, const XRow* x, int mr, float* out0,
-                         float* out1) {
-  switch (mr) {
-    case 1: return rows_dot_neon_mm_t<T, 1>(row0, row1, nb, x, out0, out1);
-    case 2: return rows_dot_neon_mm_t<T, 2>(row0, row1, nb, x, out0, out1);
-    case 3: return rows_dot_neon_mm_t<T, 3>(row0, row1, nb, x, out0, out1);
-    default: return rows_dot_neon_mm_t<T, 4>(row0, row1, nb, x, out0, out1);
-  }
-}
-
 // out0[r] = row0 . x[r], out1[r] = row1 . x[r] for r < mr <= 4
 void rows_dot_neon_mm(int32_t t, const uint8_t* row0, const uint8_t* row1, int64_t nb, const XRow* x, int mr,
                       float* out0, float* out1) {
-  switch (t) {
-    case Q4_0: return rows_dot_neon_mm_mr<Q4_0>(row0, row1, nb, x, mr, out0, out1);
-    case Q4_1: return rows_dot_neon_mm_mr<Q4_1>(row0, row1, nb, x, mr, out0, out1);
-    case Q5_0: return rows_dot_neon_mm_mr<Q5_0>(row0, row1, nb, x, mr, out0, out1);
-    case Q5_1: return rows_dot_neon_mm_mr<Q5_1>(row0, row1, nb, x, mr, out0, out1);
-    case Q8_0: return rows_dot_neon_mm_mr<Q8_0>(row0, row1, nb, x, mr, out0, out1);
-    case Q2_K: return rows_dot_neon_mm_mr<Q2_K>(row0, row1, nb, x, mr, out0, out1);
-    case Q3_K: return rows_dot_neon_mm_mr<Q3_K>(row0, row1, nb, x, mr, out0, out1);
-    case Q4_K: return rows_dot_neon_mm_mr<Q4_K>(row0, row1, nb, x, mr, out0, out1);
-    case Q5_K: return rows_dot_neon_mm_mr<Q5_K>(row0, row1, nb, x, mr, out0, out1);
-    default: return rows_dot_neon_mm_mr<Q6_K>(row0, row1, nb, x, mr, out0, out1);
-  }
+  with_type(t, [&](auto T) {
+    qrt::with_rows4(mr, [&](auto r) {
+      rows_dot_neon_mm_t<decltype(T)::value, decltype(r)::value>(row0, row1, nb, x, out0, out1);
+    });
+  });
 }
 #endif  // QRT_GGUF_I8MM
 #endif  // QRT_GGUF_NEON
@@ -1065,30 +1045,11 @@ void rows_dot_avx2(const uint8_t* row, int64_t nb, const XRow* x, float* out) {
   }
 }
 
-template <int T>
-void rows_dot_mr(const uint8_t* row, int64_t nb, const XRow* x, int mr, float* out) {
-  switch (mr) {
-    case 1: return rows_dot_avx2<T, 1>(row, nb, x, out);
-    case 2: return rows_dot_avx2<T, 2>(row, nb, x, out);
-    case 3: return rows_dot_avx2<T, 3>(row, nb, x, out);
-    default: return rows_dot_avx2<T, 4>(row, nb, x, out);
-  }
-}
-
 // out[r] = row . x[r] for r < mr <= 4
 void rows_dot(int32_t t, const uint8_t* row, int64_t nb, const XRow* x, int mr, float* out) {
-  switch (t) {
-    case Q4_0: return rows_dot_mr<Q4_0>(row, nb, x, mr, out);
-    case Q4_1: return rows_dot_mr<Q4_1>(row, nb, x, mr, out);
-    case Q5_0: return rows_dot_mr<Q5_0>(row, nb, x, mr, out);
-    case Q5_1: return rows_dot_mr<Q5_1>(row, nb, x, mr, out);
-    case Q8_0: return rows_dot_mr<Q8_0>(row, nb, x, mr, out);
-    case Q2_K: return rows_dot_mr<Q2_K>(row, nb, x, mr, out);
-    case Q3_K: return rows_dot_mr<Q3_K>(row, nb, x, mr, out);
-    case Q4_K: return rows_dot_mr<Q4_K>(row, nb, x, mr, out);
-    case Q5_K: return rows_dot_mr<Q5_K>(row, nb, x, mr, out);
-    default: return rows_dot_mr<Q6_K>(row, nb, x, mr, out);
-  }
+  with_type(t, [&](auto T) {
+    qrt::with_rows4(mr, [&](auto r) { rows_dot_avx2<decltype(T)::value, decltype(r)::value>(row, nb, x, out); });
+  });
 }
 #endif  // QRT_GGUF_AVX2
 
@@ -1391,12 +1352,7 @@ void group_dot(int32_t t, const uint8_t* p, const uint8_t* f, int64_t nb, const 
 }
 
 void group_dot_any(int32_t t, const uint8_t* p, const uint8_t* f, int64_t nb, const XRow* x, int mr, float* res) {
-  switch (mr) {
-    case 1: group_dot<1>(t, p, f, nb, x, res); break;
-    case 2: group_dot<2>(t, p, f, nb, x, res); break;
-    case 3: group_dot<3>(t, p, f, nb, x, res); break;
-    default: group_dot<4>(t, p, f, nb, x, res);
-  }
+  qrt::with_rows4(mr, [&](auto r) { group_dot<decltype(r)::value>(t, p, f, nb, x, res); });
 }
 #endif  // QRT_GGUF_AVX2
 
@@ -1771,14 +1727,8 @@ void group_dot(int32_t t, const uint8_t* p, const uint8_t* f, int64_t nb, const 
   for (int m = 0; m < MR; ++m) _mm512_storeu_ps(res + 16 * m, acc[m]);
 }
 
-void group_dot_any(int32_t t, const uint8_t* p, const uint8_t* f, int64_t nb, const XRow* x, int mr,
-                   float* res) {
-  switch (mr) {
-    case 1: group_dot<1>(t, p, f, nb, x, res); break;
-    case 2: group_dot<2>(t, p, f, nb, x, res); break;
-    case 3: group_dot<3>(t, p, f, nb, x, res); break;
-    default: group_dot<4>(t, p, f, nb, x, res);
-  }
+void group_dot_any(int32_t t, const uint8_t* p, const uint8_t* f, int64_t nb, const XRow* x, int mr, float* res) {
+  qrt::with_rows4(mr, [&](auto r) { group_dot<decltype(r)::value>(t, p, f, nb, x, res); });
 }
 #endif  // QRT_GGUF_SIMD
 
