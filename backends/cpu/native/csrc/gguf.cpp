@@ -688,7 +688,7 @@ void rows_dot_neon_t(const uint8_t* row, int64_t nb, const XRow* x, float* out) 
 }
 
 // out[r] = row . x[r] for r < mr <= 4
-void rows_dot_neon(int32_t t, const uint8_t* row, int64_t nb, const XRow* x, int mr, float* out) {
+void rows_dot(int32_t t, const uint8_t* row, int64_t nb, const XRow* x, int mr, float* out) {
   with_type(t, [&](auto T) {
     qrt::with_rows4(mr, [&](auto r) { rows_dot_neon_t<decltype(T)::value, decltype(r)::value>(row, nb, x, out); });
   });
@@ -1843,7 +1843,7 @@ int32_t quantrt_gguf_linear(int32_t type, const uint8_t* w, int64_t N, int64_t K
           if (pair)
             rows_dot_neon_mm(type, tail + r * rbytes, tail + (r + 1) * rbytes, nb, xr, mr, v0, v1);
           else
-            rows_dot_neon(type, tail + r * rbytes, nb, xr, mr, v0);
+            rows_dot(type, tail + r * rbytes, nb, xr, mr, v0);
           for (int i = 0; i < mr; ++i) {
             store(out, som, odt, bias, bdt, m + i, n, v0[i]);
             if (pair) store(out, som, odt, bias, bdt, m + i, n + 1, v1[i]);
@@ -1853,22 +1853,13 @@ int32_t quantrt_gguf_linear(int32_t type, const uint8_t* w, int64_t N, int64_t K
 #else
 #pragma omp for schedule(static)
       for (int64_t r = 0; r < ntail; ++r) {
-#if QRT_GGUF_AVX2
+#if QRT_GGUF_AVX2 || QRT_GGUF_NEON
         for (int64_t m = m0; m < m1; m += 4) {
           const int mr = int(std::min<int64_t>(4, m1 - m));
           XRow xr[4];
           float v[4];
           for (int i = 0; i < mr; ++i) xr[i] = x_row(ws, xl, m + i);
           rows_dot(type, tail + r * rbytes, nb, xr, mr, v);
-          for (int i = 0; i < mr; ++i) store(out, som, odt, bias, bdt, m + i, ngroups * kGroup + r, v[i]);
-        }
-#elif QRT_GGUF_NEON
-        for (int64_t m = m0; m < m1; m += 4) {
-          const int mr = int(std::min<int64_t>(4, m1 - m));
-          XRow xr[4];
-          float v[4];
-          for (int i = 0; i < mr; ++i) xr[i] = x_row(ws, xl, m + i);
-          rows_dot_neon(type, tail + r * rbytes, nb, xr, mr, v);
           for (int i = 0; i < mr; ++i) store(out, som, odt, bias, bdt, m + i, ngroups * kGroup + r, v[i]);
         }
 #else
