@@ -264,8 +264,11 @@ def can_run(spec: LayerSpec, caps: Any) -> Verdict:
     if not ok:
         return Verdict.no("a native build toolchain", note=why)
     if _arm(caps):
-        dot = "SDOT" if "dotprod" in caps.features else "widening multiplies (no dotprod)"
-        path = f"NEON build, canonical rows, 16 codes per vector, {dot}"
+        f = caps.features
+        dot = "SDOT" if "dotprod" in f else "widening multiplies (no dotprod)"
+        mm = ", SMMLA for pairs of rows (i8mm)" if "i8mm" in f else ""
+        sve = ", 32 codes per SVE vector where vectors hold 256 bits" if "sve" in f else ""
+        path = f"NEON build, canonical rows, 16 codes per vector, {dot}{mm}{sve}"
     else:
         path = (
             "AVX-512 VNNI, 16 rows per group"

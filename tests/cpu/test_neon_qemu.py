@@ -1,7 +1,8 @@
 """The NEON builds of the native CPU kernels, cross-compiled here and run under qemu-aarch64 user
 emulation on small awkward shapes: GGUF (native/csrc/gguf.cpp) on every type against the independent
-integer reference (gguf_reference.py), without the dot-product extension, with it (SDOT) and with
-the int8 matrix-multiply one (SMMLA), which must agree bit for bit; the integer weight-only kernel
+integer reference (gguf_reference.py), without the dot-product extension, with it (SDOT), with the
+int8 matrix-multiply one (SMMLA) and with SVE (alone and with SMMLA; run at vector lengths of 128, 256
+and 512 bits), which must agree bit for bit; the integer weight-only kernel
 (native/csrc/wint_neon.cpp) on cpu.native_wint's prepared layout and the code-book/float kernel
 (native/csrc/lut_neon.cpp) on cpu.native_lut's, against the fp32 reference: every bit width,
 granularity, zero points and act-order; NF4, bnb FP4, NVFP4, MXFP4, fp8 (W8A8 fp8 through its
@@ -47,9 +48,28 @@ pytestmark = pytest.mark.skipif(
     bool(MISSING), reason=f"needs {', '.join(MISSING)} (ci/setup.sh installs them)"
 )
 CROSS = Path(__file__).parent / "cross"
-#: -march levels: plain ARMv8 NEON (the widening-multiply path), ARMv8.2 with SDOT, and ARMv8.6 with
-#: SMMLA (qemu's default cpu "max" emulates FEAT_I8MM)
-MARCH = {"neon": "armv8-a", "dotprod": "armv8.2-a+dotprod", "i8mm": "armv8.6-a+i8mm"}
+#: -march levels: plain ARMv8 NEON (the widening-multiply path), ARMv8.2 with SDOT, ARMv8.6 with
+#: SMMLA (qemu's default cpu "max" emulates FEAT_I8MM), and SVE builds without and with SMMLA
+MARCH = {
+    "neon": "armv8-a",
+    "dotprod": "armv8.2-a+dotprod",
+    "i8mm": "armv8.6-a+i8mm",
+    "sve": "armv8.2-a+sve+dotprod",
+    "sve-i8mm": "armv8.6-a+sve+i8mm",
+}
+#: SVE vector lengths (bytes) the SVE builds run at: 128 bits takes the NEON kernel, 256 and 512 the SVE one
+SVE_VL = (16, 32, 64)
+
+
+def vl_args(vl: int | None) -> tuple[str, ...]:
+    """qemu-aarch64 arguments for an SVE vector length of vl bytes (None: qemu's default)."""
+    return () if vl is None else ("-cpu", f"max,sve-default-vector-length={vl}")
+
+
+#: (level, SVE vector length in bytes or None) for every run of the bit-for-bit test
+RUNS = [(lv, None) for lv in sorted(MARCH) if not lv.startswith("sve")] + [
+    (lv, vl) for lv in sorted(MARCH) if lv.startswith("sve") for vl in SVE_VL
+]
 EXACT = 1e-5
 
 
@@ -64,9 +84,10 @@ def cross_build(out: Path, march: str, harness: str, source: str, *defines: str)
     return out
 
 
-def qemu(binary: Path, src: Path, dst: Path) -> bytes:
-    """Run a cross-built driver under qemu-aarch64 on one input file; its output file's bytes."""
-    cmd = [QEMU, "-L", str(SYSROOT), str(binary), str(src), str(dst)]
+def qemu(binary: Path, src: Path, dst: Path, *args: str) -> bytes:
+    """Run a cross-built driver under qemu-aarch64 (with extra qemu arguments) on one input file; its
+    output file's bytes."""
+    cmd = [QEMU, *args, "-L", str(SYSROOT), str(binary), str(src), str(dst)]
     done = subprocess.run(cmd, capture_output=True, timeout=300)
     assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
     return dst.read_bytes()
@@ -84,12 +105,20 @@ def gguf_build(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path
     return build
 
 
-@pytest.fixture(scope="module", params=sorted(MARCH))
-def binary(request: pytest.FixtureRequest, gguf_build: Callable[[str], Path]) -> Path:
-    return gguf_build(request.param)
+@pytest.fixture(
+    scope="module",
+    params=[(lv, None) for lv in sorted(MARCH) if not lv.startswith("sve")] + [("sve", 32), ("sve-i8mm", 32)],
+    ids=lambda p: p[0] if p[1] is None else f"{p[0]}-vl{8 * p[1]}",
+)
+def binary(request: pytest.FixtureRequest, gguf_build: Callable[[str], Path]) -> tuple[Path, tuple[str, ...]]:
+    """A build and its qemu arguments: every non-SVE level, and the SVE ones at 256 bits (the SVE kernel)."""
+    level, vl = request.param
+    return gguf_build(level), vl_args(vl)
 
 
-def run(binary: Path, gtype: str, q: torch.Tensor, x: torch.Tensor, tmp: Path) -> tuple[int, torch.Tensor]:
+def run(
+    binary: Path, gtype: str, q: torch.Tensor, x: torch.Tensor, tmp: Path, args: tuple[str, ...] = ()
+) -> tuple[int, torch.Tensor]:
     N, K, M = q.shape[0], x.shape[1], x.shape[0]
     src, dst = tmp / f"{gtype}.in", tmp / f"{gtype}.out"
     w = q.contiguous().numpy().tobytes()
@@ -98,7 +127,7 @@ def run(binary: Path, gtype: str, q: torch.Tensor, x: torch.Tensor, tmp: Path) -
         + w
         + x.float().contiguous().numpy().tobytes()
     )
-    raw = qemu(binary, src, dst)
+    raw = qemu(binary, src, dst, *args)
     group = struct.unpack("<i", raw[:4])[0]
     return group, torch.from_numpy(np.frombuffer(raw[4:], dtype="<f4").copy()).reshape(M, N)
 
@@ -118,13 +147,17 @@ def problem(gtype: str, M: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 @pytest.mark.parametrize("gtype", sorted(GGUF_TYPES))
-def test_every_type_against_the_integer_reference(binary: Path, gtype: str, tmp_path: Path) -> None:
+def test_every_type_against_the_integer_reference(
+    binary: tuple[Path, tuple[str, ...]], gtype: str, tmp_path: Path
+) -> None:
     """M = 1, 6 and 7: the kernel takes activation rows 4 at a time, so every count 1 to 4 runs, and an
-    odd one leaves the SMMLA build a row for SDOT; the NEON builds keep every row canonical."""
+    odd one leaves the SMMLA build a row for SDOT (or SVE); the NEON builds keep every row canonical.
+    M = 1 sends the SVE+SMMLA build's weight row pairs through the SVE kernel."""
+    path, args = binary
     seed = int.from_bytes(os.urandom(4), "little")
     for M in (1, 6, 7):
         q, x = problem(gtype, M, seed)
-        group, y = run(binary, gtype, q, x, tmp_path)
+        group, y = run(path, gtype, q, x, tmp_path, args)
         assert group == 0
         ref = integer_reference(x, q, gtype)
         if M > 2:
@@ -136,12 +169,17 @@ def test_every_type_against_the_integer_reference(binary: Path, gtype: str, tmp_
 @pytest.mark.parametrize("gtype", sorted(GGUF_TYPES))
 def test_builds_agree_bit_for_bit(gguf_build: Callable[[str], Path], gtype: str, tmp_path: Path) -> None:
     """Every block's integer sum is exact and each build adds it to its row by the same fp32 expression,
-    so plain NEON, SDOT and SMMLA give the same bits; M = 5: two SMMLA pairs, then a row for SDOT."""
+    so plain NEON, SDOT, SMMLA and SVE (at 128 bits: NEON; at 256 and 512: the SVE kernel) give the same
+    bits; M = 5: two SMMLA pairs, then a row for SDOT (SVE); M = 1: the SVE+SMMLA build's decode path."""
     seed = int.from_bytes(os.urandom(4), "little")
-    q, x = problem(gtype, 5, seed)
-    ys = {level: run(gguf_build(level), gtype, q, x, tmp_path)[1] for level in sorted(MARCH)}
-    for level, y in ys.items():
-        assert torch.equal(y.view(torch.int32), ys["neon"].view(torch.int32)), f"{gtype} {level} seed {seed}"
+    for M in (1, 5):
+        q, x = problem(gtype, M, seed)
+        ys = {
+            (level, vl): run(gguf_build(level), gtype, q, x, tmp_path, vl_args(vl))[1] for level, vl in RUNS
+        }
+        want = ys[("neon", None)].view(torch.int32)
+        for (level, vl), y in ys.items():
+            assert torch.equal(y.view(torch.int32), want), f"{gtype} {level} vl={vl} M={M} seed {seed}"
 
 
 # -- the weight-only GEMVs on the x86 kernels' prepared layouts --------------------------------------

@@ -57,6 +57,12 @@
 #else
 #define QRT_GGUF_I8MM 0
 #endif
+#if QRT_GGUF_NEON && defined(__ARM_FEATURE_SVE)
+#define QRT_GGUF_SVE 1
+#include <arm_sve.h>
+#else
+#define QRT_GGUF_SVE 0
+#endif
 
 namespace {
 
@@ -687,8 +693,128 @@ void rows_dot_neon_t(const uint8_t* row, int64_t nb, const XRow* x, float* out) 
   for (int r = 0; r < MR; ++r) out[r] = acc[r];
 }
 
-// out[r] = row . x[r] for r < mr <= 4
+#if QRT_GGUF_SVE
+// ---- SVE path (aarch64 with SVE, vectors of 256 bits or more): 32 codes per vector ---------------
+// The NEON path's computation with one block's 32 codes (a legacy block, or a K-quant chunk) in byte
+// lanes 0-31 of one svint8_t (the lanes beyond 0: zeroing loads under svwhilelt_b8(0, 32)), met by
+// each activation row's 32 codes in one SDOT: int32 lanes 0-3 hold codes 0-15's sums, lanes 4-7 codes
+// 16-31's (those beyond: 0). A block's sum is reduced once (svaddv) to the same exact int32 and added
+// by the same fp32 expression (neon_legacy_term, neon_k_term): bit for bit the NEON builds' results.
+// rows_dot takes it only where svcntb() >= 32; a 128-bit SVE machine runs the NEON kernel.
+
+// a legacy block's 32 signed codes (the type's offset applied) in byte lanes 0-31, 0 beyond
+QRT_NEON_INLINE svint8_t sve_legacy(int32_t t, const uint8_t* b, svbool_t p32) {
+  if (t == Q8_0) return svld1_s8(p32, reinterpret_cast<const int8_t*>(b + 2));
+  const bool asym = t == Q4_1 || t == Q5_1, five = t == Q5_0 || t == Q5_1;
+  const svbool_t all = svptrue_b8();
+  // the 16 nibble bytes in every quadword: low nibbles to lanes 0-15, high ones to lanes 16-31
+  const svuint8_t v = svld1rq_u8(all, b + (asym ? 4 : 2) + (five ? 4 : 0));
+  svuint8_t u = svsel_u8(svwhilelt_b8(0, 16), svand_n_u8_x(all, v, 15), svlsr_n_u8_x(all, v, 4));
+  if (five) {  // lane j's fifth bit: bit j % 8 of qh's byte j / 8
+    const svuint8_t j = svindex_u8(0, 1);
+    const svuint8_t qh = svtbl_u8(svreinterpret_u8_u32(svdup_n_u32(u32(b + (asym ? 4 : 2)))), svlsr_n_u8_x(all, j, 3));
+    const svuint8_t bit = svlsl_u8_x(all, svdup_n_u8(1), svand_n_u8_x(all, j, 7));
+    u = svorr_n_u8_m(svcmpne_n_u8(all, svand_u8_x(all, qh, bit), 0), u, 16);
+  }
+  return svreinterpret_s8_u8(svsub_n_u8_z(p32, u, uint8_t(asym ? 0 : (five ? 16 : 8))));
+}
+
+// chunk k (elements 32k .. 32k + 31) of a K-quant super-block as signed codes in byte lanes 0-31, 0
+// beyond: neon_k_chunk's two 16-byte halves are 32 contiguous bytes in every type, one load
+QRT_NEON_INLINE svint8_t sve_k_chunk(int32_t t, const uint8_t* b, int k, svbool_t p32) {
+  const svbool_t all = svptrue_b8();
+  const int n = k / 4, s = k % 4;
+  svuint8_t u;
+  switch (t) {
+    case Q2_K: u = svand_n_u8_x(all, svlsr_n_u8_x(all, svld1_u8(p32, b + 16 + 32 * n), uint8_t(2 * s)), 3); break;
+    case Q3_K: {
+      const svuint8_t low = svand_n_u8_x(all, svlsr_n_u8_x(all, svld1_u8(p32, b + 32 + 32 * n), uint8_t(2 * s)), 3);
+      const svuint8_t hb = svand_n_u8_x(all, svlsr_n_u8_x(all, svld1_u8(p32, b), uint8_t(k)), 1);
+      u = svsub_n_u8_z(p32, svorr_u8_x(all, low, svlsl_n_u8_x(all, hb, 2)), 4);
+      break;
+    }
+    case Q4_K:
+    case Q5_K: {
+      const svuint8_t v = svld1_u8(p32, b + (t == Q5_K ? 48 : 16) + 32 * (k / 2));
+      u = k % 2 ? svlsr_n_u8_x(all, v, 4) : svand_n_u8_x(all, v, 15);
+      if (t == Q5_K) {
+        const svuint8_t hb = svand_n_u8_x(all, svlsr_n_u8_x(all, svld1_u8(p32, b + 16), uint8_t(k)), 1);
+        u = svorr_u8_x(all, u, svlsl_n_u8_x(all, hb, 4));
+      }
+      break;
+    }
+    default: {  // Q6_K
+      const svuint8_t lv = svld1_u8(p32, b + 64 * n + 32 * (s % 2));
+      const svuint8_t low = s >= 2 ? svlsr_n_u8_x(all, lv, 4) : svand_n_u8_x(all, lv, 15);
+      const svuint8_t high = svand_n_u8_x(all, svlsr_n_u8_x(all, svld1_u8(p32, b + 128 + 32 * n), uint8_t(2 * s)), 3);
+      u = svsub_n_u8_z(p32, svorr_u8_x(all, low, svlsl_n_u8_x(all, high, 4)), 32);
+    }
+  }
+  return svreinterpret_s8_u8(u);
+}
+
+// chunk k's codes q against its 32 activation codes xk, scaled per sub-block into sumi: 16-element
+// sub-blocks scale int32 lanes 0-3 by sc[2k] and lanes 4-7 by sc[2k + 1], 32-element ones all by sc[k]
+QRT_NEON_INLINE svint32_t sve_k_chunk_sdot(int32_t t, svint32_t sumi, svint8_t q, const int8_t* xk,
+                                           const int32_t* sc, int k, svbool_t p32) {
+  const svint32_t d = svdot_s32(svdup_n_s32(0), q, svld1_s8(p32, xk));
+  if (sub16(t))
+    return svmla_s32_x(svptrue_b32(), sumi, d,
+                       svsel_s32(svwhilelt_b32(0, 4), svdup_n_s32(sc[2 * k]), svdup_n_s32(sc[2 * k + 1])));
+  return svmla_n_s32_x(svptrue_b32(), sumi, d, sc[k]);
+}
+
+// the exact int32 sum of an SVE block accumulator
+QRT_NEON_INLINE int32_t sve_sum(svint32_t v) { return int32_t(svaddv_s32(svptrue_b32(), v)); }
+
+// out[r] = row . x[r] for r < MR, one canonical row of nb blocks of type T (svcntb() >= 32)
+template <int T, int MR>
+void rows_dot_sve_t(const uint8_t* row, int64_t nb, const XRow* x, float* out) {
+  constexpr int B = kInfo[T].B, TB = kInfo[T].T;
+  const svbool_t p32 = svwhilelt_b8(0, 32);
+  float acc[MR] = {};
+  for (int64_t i = 0; i < nb; ++i) {
+    const uint8_t* b = row + i * TB;
+    if constexpr (B == 32) {
+      NeonLegacy o;  // its d and m only: the codes are q
+      o.d = f16(b);
+      o.m = T == Q4_1 || T == Q5_1 ? f16(b + 2) : 0.f;
+      const svint8_t q = sve_legacy(T, b, p32);
+      for (int r = 0; r < MR; ++r)
+        neon_legacy_term(acc[r], o, x[r], i, sve_sum(svdot_s32(svdup_n_s32(0), q, svld1_s8(p32, x[r].q + i * 32))));
+    } else {
+      NeonKHead h;
+      neon_k_head(T, b, h);
+      // one accumulator per activation row (SVE vectors cannot form an array)
+      svint32_t s0 = svdup_n_s32(0), s1 = s0, s2 = s0, s3 = s0;
+#pragma GCC unroll 8
+      for (int k = 0; k < 8; ++k) {
+        const svint8_t q = sve_k_chunk(T, b, k, p32);
+        s0 = sve_k_chunk_sdot(T, s0, q, x[0].q + i * 256 + 32 * k, h.sc, k, p32);
+        if constexpr (MR > 1) s1 = sve_k_chunk_sdot(T, s1, q, x[1].q + i * 256 + 32 * k, h.sc, k, p32);
+        if constexpr (MR > 2) s2 = sve_k_chunk_sdot(T, s2, q, x[2].q + i * 256 + 32 * k, h.sc, k, p32);
+        if constexpr (MR > 3) s3 = sve_k_chunk_sdot(T, s3, q, x[3].q + i * 256 + 32 * k, h.sc, k, p32);
+      }
+      neon_k_term(acc[0], T, h, x[0], i, sve_sum(s0));
+      if constexpr (MR > 1) neon_k_term(acc[1], T, h, x[1], i, sve_sum(s1));
+      if constexpr (MR > 2) neon_k_term(acc[2], T, h, x[2], i, sve_sum(s2));
+      if constexpr (MR > 3) neon_k_term(acc[3], T, h, x[3], i, sve_sum(s3));
+    }
+  }
+  for (int r = 0; r < MR; ++r) out[r] = acc[r];
+}
+#endif  // QRT_GGUF_SVE
+
+// out[r] = row . x[r] for r < mr <= 4: the SVE kernel where vectors hold 32 bytes or more, else NEON
 void rows_dot(int32_t t, const uint8_t* row, int64_t nb, const XRow* x, int mr, float* out) {
+#if QRT_GGUF_SVE
+  if (svcntb() >= 32) {
+    with_type(t, [&](auto T) {
+      qrt::with_rows4(mr, [&](auto r) { rows_dot_sve_t<decltype(T)::value, decltype(r)::value>(row, nb, x, out); });
+    });
+    return;
+  }
+#endif
   with_type(t, [&](auto T) {
     qrt::with_rows4(mr, [&](auto r) { rows_dot_neon_t<decltype(T)::value, decltype(r)::value>(row, nb, x, out); });
   });
@@ -1840,10 +1966,12 @@ int32_t quantrt_gguf_linear(int32_t type, const uint8_t* w, int64_t N, int64_t K
           XRow xr[4];
           float v0[4], v1[4];
           for (int i = 0; i < mr; ++i) xr[i] = x_row(ws, xl, m + i);
-          if (pair)
+          // one activation row (decoding) meets each weight row through rows_dot: an SVE CPU's kernel
+          if (pair && mr >= 2)
             rows_dot_neon_mm(type, tail + r * rbytes, tail + (r + 1) * rbytes, nb, xr, mr, v0, v1);
           else
             rows_dot(type, tail + r * rbytes, nb, xr, mr, v0);
+          if (pair && mr == 1) rows_dot(type, tail + (r + 1) * rbytes, nb, xr, mr, v1);
           for (int i = 0; i < mr; ++i) {
             store(out, som, odt, bias, bdt, m + i, n, v0[i]);
             if (pair) store(out, som, odt, bias, bdt, m + i, n + 1, v1[i]);
