@@ -34,14 +34,5 @@ inline void row_f32(const void* x, int32_t dt, int64_t off, int64_t sk, const in
   for (; k < Kp; ++k) row[k] = 0.f;
 }
 
-// The output rows of one 16-row tile: y[m * ld + n], n = n0 + i < N, the fp32 sums lo (rows 0-7) and
-// hi (8-15) times the row multiplier, plus the bias.
-inline void store_tile(const YView& y, int64_t m, int64_t n0, __m256 lo, __m256 hi) {
-  alignas(32) float v[16];
-  _mm256_store_ps(v, lo);
-  _mm256_store_ps(v + 8, hi);
-  store_tile_values(y, m, n0, v);
-}
-
 }  // namespace qrt
 #endif

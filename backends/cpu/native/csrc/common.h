@@ -2,6 +2,7 @@
 // and splitting work over the caller's thread count. Every kernel library includes this header
 // and exports plain extern "C" functions (see build.py).
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -126,6 +127,23 @@ inline void store_tile_values(const YView& y, int64_t m, int64_t n0, const float
     float r = y.rowscale ? v[i] * y.rowscale[n] : v[i];
     if (y.bias) r += load_act(y.bias, n, y.bdt);
     store_out(y.p, m * y.ld + n, r, y.dt);
+  }
+}
+
+// The GEMV kernels' two loops: passes over the activation rows, four at a time, f(m0, r) with r the
+// pass's row count as a std::integral_constant; and one pass's 16-row tiles in parallel, tile(t, v)
+// leaving the R x 16 results (before row scale and bias) in v, stored row by row.
+template <class F>
+inline void row_passes(int64_t M, F&& f) {
+  for (int64_t m0 = 0; m0 < M; m0 += 4) with_rows4(M - m0, [&](auto r) { f(m0, r); });
+}
+template <int R, class F>
+inline void tiles_in_parallel(int64_t tiles, int threads, const YView& y, int64_t m0, F&& tile) {
+#pragma omp parallel for num_threads(std::min<int64_t>(threads, tiles)) schedule(dynamic, 4)
+  for (int64_t t = 0; t < tiles; ++t) {
+    alignas(64) float v[R][16];
+    tile(t, v);
+    for (int r = 0; r < R; ++r) store_tile_values(y, m0 + r, t * 16, v[r]);
   }
 }
 

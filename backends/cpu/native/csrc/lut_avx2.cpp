@@ -22,7 +22,6 @@
 namespace {
 
 constexpr int TILE = 16;
-constexpr int MR = 4;  // activation rows per pass over the codes
 // the codes are asked for this many bytes ahead, as in wint_avx2.cpp
 #ifndef QRT_LUT_PREFETCH  // overridable for tuning builds
 #define QRT_LUT_PREFETCH 2048
@@ -169,12 +168,11 @@ void gemv_tile(const int64_t* d, const Book& bk, int fmt, int64_t t, const float
 template <int B, int R>
 void gemv_rows(const int64_t* d, const Book& bk, int fmt, const float* xs, const float* xsum, int64_t nf,
                const YView& y, int64_t m0, int threads) {
-#pragma omp parallel for num_threads(std::min<int64_t>(threads, d[L_T])) schedule(dynamic, 4)
-  for (int64_t t = 0; t < d[L_T]; ++t) {
+  qrt::tiles_in_parallel<R>(d[L_T], threads, y, m0, [&](int64_t t, float (&v)[R][16]) {
     __m256 tot[R][2];
     gemv_tile<B, R>(d, bk, fmt, t, xs, xsum, nf, tot);
-    for (int r = 0; r < R; ++r) qrt::store_tile(y, m0 + r, t * TILE, tot[r][0], tot[r][1]);
-  }
+    for (int r = 0; r < R; ++r) _mm256_storeu_ps(v[r], tot[r][0]), _mm256_storeu_ps(v[r] + 8, tot[r][1]);
+  });
 }
 
 template <int B>
@@ -209,12 +207,9 @@ int run(const int64_t* d, const void* x, int32_t xdt, int64_t M, int64_t sxm, in
     for (int i = 0; i < 32; ++i) b2[i] = int8_t(2.f * t32[i % 16] + 12.f);
     bk.b2 = _mm256_load_si256(reinterpret_cast<const __m256i*>(b2));
   }
-  for (int64_t m0 = 0; m0 < M; m0 += MR) {
-    const float* xr = xs + m0 * Kp;
-    qrt::with_rows4(M - m0, [&](auto r) {
-      gemv_rows<B, decltype(r)::value>(d, bk, fmt, xr, xsum + m0 * nf, nf, y, m0, threads);
-    });
-  }
+  qrt::row_passes(M, [&](int64_t m0, auto r) {
+    gemv_rows<B, decltype(r)::value>(d, bk, fmt, xs + m0 * Kp, xsum + m0 * nf, nf, y, m0, threads);
+  });
   return 0;
 }
 

@@ -15,7 +15,6 @@
 namespace {
 
 constexpr int TILE = 16;
-constexpr int MR = 4;
 
 using qrt::Scratch;
 using qrt::YView;
@@ -119,16 +118,12 @@ void gemv_tile(const int64_t* d, const uint8x16x4_t& book, int fmt, int64_t t, c
 template <int B, int R>
 void gemv_rows(const int64_t* d, const uint8x16x4_t& book, int fmt, const float* xs, const YView& y, int64_t m0,
                int threads) {
-#pragma omp parallel for num_threads(std::min<int64_t>(threads, d[L_T])) schedule(dynamic, 4)
-  for (int64_t t = 0; t < d[L_T]; ++t) {
+  qrt::tiles_in_parallel<R>(d[L_T], threads, y, m0, [&](int64_t t, float (&v)[R][16]) {
     float32x4_t tot[R][4];
     gemv_tile<B, R>(d, book, fmt, t, xs, tot);
-    float v[16];
-    for (int r = 0; r < R; ++r) {
-      for (int i = 0; i < 4; ++i) vst1q_f32(v + 4 * i, tot[r][i]);
-      qrt::store_tile_values(y, m0 + r, t * TILE, v);
-    }
-  }
+    for (int r = 0; r < R; ++r)
+      for (int i = 0; i < 4; ++i) vst1q_f32(v[r] + 4 * i, tot[r][i]);
+  });
 }
 
 template <int B>
@@ -145,10 +140,9 @@ int run(const int64_t* d, const void* x, int32_t xdt, int64_t M, int64_t sxm, in
     book = {vld1q_u8(t32), vld1q_u8(t32 + 16), vld1q_u8(t32 + 32), vld1q_u8(t32 + 48)};
   }
   const int fmt = int(d[L_FP8]);
-  for (int64_t m0 = 0; m0 < M; m0 += MR) {
-    const float* xr = xs + m0 * Kp;
-    qrt::with_rows4(M - m0, [&](auto r) { gemv_rows<B, decltype(r)::value>(d, book, fmt, xr, y, m0, threads); });
-  }
+  qrt::row_passes(M, [&](int64_t m0, auto r) {
+    gemv_rows<B, decltype(r)::value>(d, book, fmt, xs + m0 * Kp, y, m0, threads);
+  });
   return 0;
 }
 #endif

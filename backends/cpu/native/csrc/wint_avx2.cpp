@@ -28,7 +28,6 @@ using qrt::F16;
 using qrt::F32;
 
 constexpr int TILE = 16;
-constexpr int MR = 4;  // activation rows per pass over the codes
 // the codes are asked for this many bytes ahead (every other step: a 64-byte line holds two or more)
 #ifndef QRT_WINT_PREFETCH  // overridable for tuning builds
 #define QRT_WINT_PREFETCH 2048
@@ -160,12 +159,11 @@ void gemv_tile(const int64_t* d, int64_t t, const float* xs, const float* xsum, 
 template <int B, int R>
 void gemv_rows(const int64_t* d, const float* xs, const float* xsum, int64_t nf, const YView& y, int64_t m0,
                int threads) {
-#pragma omp parallel for num_threads(std::min<int64_t>(threads, d[W_T])) schedule(dynamic, 4)
-  for (int64_t t = 0; t < d[W_T]; ++t) {
+  qrt::tiles_in_parallel<R>(d[W_T], threads, y, m0, [&](int64_t t, float (&v)[R][16]) {
     __m256 tot[R][2];
     gemv_tile<B, R>(d, t, xs, xsum, nf, tot);
-    for (int r = 0; r < R; ++r) qrt::store_tile(y, m0 + r, t * TILE, tot[r][0], tot[r][1]);
-  }
+    for (int r = 0; r < R; ++r) _mm256_storeu_ps(v[r], tot[r][0]), _mm256_storeu_ps(v[r] + 8, tot[r][1]);
+  });
 }
 
 template <int B>
@@ -176,11 +174,9 @@ int run(const int64_t* d, const void* x, int32_t xdt, int64_t M, int64_t sxm, in
   float* xsum = static_cast<float*>(tl_sum.get(sizeof(float) * M * nf));
   if (!xs || !xsum) return 2;
   xprep<B>(x, xdt, M, sxm, sxk, reinterpret_cast<const int32_t*>(d[W_PERM]), K, Kp, fold, nf, xs, xsum);
-  for (int64_t m0 = 0; m0 < M; m0 += MR) {
-    const float* xr = xs + m0 * Kp;
-    const float* sr = xsum + m0 * nf;
-    qrt::with_rows4(M - m0, [&](auto r) { gemv_rows<B, decltype(r)::value>(d, xr, sr, nf, y, m0, threads); });
-  }
+  qrt::row_passes(M, [&](int64_t m0, auto r) {
+    gemv_rows<B, decltype(r)::value>(d, xs + m0 * Kp, xsum + m0 * nf, nf, y, m0, threads);
+  });
   return 0;
 }
 #endif

@@ -14,7 +14,6 @@
 namespace {
 
 constexpr int TILE = 16;
-constexpr int MR = 4;
 
 using qrt::Scratch;
 using qrt::YView;
@@ -106,16 +105,12 @@ void gemv_tile(const int64_t* d, int64_t t, const float* xs, const float* xsum, 
 template <int B, int R>
 void gemv_rows(const int64_t* d, const float* xs, const float* xsum, int64_t nf, const YView& y, int64_t m0,
                int threads) {
-#pragma omp parallel for num_threads(std::min<int64_t>(threads, d[W_T])) schedule(dynamic, 4)
-  for (int64_t t = 0; t < d[W_T]; ++t) {
+  qrt::tiles_in_parallel<R>(d[W_T], threads, y, m0, [&](int64_t t, float (&v)[R][16]) {
     float32x4_t tot[R][4];
     gemv_tile<B, R>(d, t, xs, xsum, nf, tot);
-    float v[16];
-    for (int r = 0; r < R; ++r) {
-      for (int i = 0; i < 4; ++i) vst1q_f32(v + 4 * i, tot[r][i]);
-      qrt::store_tile_values(y, m0 + r, t * TILE, v);
-    }
-  }
+    for (int r = 0; r < R; ++r)
+      for (int i = 0; i < 4; ++i) vst1q_f32(v[r] + 4 * i, tot[r][i]);
+  });
 }
 
 template <int B>
@@ -126,11 +121,9 @@ int run(const int64_t* d, const void* x, int32_t xdt, int64_t M, int64_t sxm, in
   float* xsum = static_cast<float*>(tl_sum.get(sizeof(float) * M * nf));
   if (!xs || !xsum) return 2;
   xprep<B>(x, xdt, M, sxm, sxk, reinterpret_cast<const int32_t*>(d[W_PERM]), K, Kp, fold, nf, xs, xsum);
-  for (int64_t m0 = 0; m0 < M; m0 += MR) {
-    const float* xr = xs + m0 * Kp;
-    const float* sr = xsum + m0 * nf;
-    qrt::with_rows4(M - m0, [&](auto r) { gemv_rows<B, decltype(r)::value>(d, xr, sr, nf, y, m0, threads); });
-  }
+  qrt::row_passes(M, [&](int64_t m0, auto r) {
+    gemv_rows<B, decltype(r)::value>(d, xs + m0 * Kp, xsum + m0 * nf, nf, y, m0, threads);
+  });
   return 0;
 }
 #endif
