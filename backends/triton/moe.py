@@ -28,9 +28,10 @@ epilogue, masked stores:
   and one dot. ``q - z`` is an exact integer in x's dtype (the magic-number decode for 16-bit
   floats); group scales [E, N, K/G] (``block_k`` divides G) multiply each tile's fp32 partial sum,
   channel scales [E, N] the accumulator once after the loop.
-* ``fp4``: NVFP4 / MXFP4 weight-only, codes paired as int4's, 1-byte scales [E, N, K/G] (e4m3 bits or
-  :func:`bf16_byte_scales`' bytes, e8m0 exponents), NVFP4's global scale as an fp32 row scale [E, N]; value * scale is decoded exactly
-  in fp32 (:func:`.lut4._values`, :func:`.lut4._scale`) and cast to x's dtype before the dots.
+* ``fp4``: NVFP4 / MXFP4 weight-only, codes paired as int4's, 1-byte scales [E, N, K/G] (e4m3 bits
+  or :func:`bf16_byte_scales`' bytes, e8m0 exponents), NVFP4's global scale as an fp32 row scale
+  [E, N]; value * scale is decoded exactly in fp32 (:func:`.lut4._values`, :func:`_fp4_scale`) and
+  cast to x's dtype before the dots.
 * ``rowwise``: W8A8 fp8 (or int8) codes [E, N, K] with one weight scale per row [E, N] and activation
   scales per input row (``act_scale_mode`` "row") or per expert ("expert": x holds one row per
   assignment, quantized with its expert's scale by :func:`quantize_per_expert`); both scales in the
@@ -169,7 +170,7 @@ def bf16_byte_scales(
 
     Byte c is the scale's magnitude times 2^-117 as the bf16 whose bits are ``c << 4``: every e4m3
     magnitude (2^-9 .. 448, at most 4 significant bits) lands on a normal bf16 whose low four bits are
-    zero and whose bits fit 12, so the K loop widens a scale with one shift instead of decoding e4m3
+    zero and whose top four are too, so the K loop widens a scale with one shift instead of decoding e4m3
     through fp16 and fp32; the 2^117 rides on the e2m1 values' table (:mod:`..cuda.triton_decode`).
     A negative scale's group has its codes' sign bits flipped instead (e2m1 is sign-magnitude: the
     same products). Scale codes must not be NaN (0x7F, 0xFF: the caller refuses them)."""
@@ -356,8 +357,8 @@ def _fp4_decode(w, sc_lo, sc_hi, G: tl.constexpr, SKIND: tl.constexpr, T: tl.con
 @triton.jit
 def _fp4_scale(c, SKIND: tl.constexpr):
     """Stored fp4 scale codes -> fp32, exact (e4m3 times e2m1's 2^14, as :func:`.lut4._scale`)."""
-    if SKIND == 3:  # bf16_byte: the bf16 of bits c << 4, times 2^117 (two steps: fp32's range)
-        s = (c.to(tl.int32) << 20).to(tl.float32, bitcast=True) * (2.0**58) * (2.0**59)
+    if SKIND == 3:  # bf16_byte: the bf16 of bits c << 4 (as fp32: the same bits << 16), times 2^117
+        s = (c.to(tl.int32) << 20).to(tl.float32, bitcast=True) * (2.0**117)
     else:
         s = _scale(c, SKIND, True)
     return s
