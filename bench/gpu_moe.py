@@ -81,6 +81,16 @@ T_START = time.monotonic()
 # -- timing ----------------------------------------------------------------------------------------
 
 
+def launch_shape(lay: Any, M: int, k: int) -> dict[str, Any] | None:
+    """What a projection launches for M tokens: the CUDA mma grouped kernel's shape where it takes
+    the batch, else the Triton tile."""
+    mma = getattr(lay, "mma", None)
+    if mma is not None and M <= mma.max_tokens():
+        t = mma.tile(M, M * k)
+        return {"cuda_mma": True, "xr": t.xr, "nt": t.nt, "wn": t.wn, "wk": t.wk, "stages": t.stages}
+    return dataclasses.asdict(lay.tile(M * k)) if hasattr(lay, "tile") else None
+
+
 def eager_us(fn: Any) -> float:
     return float(tt.do_bench(fn, warmup=WARMUP_MS, rep=REP_MS, return_mode="median")) * 1e3
 
@@ -345,9 +355,7 @@ def run(args: argparse.Namespace) -> dict:
                 x, ids, w = st["inputs"][M]
                 row["kernels"] = m.kernel_names
                 row["tiles"] = {
-                    name: dataclasses.asdict(p.state.layout.tile(M * k))
-                    if hasattr(p.state.layout, "tile")
-                    else None
+                    name: launch_shape(p.state.layout, M, k)
                     for name, p in zip(("gate_up", "down"), (m._gate_up[0], m._down))
                 }
                 y = m(x, ids, w)

@@ -30,7 +30,7 @@ import triton
 import triton.language as tl
 
 from quantrt.backends.triton.lut4 import _scale
-from quantrt.backends.triton.moe import BF16_BYTE_LIFT, _fp4_decode, _nibble_minus
+from quantrt.backends.triton.moe import BF16_BYTE_LIFT, E5M3_LIFT, _fp4_decode, _nibble_minus
 
 
 def _int4_asm(high: bool, magic: int, one: int, fma: str) -> tl.constexpr:
@@ -108,6 +108,8 @@ E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 _E2M1_PAIR_BF16 = _e2m1_asm(0)
 #: the values times 2^117 against "bf16_byte" scales (backends/triton/moe.py bf16_byte_scales)
 _E2M1_PAIR_BF16_LIFTED = _e2m1_asm(BF16_BYTE_LIFT)
+#: and times 2^98 against the lane layout's e5m3 bytes (the same bf16 widening; moe.py E5M3_LIFT)
+_E2M1_PAIR_BF16_E5M3 = _e2m1_asm(E5M3_LIFT)
 
 
 @triton.jit
@@ -133,10 +135,10 @@ def int4_minus(w, z, HIGH: tl.constexpr, like):
 @triton.jit
 def _broadcast_scales(sc, SKIND: tl.constexpr, G: tl.constexpr, T: tl.constexpr, shape: tl.constexpr):
     """A half tile's stored scale codes ([BN, BK/2/G] when T else [BK/2/G, BN]) as bf16 values,
-    one per code (exact: 4 significant bits, in bf16's range). "bf16_byte" codes (SKIND 3) widen by
-    one shift into the bf16 of the scale times 2^-117; e8m0 exponents are placed as bf16 bits (2^-127
+    one per code (exact: 4 significant bits, in bf16's range). "bf16_byte" codes (SKIND 3) and the lane
+    layout's e5m3 bytes (SKIND 4) widen by one shift into the bf16 of the scale times 2^-117 (2^-112); e8m0 exponents are placed as bf16 bits (2^-127
     as the subnormal it is); e4m3 goes through fp32 (:func:`.lut4._scale`)."""
-    if SKIND == 3:
+    if SKIND == 3 or SKIND == 4:
         s = (sc.to(tl.int16) << 4).to(tl.bfloat16, bitcast=True)
     elif SKIND == 1:
         sub = tl.full(sc.shape, 0x40, tl.int16)  # e = 0: 2^-127, bf16's 0x0040; others are larger
@@ -153,13 +155,18 @@ def _broadcast_scales(sc, SKIND: tl.constexpr, G: tl.constexpr, T: tl.constexpr,
 @triton.jit
 def e2m1_scaled(w, sc_lo, sc_hi, G: tl.constexpr, SKIND: tl.constexpr, T: tl.constexpr, like):
     """Both nibbles of the e2m1 codes times their group scales, in like's dtype: (low, high).
-    sc_lo/sc_hi: each half tile's stored e4m3/bf16_byte/e8m0 scale codes."""
+    sc_lo/sc_hi: each half tile's stored e4m3/bf16_byte/e8m0/e5m3 scale codes."""
     if like.dtype == tl.bfloat16:
         s_lo = _broadcast_scales(sc_lo, SKIND, G, T, w.shape)
         s_hi = _broadcast_scales(sc_hi, SKIND, G, T, w.shape)
         if SKIND == 3:
             lo, hi = tl.inline_asm_elementwise(
                 _E2M1_PAIR_BF16_LIFTED, "=r,=r,=r,=r,r,r,r,r,r", [w, s_lo, s_hi], (tl.bfloat16, tl.bfloat16),
+                True, 4,
+            )  # fmt: skip
+        elif SKIND == 4:
+            lo, hi = tl.inline_asm_elementwise(
+                _E2M1_PAIR_BF16_E5M3, "=r,=r,=r,=r,r,r,r,r,r", [w, s_lo, s_hi], (tl.bfloat16, tl.bfloat16),
                 True, 4,
             )  # fmt: skip
         else:

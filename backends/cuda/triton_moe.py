@@ -148,6 +148,7 @@ class MoeLayout:
     quant: Any  # (per_token, per_token_group, per_expert) quantizers
     align: Any  # (takes, align_routing) of moe_align, bound at load as well
     decoders: Any = None  # the K loop's 4-bit decodes (PTX on NVIDIA GPUs; None: portable)
+    mma: Any = None  # mma_moe.MmaExperts over the same lane-layout bytes: decode-sized batches, or None
     _split: dict[tuple[int, int], Any] = field(default_factory=dict)
 
     def tile(self, A: int) -> Any:
@@ -186,8 +187,12 @@ def _run(
     ws: Any,
     reduce_rows: int = 1,
 ) -> torch.Tensor:
-    """The one strategy: quantize activations as the scheme says, then one grouped launch."""
+    """The one strategy: quantize activations as the scheme says, then one grouped launch (of the
+    tensor-core kernel for the few tokens it takes, where the layout has it)."""
     A = batch.A
+    me = lay.mma
+    if me is not None and batch.M <= me.max_tokens() and x.dtype == me.act:
+        return _run_mma(lay, me, x, batch, gather, weighted, bias, out, reduce_rows)
     tile = lay.tile(A)
     sid, bexp, npad = _aligned(lay, batch, tile.block_m)
     order, offsets = batch.sorted()
@@ -207,6 +212,36 @@ def _run(
         x_scale=xs, act_scale_mode=mode, topk_weights=batch.weights if weighted else None, bias=bias, out=out,
         decoders=lay.decoders, reduce_rows=reduce_rows,
     )  # fmt: skip
+
+
+def _run_mma(
+    lay: MoeLayout,
+    me: Any,
+    x: torch.Tensor,
+    batch: ExpertBatch,
+    gather: bool,
+    weighted: bool,
+    bias: torch.Tensor | None,
+    out: torch.Tensor | None,
+    reduce_rows: int,
+) -> torch.Tensor:
+    """One ``wna16_moe`` launch (:mod:`.mma_moe`); ``reduce_rows`` > 1 sums each token's rows after."""
+    from .mma_moe import moe_mma
+
+    A = batch.A
+    tile = me.tile(batch.M, A)
+    sid, bexp, npad = _aligned(lay, batch, tile.xr)
+    order, offsets = batch.sorted()
+    direct = out is not None and reduce_rows == 1 and out.dtype == me.act
+    y = moe_mma(
+        me, tile, x, sid, bexp, npad, order, offsets, A, batch.top_k if gather else 1,
+        batch.weights if weighted else None, bias, out if direct else None,
+    )  # fmt: skip
+    if reduce_rows > 1:
+        y = sum_top_k(y, batch)
+    if out is not None and not direct:
+        return out.copy_(y)
+    return y if y.dtype == lay.out_dtype else y.to(lay.out_dtype)
 
 
 def _run_combined(
@@ -261,7 +296,10 @@ def _describe(lay: MoeLayout) -> str:
         )
     quant = {"none": "", "token": "token quant + ", "group": "group quant + ", "expert": "expert quant + "}
     ptx = " with PTX 4-bit decode" if lay.decoders is not None and lay.weights.pair else ""
-    return f"{quant[lay.act]}triton grouped GEMM{ptx} (rows/expert {'; '.join(parts)})"
+    text = f"{quant[lay.act]}triton grouped GEMM{ptx} (rows/expert {'; '.join(parts)})"
+    if lay.mma is not None:
+        text = f"CUDA mma grouped for <= {lay.mma.max_tokens()} tokens, then {text}"
+    return text
 
 
 def _check(*conditions: Condition) -> Verdict:
@@ -308,6 +346,7 @@ class CudaTritonMoe(Kernel):
         act_kind: str = "fp8",
         in_scale: Any = None,
         section: str | None = None,
+        mma: Any = None,
     ) -> PreparedExperts:
         from quantrt.backends.triton import act_quant, moe_align
         from quantrt.backends.triton.moe import MoeTile, moe_matmul, quantize_per_expert
@@ -337,6 +376,7 @@ class CudaTritonMoe(Kernel):
             (act_quant.quantize_per_token, act_quant.quantize_per_token_group, quantize_per_expert),
             (moe_align.takes, moe_align.align_routing),
         )  # fmt: skip
+        layout.mma = mma
         if weights.w.is_cuda and ptx_decode_enabled():
             from .triton_decode import e2m1_scaled, int4_minus
 
@@ -566,8 +606,8 @@ class CudaTritonMoeFp4(CudaTritonMoe):
     name = "cuda.triton_moe_fp4"
     section = "weight_only_fp4"
     description = (
-        "fused MoE NVFP4/MXFP4 weight-only: e2m1 codes and e4m3/e8m0 scales decoded in the K loop of a grouped "
-        "Triton GEMM"
+        "fused MoE NVFP4/MXFP4 weight-only in the tensor-core kernel's lane layout: a CUDA mma launch over the "
+        "active experts for a few tokens, a grouped Triton GEMM decoding e2m1 in its K loop beyond"
     )
 
     @classmethod
@@ -582,36 +622,34 @@ class CudaTritonMoeFp4(CudaTritonMoe):
             *_device(caps),
             (s.family in ("nvfp4", "mxfp4"), "NVFP4 or MXFP4 weights", {"weight": s.weight}),
             (spec.K_part % G == 0, "K a multiple of the scale group", {"K_part": spec.K_part, "G": G}),
+            (G in (16, 32, 64), "scale groups of 16, 32 or 64 (whole groups per lane chunk)", {"G": G}),
         )
 
     def prepare(self, weight: CanonicalExperts, spec: LayerSpec) -> PreparedExperts:
-        from quantrt.backends.triton.moe import MoeWeights, bf16_byte_scales, pair_nibbles
+        """The lane layout of the tensor-core kernel (:mod:`.mma_moe`), read by both it (batches of
+        a few tokens, where CuPy is there to build it) and the Triton grouped GEMM."""
+        from quantrt.backends.triton.moe import LANE_CHUNK, MoeWeights
 
-        s = weight.scheme
-        nv = s.family == "nvfp4"
-        scales = weight["scales"]
-        if nv:
-            scales = scales.view(torch.uint8)
-            bad, what = scales.eq(0x7F) | scales.eq(0xFF), "e4m3 scale codes 0x7F/0xFF are NaN"
-        else:
-            bad, what = scales.eq(255), "e8m0 scale code 255 is NaN"
-        nbad = int(bad.sum())  # load time: one synchronisation per layer
-        if nbad:
-            raise ValueError(f"{s.name}: {what} ({nbad} of {scales.numel()} scales)")
-        row = None
-        if nv:
-            row = _per_row(weight["global_scale"], weight, "tensor")
-        G = s.group_size
+        from .mma_moe import lane_fp4_experts, mma_fp4_experts
+
+        G = weight.scheme.group_size
         assert G is not None
-        codes = weight["qweight"].contiguous()
-        if nv:  # scales the K loop widens with one shift (bf16_byte_scales)
-            codes, scales = bf16_byte_scales(codes, scales, G)
-        codes = pair_nibbles(codes, weight.K, PAIR_SPAN)
-        w = MoeWeights(
-            "fp4", codes, scales.contiguous(), weight.E, weight.N, weight.K,
-            row_scale=row, group=G, scale_kind="bf16_byte" if nv else "e8m0", pair=PAIR_SPAN,
+        w, sz, cs = lane_fp4_experts(weight)
+        E, n_pad, chunks = weight.E, sz.shape[2], w.shape[2]
+        mw = MoeWeights(
+            "fp4", w.view(E, n_pad, chunks * LANE_CHUNK // 2), sz.transpose(1, 2), E, weight.N, weight.K,
+            row_scale=cs, group=G, scale_kind="e5m3", pair=LANE_CHUNK // 2, layout="lane",
         )  # fmt: skip
-        return self._prepared(w, spec)
+        mma = None
+        if w.is_cuda and spec.act_dtype in (torch.float16, torch.bfloat16) and _has_cupy():
+            mma = mma_fp4_experts(w, sz, cs, weight, spec.act_dtype)
+        return self._prepared(mw, spec, mma=mma)
+
+
+def _has_cupy() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("cupy") is not None
 
 
 FUSED_MOE_KERNELS = (CudaTritonMoeWNA16, CudaTritonMoeFp8, CudaTritonMoeInt8, CudaTritonMoeFp4)

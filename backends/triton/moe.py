@@ -31,7 +31,11 @@ epilogue, masked stores:
 * ``fp4``: NVFP4 / MXFP4 weight-only, codes paired as int4's, 1-byte scales [E, N, K/G] (e4m3 bits
   or :func:`bf16_byte_scales`' bytes, e8m0 exponents), NVFP4's global scale as an fp32 row scale
   [E, N]; value * scale is decoded exactly in fp32 (:func:`.lut4._values`, :func:`_fp4_scale`) and
-  cast to x's dtype before the dots.
+  cast to x's dtype before the dots. Or (``layout`` "lane") the bytes of the CUDA tensor-core
+  kernel's repack, so one copy of the experts serves both kernels: column tiles of 8 x 64 bytes per
+  128-input chunk (:func:`_lane_cols`), x reordered per chunk (:func:`lane_order`) so each chunk is the
+  paired layout with span 64, e5m3 scale bytes [E, groups, Npad] read through strides, the column
+  factors as the row scale.
 * ``rowwise``: W8A8 fp8 (or int8) codes [E, N, K] with one weight scale per row [E, N] and activation
   scales per input row (``act_scale_mode`` "row") or per expert ("expert": x holds one row per
   assignment, quantized with its expert's scale by :func:`quantize_per_expert`); both scales in the
@@ -65,9 +69,18 @@ from .lut4 import SCALE_KINDS, _scale, _values
 KINDS = {"int": 0, "fp4": 1, "rowwise": 2, "block": 3}
 #: fp4 scale kinds -> the kernel's SKIND constexpr: lut4's, and "bf16_byte" (NVFP4's e4m3 scales
 #: re-encoded at load by :func:`bf16_byte_scales`)
-FP4_SCALE_KINDS = {**SCALE_KINDS, "bf16_byte": 3}
+FP4_SCALE_KINDS = {**SCALE_KINDS, "bf16_byte": 3, "e5m3": 4}
 #: a "bf16_byte" scale byte c stands for the bf16 whose bits are c << 4, times 2^BF16_BYTE_LIFT
 BF16_BYTE_LIFT = 117
+#: an "e5m3" byte (the lane layout's, from ``cuda.mma_codebook.fp4_operands``) is the same bf16 times
+#: 2^112; the products it scales carry 2^-14 there (the column factor holds 2^14), hence 112 - 14
+E5M3_LIFT = 98
+#: code layouts: "paired" (:func:`pair_nibbles`) and "lane" (the CUDA tensor-core kernel's, see
+#: :func:`lane_positions`)
+LAYOUTS = ("paired", "lane")
+#: the lane layout: inputs per chunk, and bytes from one chunk of a column to the next
+LANE_CHUNK = 128
+LANE_CHUNK_STRIDE = tl.constexpr(2048)
 #: activation-scale modes of the rowwise kind -> the kernel's ACT constexpr
 ACT_SCALE_MODES = {"none": 0, "row": 1, "expert": 2}
 
@@ -121,11 +134,14 @@ class MoeWeights:
     bits: int = 4
     group: int = 0  # int: the scale group along K (0: channel scales); fp4: 16 or 32
     block: tuple[int, int] = (0, 0)  # block kind: (bn, bk)
-    scale_kind: str = "e4m3"  # fp4: "e4m3" or "bf16_byte" (NVFP4), "e8m0" (MXFP4)
+    scale_kind: str = "e4m3"  # fp4: "e4m3" or "bf16_byte" (NVFP4), "e8m0" (MXFP4), "e5m3" (lane)
 
     pair: int = 0  # 4-bit codes: the pairing span of :func:`pair_nibbles` (0 for 8-bit codes)
+    layout: str = "paired"  # fp4: "lane" reads the CUDA kernel's lane order (:func:`lane_positions`)
 
     def __post_init__(self) -> None:
+        if self.layout not in LAYOUTS or (self.layout == "lane" and (self.kind != "fp4" or self.pair != 64)):
+            raise ValueError(f"MoeWeights: layout {self.layout!r} (lane: fp4 codes with pair 64)")
         four = self.kind == "fp4" or (self.kind == "int" and self.bits == 4)
         if four != (self.pair > 0) or (four and (self.pair < 8 or self.pair & (self.pair - 1))):
             raise ValueError(
@@ -134,8 +150,8 @@ class MoeWeights:
             )
 
     def min_block_k(self) -> int:
-        """A K tile holds whole pairing blocks (2 * pair k) of 4-bit codes; tl.dot needs K >= 16 per
-        dot, and 8-bit operands want K >= 32 on NVIDIA."""
+        """A K tile holds whole pairing blocks (2 * pair k) of 4-bit codes (one lane chunk exactly);
+        tl.dot needs K >= 16 per dot, and 8-bit operands want K >= 32 on NVIDIA."""
         if self.pair:
             return max(32, 2 * self.pair)
         return 16 if self.kind == "int" and self.bits == 8 else 32
@@ -189,6 +205,43 @@ def bf16_byte_scales(
     return codes ^ flip, (lifted >> 4).to(torch.uint8)
 
 
+def lane_positions() -> torch.Tensor:
+    """int64 [128]: the input of a chunk that each position of a "lane" K tile multiplies.
+
+    The lane layout is the CUDA tensor-core kernel's (``backends/cuda/wna16_layout.py``): per 8 output
+    columns and chunk of 128 inputs, column g's 64 code bytes lie at 64 g (tiles of 8 columns side by
+    side in groups of 4, 512 bytes each); byte 16 t + 4 j + i holds inputs 32 t + 8 j + 2 (u % 4) + u // 4
+    of nibble slot u = 2 i (low) and 2 i + 1 (high). Position p < 64 is the low nibble of byte p and
+    p >= 64 the high nibble of byte p - 64, so with x's inputs put in this order a chunk is
+    :func:`pair_nibbles`'s layout with span 64, and both nibbles of a byte share one scale group."""
+    p = torch.arange(LANE_CHUNK)
+    h, b = p // 64, p % 64
+    t, j, i = b // 16, (b % 16) // 4, b % 4
+    u = 2 * i + h
+    return 32 * t + 8 * j + 2 * (u % 4) + u // 4
+
+
+def lane_order(x: torch.Tensor) -> torch.Tensor:
+    """x [rows, K] -> [rows, chunks * 128]: each chunk's inputs in :func:`lane_positions`' order,
+    K padded with zeros to whole chunks."""
+    rows, K = x.shape
+    chunks = cdiv(max(K, 1), LANE_CHUNK)
+    pos = _lane_positions_on(x.device)
+    if K != chunks * LANE_CHUNK:
+        x = torch.nn.functional.pad(x, (0, chunks * LANE_CHUNK - K))
+    return x.reshape(rows, chunks, LANE_CHUNK)[:, :, pos].reshape(rows, chunks * LANE_CHUNK)
+
+
+_POSITIONS: dict[torch.device, torch.Tensor] = {}
+
+
+def _lane_positions_on(device: torch.device) -> torch.Tensor:
+    got = _POSITIONS.get(device)
+    if got is None:
+        got = _POSITIONS[device] = lane_positions().to(device)
+    return got
+
+
 # -- the grouped GEMM ----------------------------------------------------------------------------
 
 
@@ -229,10 +282,23 @@ def _xt(x_rows, k, K, stride_xk, T: tl.constexpr, MASK: tl.constexpr):
 
 
 @triton.jit
-def _load_codes(w_cols, t, KW, ROWS: tl.constexpr, T: tl.constexpr, EVEN_K: tl.constexpr):
+def _lane_cols(n, KW):
+    """Byte offsets of columns ``n``' first chunk in the lane layout (KW code bytes per column)."""
+    return (n // 32) * (KW * 32) + ((n // 8) % 4) * 512 + (n % 8) * 64
+
+
+@triton.jit
+def _load_codes(
+    w_cols, t, KW, ROWS: tl.constexpr, T: tl.constexpr, EVEN_K: tl.constexpr, STEP: tl.constexpr = 0
+):  # fmt: skip
     """ROWS code bytes of K tile ``t`` per output column: [ROWS, BN] (w_cols a [1, BN] pointer row),
-    or [BN, ROWS] when T (w_cols [BN, 1]); bytes past KW read 0."""
-    kb = t * ROWS + tl.arange(0, ROWS)
+    or [BN, ROWS] when T (w_cols [BN, 1]); bytes past KW read 0. STEP: bytes from one K tile of a
+    column to the next (0: ROWS, contiguous columns; the lane layout's chunk stride otherwise, with
+    K padded to whole tiles: EVEN_K)."""
+    if STEP == 0:
+        kb = t * ROWS + tl.arange(0, ROWS)
+    else:
+        kb = t * STEP + tl.arange(0, ROWS)
     if T:
         ptrs = w_cols + kb[None, :]
         keep = (kb < KW)[None, :]
@@ -359,6 +425,8 @@ def _fp4_scale(c, SKIND: tl.constexpr):
     """Stored fp4 scale codes -> fp32, exact (e4m3 times e2m1's 2^14, as :func:`.lut4._scale`)."""
     if SKIND == 3:  # bf16_byte: the bf16 of bits c << 4 (as fp32: the same bits << 16), times 2^117
         s = (c.to(tl.int32) << 20).to(tl.float32, bitcast=True) * (2.0**117)
+    elif SKIND == 4:  # e5m3: the same bf16 times 2^112, and the products' 2^-14 (E5M3_LIFT)
+        s = (c.to(tl.int32) << 20).to(tl.float32, bitcast=True) * (2.0**98)
     else:
         s = _scale(c, SKIND, True)
     return s
@@ -366,18 +434,40 @@ def _fp4_scale(c, SKIND: tl.constexpr):
 
 @triton.jit
 def _fp4_step(
-    acc, x_rows, w_cols, s_cols, t, K, KW, stride_xk,
+    acc, x_rows, w_cols, s_cols, t, K, KW, stride_xk, stride_sk,
     G: tl.constexpr, P: tl.constexpr, BK: tl.constexpr, SKIND: tl.constexpr, T: tl.constexpr,
-    EVEN_K: tl.constexpr, IEEE: tl.constexpr, DECF: tl.constexpr,
+    EVEN_K: tl.constexpr, IEEE: tl.constexpr, DECF: tl.constexpr, LANE: tl.constexpr,
 ):  # fmt: skip
-    """K tile ``t`` of e2m1 codes (paired layout) with e4m3 or e8m0 group scales: value * scale in
-    fp32 (exact), cast to x's dtype, one dot per nibble over contiguous runs of x."""
-    NGH: tl.constexpr = BK // 2 // G  # scale groups per nibble half of the tile (G divides P)
-    PG: tl.constexpr = P // G
+    """K tile ``t`` of e2m1 codes (paired layout, or LANE: one lane chunk over x in lane order) with
+    their group scales: value * scale in fp32 (exact), cast to x's dtype, one dot per nibble over
+    contiguous runs of x."""
     k_lo = _paired_k(t, BK, P)
     x_lo = _xt(x_rows, k_lo, K, stride_xk, T, not EVEN_K)
     x_hi = _xt(x_rows, k_lo + P, K, stride_xk, T, not EVEN_K)
-    w = _load_codes(w_cols, t, KW, BK // 2, T, EVEN_K)
+    if LANE:  # both nibbles of position j lie in group j // (G / 2) of the chunk (lane_positions)
+        w = _load_codes(w_cols, t, KW, BK // 2, T, True, LANE_CHUNK_STRIDE)
+        g_l = (t * (BK // G) + tl.arange(0, BK // G)) * stride_sk
+        if T:
+            s_l = tl.load(s_cols + g_l[None, :])
+        else:
+            s_l = tl.load(s_cols + g_l[:, None])
+        w_lo, w_hi = DECF(w, s_l, s_l, G // 2, SKIND, T, x_lo)
+    else:
+        w = _load_codes(w_cols, t, KW, BK // 2, T, EVEN_K)
+        s_lo, s_hi = _paired_scales(s_cols, t, K, G, P, BK, T, EVEN_K)
+        w_lo, w_hi = DECF(w, s_lo, s_hi, G, SKIND, T, x_lo)
+    acc = _mma(x_lo, w_lo, acc, T, IEEE)
+    acc = _mma(x_hi, w_hi, acc, T, IEEE)
+    return acc
+
+
+@triton.jit
+def _paired_scales(
+    s_cols, t, K, G: tl.constexpr, P: tl.constexpr, BK: tl.constexpr, T: tl.constexpr, EVEN_K: tl.constexpr
+):  # fmt: skip
+    """The stored scales of K tile ``t``'s low and high nibble halves (paired layout: G divides P)."""
+    NGH: tl.constexpr = BK // 2 // G  # scale groups per nibble half of the tile
+    PG: tl.constexpr = P // G
     gg = tl.arange(0, NGH)
     g_lo = t * (BK // G) + (gg // PG) * (2 * PG) + gg % PG
     g_hi = g_lo + PG
@@ -391,10 +481,7 @@ def _fp4_step(
     else:
         s_lo = tl.load(s_cols + g_lo2, mask=g_lo2 < K // G, other=0)
         s_hi = tl.load(s_cols + g_hi2, mask=g_hi2 < K // G, other=0)
-    w_lo, w_hi = DECF(w, s_lo, s_hi, G, SKIND, T, x_lo)
-    acc = _mma(x_lo, w_lo, acc, T, IEEE)
-    acc = _mma(x_hi, w_hi, acc, T, IEEE)
-    return acc
+    return s_lo, s_hi
 
 
 @triton.jit
@@ -421,7 +508,7 @@ def _moe_kernel(
     INT_DOT: tl.constexpr, HAS_R: tl.constexpr, HAS_B: tl.constexpr, WEIGHTED: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GM: tl.constexpr, SPLIT_K: tl.constexpr,
     SWAP: tl.constexpr, STAGES: tl.constexpr, EVEN_K: tl.constexpr, IEEE: tl.constexpr,
-    DEC4: tl.constexpr, DECF: tl.constexpr,
+    DEC4: tl.constexpr, DECF: tl.constexpr, LANE: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -462,7 +549,10 @@ def _moe_kernel(
             xt_rows = x_rows
             cols = rn[None, :]
             acc = tl.zeros((BM, BN), dtype=tl.float32)
-        wt_cols = W + e * stride_we + cols * stride_wn
+        if LANE:
+            wt_cols = W + e * stride_we + _lane_cols(cols, KW)
+        else:
+            wt_cols = W + e * stride_we + cols * stride_wn
         s_cols = S + e * stride_se + cols * stride_sn
         # tl.range's num_stages pipelines the code loads (cp.async): the launch option alone does that
         # only for loads that feed a dot directly, and these are decoded first
@@ -473,8 +563,8 @@ def _moe_kernel(
                                 GROUPED, HAS_Z, SWAP, EVEN_K, IEEE, DEC4)  # fmt: skip
         else:
             for t in tl.range(pid_k, n_k, SPLIT_K, num_stages=STAGES):
-                acc = _fp4_step(acc, xt_rows, wt_cols, s_cols, t, K, KW, stride_xk, G, P, BK, SKIND, SWAP,
-                                EVEN_K, IEEE, DECF)  # fmt: skip
+                acc = _fp4_step(acc, xt_rows, wt_cols, s_cols, t, K, KW, stride_xk, stride_sk, G, P, BK, SKIND, SWAP,
+                                EVEN_K, IEEE, DECF, LANE)  # fmt: skip
         if SWAP:
             acc = tl.trans(acc)
         if KIND == 0 and not GROUPED:
@@ -589,6 +679,9 @@ def moe_matmul(
             f"tiles, the tile has block_m={tile.block_m}"
         )
     kind = KINDS[weights.kind]
+    lane = weights.layout == "lane"
+    if lane and tile.block_k != LANE_CHUNK:
+        raise ValueError(f"moe_matmul: the lane layout takes block_k={LANE_CHUNK}, found {tile.block_k}")
     if weights.pair and tile.block_k % (2 * weights.pair):
         raise ValueError(
             f"moe_matmul: block_k={tile.block_k} must hold whole pairing blocks of 2 * {weights.pair} k"
@@ -626,6 +719,9 @@ def moe_matmul(
         xsm, xsk = xs.stride(0), xs.stride(1)
     else:
         xsm, xsk = xs.stride(0), 0
+    if lane:  # x's inputs in the layout's order, K padded to whole chunks (lane_order)
+        x = lane_order(x)
+        K = x.shape[1]
     even_k = K % BK == 0
     G = weights.group if weights.kind in ("int", "fp4") else 0
     grid = (num_m * num_n + num_n, tile.split_k)
@@ -645,7 +741,7 @@ def moe_matmul(
         WEIGHTED=topk_weights is not None,
         BM=tile.block_m, BN=tile.block_n, BK=BK, GM=tile.group_m, SPLIT_K=tile.split_k,
         SWAP=tile.swap and weights.kind in ("int", "fp4"), STAGES=tile.num_stages, EVEN_K=even_k,
-        IEEE=x.dtype == torch.float32, DEC4=dec4, DECF=decf,
+        IEEE=x.dtype == torch.float32, DEC4=dec4, DECF=decf, LANE=lane,
         num_warps=tile.num_warps, num_stages=tile.num_stages,
     )  # fmt: skip
     if split:

@@ -300,3 +300,49 @@ def check_projection(
                 ref[a] = (ye + bias[e].double().cpu()) * tw.reshape(-1)[a].double()[:, None]
         assert (y.cpu()[ids_c == E] == 0).all()
         assert rel(y, ref) < PROJ_TOL, (scheme, M, split, rel(y, ref))
+
+
+@pytest.mark.parametrize("scheme", ["w4a16-nvfp4", "w4a16-mxfp4", "awkward-nvfp4"])
+def test_fp4_mma_grouped_matches_oracle(scheme: str) -> None:
+    """NVFP4/MXFP4 experts on the tensor-core kernel (``wna16_moe``, the few-token path): every
+    launch shape (1, 8 and 16 rows per tile), top_k 1/2/4, ids held elsewhere, gather on and off,
+    x with a row stride off 16 bytes, ``out=`` full of NaN, bias and routing weights; and the same
+    batches through the Triton GEMM over the same lane-layout bytes (the CUDA path switched off)."""
+    make = awkward_nvfp4 if scheme.startswith("awkward") else experts
+    name = "w4a16-nvfp4" if scheme.startswith("awkward") else scheme
+    E, K, N = 5, 320, 200  # K padded to whole 128-input chunks, N off the 64-column alignment
+    g = torch.Generator().manual_seed(len(scheme) + 41)
+    c = make(name, E, K, N, g)
+    spec = LayerSpec(c.scheme, K, N, act_dtype=BF16, op="grouped", num_experts=E)
+    state = CudaTritonMoeFp4().prepare(c.to("cuda"), spec)
+    assert state.layout.mma is not None and "CUDA mma grouped" in state.strategies[0].name
+    fused = state.layout
+    triton_only = dataclasses.replace(fused, mma=None)
+    cases = ((1, 1, True), (1, 4, False), (3, 2, True), (8, 4, True), (16, 2, False), (13, 4, True))
+    for i, (M, top_k, gather) in enumerate(cases):
+        ids, tw = routing(M, E, top_k, g)
+        if ids.numel() > 1:
+            ids.view(-1)[i % ids.numel()] = -1 if i % 2 else E  # held elsewhere
+        batch = ExpertBatch(ids.cuda(), tw.cuda(), E)
+        rows = M if gather else M * top_k
+        x = torch.randn(rows, K + 3, generator=g)[:, :K].to("cuda", BF16)  # row stride off 16 bytes
+        bias = torch.randn(E, N, generator=g).to("cuda", BF16)
+        ids_c = batch.ids.cpu()
+        ref = torch.zeros(batch.A, N, dtype=torch.float64)
+        for e in range(E):
+            a = torch.nonzero(ids_c == e).flatten()
+            if a.numel():
+                r = a // top_k if gather else a
+                ye = reference.linear(x.float().cpu()[r], c.expert(e), out_dtype=torch.float32).double()
+                ref[a] = (ye + bias[e].double().cpu()) * tw.reshape(-1)[a].double()[:, None]
+        for lay in (fused, triton_only):
+            state.layout = lay
+            out = torch.full((batch.A, N), float("nan"), dtype=BF16, device="cuda")
+            y = state(x, batch, gather=gather, weighted=True, bias=bias, out=out)
+            assert y.data_ptr() == out.data_ptr() and torch.isfinite(y).all()
+            assert (y.cpu()[ids_c == E] == 0).all()
+            assert rel(y, ref) < PROJ_TOL, (scheme, M, top_k, gather, lay.mma is None, rel(y, ref))
+            combined = state.combined(x, batch, bias=bias) if not gather else None
+            if combined is not None:
+                want = ref.view(M, top_k, N).sum(1)
+                assert rel(combined, want) < PROJ_TOL, (scheme, M, top_k, "combined", rel(combined, want))

@@ -39,7 +39,7 @@ DIV16 = {
 BASE = dict(
     KIND=0, BITS=4, G=128, P=32, QN=1, QK=1, SKIND=0, GROUPED=True, HAS_Z=False, ACT=0, INT_DOT=False,
     HAS_R=False, HAS_B=True, WEIGHTED=True, BM=16, BN=128, BK=128, GM=1, SPLIT_K=1, SWAP=True, STAGES=4,
-    EVEN_K=True, IEEE=False, stride_xk=1,
+    EVEN_K=True, IEEE=False, LANE=False, stride_xk=1,
 )  # fmt: skip
 
 
@@ -77,6 +77,8 @@ WEIGHT_ONLY = {
     "int8-asym": dict(KIND=0, BITS=8, HAS_Z=True, P=1),
     "mxfp4": dict(KIND=1, G=32, SKIND=1),
     "nvfp4-ragged": dict(KIND=1, G=16, SKIND=3, HAS_R=True, EVEN_K=False),  # bf16_byte scales
+    "nvfp4-lane": dict(KIND=1, G=16, SKIND=4, HAS_R=True, P=64, LANE=True),  # the CUDA kernel's layout
+    "mxfp4-lane": dict(KIND=1, G=32, SKIND=4, HAS_R=True, P=64, LANE=True),
 }
 VARIANTS = {
     **{

@@ -390,3 +390,23 @@ def test_nan_scale_codes_refused_at_load() -> None:
     experts.tensors["scales"][1, 2, 0] = 255
     with pytest.raises(ValueError, match="NaN"):
         prepare("fp4", experts, torch.float16, True)
+
+
+def test_lane_order_is_the_cuda_kernels_lane_layout() -> None:
+    """The Triton GEMM's "lane" layout reads the CUDA tensor-core kernel's repack: position p of a
+    chunk (``lane_positions``, x reordered by ``lane_order``) is the input ``wna16_layout.lane_k``
+    gives the low (p < 64) or high nibble of column 0's code byte p % 64 (lanes 0..3 hold its 64)."""
+    from quantrt.backends.cuda.wna16_layout import lane_k
+    from quantrt.backends.triton.moe import lane_order, lane_positions
+
+    k = lane_k(4)[:4].reshape(64, 2)  # lanes t = 0..3 of column 0: byte 16 t + i, (low, high)
+    assert torch.equal(lane_positions(), torch.cat((k[:, 0], k[:, 1])))
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(3, 300, generator=g)
+    xl = lane_order(x)
+    assert xl.shape == (3, 384)
+    for c in range(3):
+        for p in range(128):
+            src = c * 128 + int(lane_positions()[p])
+            want = x[:, src] if src < 300 else torch.zeros(3)
+            assert torch.equal(xl[:, c * 128 + p], want)

@@ -157,3 +157,23 @@ def test_e2m1_lifted_against_bf16_byte_scales() -> None:
         codes_in = [x & 0xF for x in b] + [x >> 4 for x in b]
         want = [(-1.0 if q & 8 else 1.0) * E2M1[q & 7] * scale[j % 4] for j, q in enumerate(codes_in)]
         assert got == want, (b, sc, got, want)
+
+
+def test_e2m1_lifted_against_e5m3_scales() -> None:
+    """The lane layout's path: e5m3 scale bytes (``fp4_operands``: every normal byte in turn) widened
+    as the kernel does (bits ``c << 4``) and fed to the block with the tables times 2^98: every product
+    equals e2m1 value x e5m3 scale x 2^-14, as the CUDA kernel's decode gives it."""
+    asm = td._E2M1_PAIR_BF16_E5M3.value
+    e5m3 = list(range(0x08, 0x100))  # exponent field 1..31
+    rng = np.random.default_rng(13)
+    for i in range(500):
+        b = [int(v) for v in rng.integers(0, 256, 4)]
+        sc = [e5m3[(4 * i + j) % len(e5m3)] for j in range(4)]
+        s16 = [c << 4 for c in sc]
+        pairs = [s16[0] | s16[1] << 16, s16[2] | s16[3] << 16]
+        outs = run(asm, [b[0] | b[1] << 8 | b[2] << 16 | b[3] << 24, *pairs, *pairs], 4)
+        got = [v for o in outs for v in _f16x2(o, "bf16")]
+        scale = [2.0 ** ((c >> 3) - 15) * (1 + (c & 7) / 8) * 2.0**-14 for c in sc]
+        codes_in = [x & 0xF for x in b] + [x >> 4 for x in b]
+        want = [(-1.0 if q & 8 else 1.0) * E2M1[q & 7] * scale[j % 4] for j, q in enumerate(codes_in)]
+        assert got == want, (b, sc, got, want)

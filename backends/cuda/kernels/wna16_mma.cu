@@ -32,12 +32,22 @@
 // read tile 0 instead and their columns are never stored. cs (nullable): an fp32 factor per
 // column applied to the sums before the bias (fp4 and code-book scales keep their range there);
 // book: the LUT4 code book (see Book), null for other codes.
-template <typename T, int CODE, int MT, int NT, int WN, int GPC, int STAGES, int XR, bool SWAP, bool FOLD>
-__global__ void wna16_mma(const T* __restrict__ x, const uint4* __restrict__ w, const void* __restrict__ sz,
-                          const T* __restrict__ bias, const float* __restrict__ cs,
-                          const unsigned int* __restrict__ book, T* __restrict__ y, long long M_, long long K_,
-                          long long ldx_, long long ldy_, long long N_, long long Npad_, long long chunks_,
-                          long long cpg_log2_) {
+// ROUTED (the fused MoE entry, wna16_moe): the block's rows are expert-sorted assignments (Routing)
+// instead of rows m0.. of x and y.
+struct Routing {
+  const int* __restrict__ sid;  // row r of block b is assignment sid[b * ROWS + r]; A or more: padding
+  const float* __restrict__ tw;  // routing weight per assignment, multiplied into its row (nullable)
+  int A, row_div;               // assignments; assignment a reads x row a / row_div, writes y row a
+};
+
+template <typename T, int CODE, int MT, int NT, int WN, int GPC, int STAGES, int XR, bool SWAP, bool FOLD,
+          bool ROUTED>
+__device__ __forceinline__ void mma_block(const T* __restrict__ x, const uint4* __restrict__ w,
+                                          const void* __restrict__ sz, const T* __restrict__ bias,
+                                          const float* __restrict__ cs, const unsigned int* __restrict__ book,
+                                          T* __restrict__ y, long long M_, long long K_, long long ldx_,
+                                          long long ldy_, long long N_, long long Npad_, long long chunks_,
+                                          long long cpg_log2_, const Routing rt) {
   using namespace qrt;
   constexpr int BITS = code_bits(CODE);
   typedef typename Param<T, CODE>::type P;
@@ -70,7 +80,7 @@ __global__ void wna16_mma(const T* __restrict__ x, const uint4* __restrict__ w, 
   const int ntile0 = bt0 + wn * NT;      // this warp's
   const int src0 = ntile0 < Npad / 8 ? ntile0 : 0;
   const int m0 = blockIdx.x * ROWS;
-  const int rows = min(ROWS, M - m0);  // valid rows of this block
+  const int rows = ROUTED ? ROWS : min(ROWS, M - m0);  // rows of this block (ROUTED: some may be padding)
 
   extern __shared__ uint4 smem[];
   uint4* ring = smem + wk * STAGES * STAGE;
@@ -103,8 +113,14 @@ __global__ void wna16_mma(const T* __restrict__ x, const uint4* __restrict__ w, 
 #pragma unroll
   for (int u = 0; u < XU; u++) {
     const int p = gl + 32 * WN * u, r = p / XP, L = p % XP;
+    long long xrow = m0 + r;
     xok[u] = r < rows;
-    xsrc[u] = x + (long long)(m0 + (xok[u] ? r : 0)) * ldx + c0 * KC + L * 8;
+    if constexpr (ROUTED) {
+      const int a = xok[u] ? rt.sid[m0 + r] : rt.A;
+      xok[u] = a < rt.A;
+      xrow = xok[u] ? a / rt.row_div : 0;
+    }
+    xsrc[u] = x + (xok[u] ? xrow : 0) * ldx + c0 * KC + L * 8;
     xdst[u] = r * XP + xslot<BITS>(r, L);
     xleft[u] = K - c0 * KC - L * 8;
   }
@@ -330,14 +346,61 @@ __global__ void wna16_mma(const T* __restrict__ x, const uint4* __restrict__ w, 
   __syncthreads();
   for (int e = threadIdx.x; e < rows * COLS; e += blockDim.x) {
     const int n = bt0 * 8 + e % COLS;
-    if (n < N) {
+    long long yrow = m0 + e / COLS;
+    if constexpr (ROUTED) yrow = rt.sid[yrow];
+    if (n < N && (!ROUTED || yrow < rt.A)) {
       float v = 0.f;
       for (int u = 0; u < WK; u++) v += red[u * ROWS * COLS + e];
       if (cs) v *= cs[n];
       if (bias) v += Kind<T>::to_float(bias[n]);
-      y[(long long)(m0 + e / COLS) * ldy + n] = Kind<T>::from_float(v);
+      if (ROUTED && rt.tw) v *= rt.tw[yrow];
+      y[yrow * ldy + n] = Kind<T>::from_float(v);
     }
   }
+}
+
+template <typename T, int CODE, int MT, int NT, int WN, int GPC, int STAGES, int XR, bool SWAP, bool FOLD>
+__global__ void wna16_mma(const T* __restrict__ x, const uint4* __restrict__ w, const void* __restrict__ sz,
+                          const T* __restrict__ bias, const float* __restrict__ cs,
+                          const unsigned int* __restrict__ book, T* __restrict__ y, long long M_, long long K_,
+                          long long ldx_, long long ldy_, long long N_, long long Npad_, long long chunks_,
+                          long long cpg_log2_) {
+  mma_block<T, CODE, MT, NT, WN, GPC, STAGES, XR, SWAP, FOLD, false>(
+      x, w, sz, bias, cs, book, y, M_, K_, ldx_, ldy_, N_, Npad_, chunks_, cpg_log2_, Routing{});
+}
+
+// Fused MoE: every expert of one projection in one launch, y[a] = (x[a / row_div] . W[e]^T + bias[e])
+// * tw[a], for the assignments of the routing sorted by expert and padded per expert to tiles of ROWS
+// (quantrt.moe.ExpertBatch.aligned): block row b multiplies the ROWS assignments sid[b * ROWS ..] by
+// expert bexp[b]'s weights (w, sz, cs, bias offset by that expert's strides); rows from npad[0] on
+// have nothing to do. The last block row stores zeros into the rows of assignments to experts held
+// elsewhere, order[offs[E]] .. order[A - 1] (the tail of the expert-sorted order), so y needs no memset.
+template <typename T, int CODE, int MT, int NT, int WN, int GPC, int STAGES, int XR, bool SWAP, bool FOLD>
+__global__ void wna16_moe(const T* __restrict__ x, const uint4* __restrict__ w, const void* __restrict__ sz,
+                          const T* __restrict__ bias, const float* __restrict__ cs,
+                          const unsigned int* __restrict__ book, T* __restrict__ y, long long K_, long long ldx_,
+                          long long ldy_, long long N_, long long Npad_, long long chunks_, long long cpg_log2_,
+                          const int* __restrict__ sid, const int* __restrict__ bexp, const int* __restrict__ npad,
+                          const float* __restrict__ tw, const long long* __restrict__ order,
+                          const long long* __restrict__ offs, long long A_, long long E_, long long row_div_,
+                          long long w_stride, long long sz_stride) {
+  constexpr int ROWS = SWAP ? XR : 16 * MT;
+  constexpr int COLS = 8 * NT * WN;
+  const int N = (int)N_, A = (int)A_;
+  if (blockIdx.x == gridDim.x - 1) {  // zero the rows of unheld assignments, this block's columns
+    const int n0 = blockIdx.y * COLS;
+    for (long long i = offs[E_] * COLS + threadIdx.x; i < (long long)A * COLS; i += blockDim.x) {
+      const int n = n0 + (int)(i % COLS);
+      if (n < N) y[order[i / COLS] * ldy_ + n] = qrt::Kind<T>::from_float(0.f);
+    }
+    return;
+  }
+  if ((int)blockIdx.x * ROWS >= npad[0]) return;
+  const long long e = bexp[blockIdx.x];
+  mma_block<T, CODE, MT, NT, WN, GPC, STAGES, XR, SWAP, FOLD, true>(
+      x, w + e * w_stride, static_cast<const unsigned char*>(sz) + e * sz_stride, bias ? bias + e * N_ : bias,
+      cs ? cs + e * N_ : cs, book, y, (long long)A, K_, ldx_, ldy_, N_, Npad_, chunks_, cpg_log2_,
+      Routing{sid, tw, A, (int)row_div_});
 }
 
 // Large M: write chunks [c_begin, c_begin + c_count) of the dequantized weight, [N, ldo] in T,
