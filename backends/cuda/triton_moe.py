@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, ClassVar
 
 import torch
@@ -42,7 +43,7 @@ from quantrt.backends.triton import tile_table
 from quantrt.backends.triton.w8a8_kernel import int8_w8a8_conditions
 from quantrt.kernels import Kernel, Verdict
 from quantrt.moe import CanonicalExperts, ExpertBatch, ExpertsStrategy, PreparedExperts
-from quantrt.moe.prepared import sum_top_k
+from quantrt.moe.prepared import QuantizedRows
 from quantrt.prepared import ALL_M
 from quantrt.specs import LayerSpec
 
@@ -149,6 +150,7 @@ class MoeLayout:
     align: Any  # (takes, align_routing) of moe_align, bound at load as well
     decoders: Any = None  # the K loop's 4-bit decodes (PTX on NVIDIA GPUs; None: portable)
     mma: Any = None  # mma_moe.MmaExperts over the same lane-layout bytes: decode-sized batches, or None
+    sum_rows: Any = None  # backends.triton.moe.sum_rows: a token's top_k rows summed (large batches)
     _split: dict[tuple[int, int], Any] = field(default_factory=dict)
 
     def tile(self, A: int) -> Any:
@@ -203,7 +205,10 @@ def _run(
         x, xs = lay.quant[0](x, lay.act_kind)
         mode = "row"
     elif act == "group":
-        x, xs = lay.quant[1](x, lay.weights.block[1])
+        if isinstance(x, QuantizedRows):  # activate_into made them (gated_group_quant)
+            x, xs = x.codes, x.scales
+        else:
+            x, xs = lay.quant[1](x, lay.weights.block[1])
     elif act == "expert":
         x, xs = lay.quant[2](x, batch.ids, lay.weights.E, row_div, lay.act_kind, lay.in_scale)
         row_div, mode = 1, "expert"
@@ -238,10 +243,17 @@ def _run_mma(
         batch.weights if weighted else None, bias, out if direct else None,
     )  # fmt: skip
     if reduce_rows > 1:
-        y = sum_top_k(y, batch)
+        y = lay.sum_rows(y, reduce_rows)
     if out is not None and not direct:
         return out.copy_(y)
     return y if y.dtype == lay.out_dtype else y.to(lay.out_dtype)
+
+
+def _group_quantized(group: int, fused: Any, h: torch.Tensor, act: Any) -> QuantizedRows:
+    """A block-fp8 second projection's input straight from the first's output: the gated activation
+    and the per-token-group quantization in one launch (``moe_act.gated_group_quant``)."""
+    codes, scales = fused(h, act.kind, group, act.alpha, act.limit)
+    return QuantizedRows(codes, scales, h.dtype)
 
 
 def _run_combined(
@@ -257,10 +269,11 @@ def _run_combined(
     """The second projection summed over each token's top_k in the launch that sums the K splits
     (PreparedExperts.combine): one launch fewer than the sum after it, nothing rounded per row.
     Large unsplit batches, where one launch more is nothing and fp32 planes of every assignment
-    row would double the intermediate's memory, take the bf16 rows and a sum instead."""
+    row would double the intermediate's memory, take the bf16 rows and one summing launch
+    (:func:`~quantrt.backends.triton.moe.sum_rows`) instead."""
     A, N = batch.A, lay.weights.N
     if lay.tile(A).split_k == 1 and A * N > COMBINE_MAX_ELEMENTS:
-        return sum_top_k(_run(lay, x, batch, gather, weighted, bias, None, ws), batch)
+        return lay.sum_rows(_run(lay, x, batch, gather, weighted, bias, None, ws), batch.top_k)
     return _run(lay, x, batch, gather, weighted, bias, out, ws, reduce_rows=batch.top_k)
 
 
@@ -349,8 +362,8 @@ class CudaTritonMoe(Kernel):
         mma: Any = None,
     ) -> PreparedExperts:
         from quantrt.backends.triton import act_quant, moe_align
-        from quantrt.backends.triton.moe import MoeTile, moe_matmul, quantize_per_expert
-        from quantrt.backends.triton.moe_act import gated_activation
+        from quantrt.backends.triton.moe import MoeTile, moe_matmul, quantize_per_expert, sum_rows
+        from quantrt.backends.triton.moe_act import gated_activation, gated_group_quant
 
         table = load_table(CUDA.target(weights.w.device).arch)[section or self.section]
         min_bk = weights.min_block_k()
@@ -377,6 +390,7 @@ class CudaTritonMoe(Kernel):
             (moe_align.takes, moe_align.align_routing),
         )  # fmt: skip
         layout.mma = mma
+        layout.sum_rows = sum_rows
         if weights.w.is_cuda and ptx_decode_enabled():
             from .triton_decode import e2m1_scaled, int4_minus
 
@@ -396,6 +410,9 @@ class CudaTritonMoe(Kernel):
             kernel=self.name,
             activate=lambda h, act: gated_activation(h, act.kind, act.alpha, act.limit),
             combine=_run_combined,
+            activate_into=None
+            if act != "group"
+            else partial(_group_quantized, weights.block[1], gated_group_quant),
         )
 
 

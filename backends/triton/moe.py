@@ -629,6 +629,23 @@ def _split_sum_kernel(PART, OUT, N, plane, stride_om, S: tl.constexpr, R: tl.con
 _split_sum_launch = Launcher(_split_sum_kernel)
 
 
+def sum_rows(y: torch.Tensor, R: int, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """Each run of ``R`` rows of ``y`` [A, N] (a token's top_k assignment rows) summed in fp32 and
+    rounded once: [A / R, N] in ``out_dtype`` (y's by default). One launch where torch's strided
+    reduction over the middle dim of [A / R, R, N] reads y at a fraction of the memory's rate."""
+    A, N = y.shape
+    if R < 1 or A % R:
+        raise ValueError(f"sum_rows: R={R} must divide the {A} rows")
+    out = torch.empty(A // R, N, dtype=out_dtype or y.dtype, device=y.device)
+    if A == 0 or N == 0:
+        return out
+    if y.stride(1) != 1 or y.stride(0) != N:
+        y = y.contiguous()
+    BN = min(next_power_of_2(N), 1024)
+    _split_sum_launch((A // R, cdiv(N, BN)), y, out, N, A * N, out.stride(0), S=1, R=R, BN=BN)
+    return out
+
+
 def grid_tiles(A: int, E: int, block_m: int) -> int:
     """M-tiles the grid holds: a bound on the tiles ``aligned(block_m)`` can use, from A and E alone."""
     return cdiv(A + min(E, A) * (block_m - 1), block_m)

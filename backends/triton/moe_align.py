@@ -99,6 +99,12 @@ def _align_kernel(
 _align_launch = Launcher(_align_kernel)
 
 
+def _warps(BA: int) -> int:
+    """Warps of the one program: the sort of BA keys is its longest part, and its steps spread over
+    the program's threads."""
+    return 4 if BA <= 512 else 8 if BA <= 1024 else 16
+
+
 def takes(topk_ids: torch.Tensor) -> bool:
     """Whether :func:`align_routing` serves this routing: at most :data:`MAX_A` assignments, on a GPU
     (or anywhere under Triton's interpreter, the CPU tests)."""
@@ -150,6 +156,6 @@ def align_routing(
     _align_launch((1,),
         ids, order, offsets, sorted_ids, block_expert, num_padded,
         A, max(1, top_k), ids.stride(0), ids.stride(1), block, P, T,
-        E=E, BA=BA, EB=EB, TB=TB, JC=JC, TAIL=_TAIL, num_warps=4 if BA <= 512 else 8,
+        E=E, BA=BA, EB=EB, TB=TB, JC=JC, TAIL=_TAIL, num_warps=_warps(BA),
     )  # fmt: skip
     return order, offsets, sorted_ids, block_expert, num_padded

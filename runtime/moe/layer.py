@@ -371,9 +371,12 @@ class QuantExperts(nn.Module):
         x = x.to(self.act_dtype)
         hs = [p.state(x, batch, gather=True, bias=p.bias) for p in self._gate_up]
         h = hs[0] if len(hs) == 1 else torch.cat(hs, dim=1)
+        d = self._down
+        into = d.state.activate_into
+        if into is not None:  # the activation and the down projection's input quantization in one
+            return d.state.combined(into(h, self.act), batch, bias=d.bias)
         fused = self._gate_up[0].state.activate
         a = self.act(h) if fused is None else fused(h, self.act)
-        d = self._down
         return d.state.combined(a, batch, bias=d.bias)
 
     def extra_repr(self) -> str:

@@ -42,6 +42,24 @@ class ExpertsStrategy:
     fn: ExpertsFn
 
 
+@dataclass(frozen=True)
+class QuantizedRows:
+    """Activations already in a projection's quantized input format, made by its ``activate_into``
+    (the gated activation fused with the quantization): ``codes`` [rows, K], ``scales`` as its kernel
+    reads them, ``dtype`` the activation dtype they stand for."""
+
+    codes: torch.Tensor
+    scales: torch.Tensor
+    dtype: torch.dtype
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.codes.shape
+
+    def dim(self) -> int:
+        return self.codes.dim()
+
+
 def sum_top_k(y: torch.Tensor, batch: ExpertBatch) -> torch.Tensor:
     """Assignment rows [A, N] summed over each token's top_k: [M, N], accumulated in fp32 and
     rounded once to y's dtype."""
@@ -58,6 +76,7 @@ class PreparedExperts:
         "_ws_bytes",
         "act_dtypes",
         "activate",
+        "activate_into",
         "combine",
         "device",
         "kernel",
@@ -81,6 +100,7 @@ class PreparedExperts:
         kernel: str = "",
         activate: Callable[[torch.Tensor, Any], torch.Tensor] | None = None,
         combine: ExpertsFn | None = None,
+        activate_into: Callable[[torch.Tensor, Any], QuantizedRows] | None = None,
     ) -> None:
         self.layout = layout
         self.strategies = ordered(strategies)  # type: ignore[arg-type]
@@ -95,6 +115,9 @@ class PreparedExperts:
         #: ``combine(...)``: as a strategy's ``fn`` (gather False, weighted True), but [M, N]: each
         #: token's top_k rows summed by the kernel's own launches (None: summed by :meth:`combined`)
         self.combine = combine
+        #: ``activate_into(h, activation)``: the previous projection's output [rows, 2K] through the
+        #: gated activation straight into this projection's quantized input (None: no such fusion)
+        self.activate_into = activate_into
 
     def __call__(
         self,
@@ -113,7 +136,7 @@ class PreparedExperts:
                 f"{self.kernel}: out must have shape [{batch.A}, {self.N}], found {list(out.shape)}"
             )
         if batch.A == 0:
-            return x.new_empty((0, self.N), dtype=self.out_dtype) if out is None else out
+            return torch.empty(0, self.N, dtype=self.out_dtype, device=self.device) if out is None else out
         s = self.strategy(batch.M)
         ws = None if self._ws_bytes is None else self.workspace(batch.M)
         if out is not None and (out.dtype != self.out_dtype or out.stride(1) != 1):
@@ -171,4 +194,4 @@ class PreparedExperts:
         return buf if buf is not None and buf.numel() >= need else _grow(self.device, need)
 
 
-__all__ = ["ALL_M", "ExpertsFn", "ExpertsStrategy", "PreparedExperts", "sum_top_k"]
+__all__ = ["ALL_M", "ExpertsFn", "ExpertsStrategy", "PreparedExperts", "QuantizedRows", "sum_top_k"]

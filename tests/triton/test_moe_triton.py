@@ -26,6 +26,7 @@ from quantrt.backends.cuda.triton_moe import (
     CudaTritonMoeWNA16,
 )
 from quantrt.backends.triton.moe import MoeTile, grid_tiles, moe_matmul
+from quantrt.backends.triton.moe_act import gated_activation
 from quantrt.capability import load_preset
 from quantrt.moe import CanonicalExperts, ExpertBatch, experts_reference
 from quantrt.moe.activation import Activation
@@ -309,6 +310,13 @@ def test_whole_layer_matches_experts_reference(
     combined = dn.combined(a, batch, bias=b2.to(DEV, dtype))
     assert combined.shape == (M, H) and combined.dtype == dtype
     assert rel(combined, ref) < tol
+    # block fp8: the activation fused with the down projection's group quantization (the layer's
+    # path) gives what the one-launch activation then the projection's own quantization give
+    assert (dn.activate_into is not None) == ("block" in down_scheme)
+    if dn.activate_into is not None:
+        fused = dn.combined(dn.activate_into(h, Activation("silu")), batch, bias=b2.to(DEV, dtype))
+        unfused = dn.combined(gated_activation(h, "silu"), batch, bias=b2.to(DEV, dtype))
+        assert torch.equal(fused, unfused)
 
 
 @pytest.mark.parametrize("bound", [0, 1 << 22], ids=["rows_then_sum", "in_the_split_sum"])
@@ -410,3 +418,20 @@ def test_lane_order_is_the_cuda_kernels_lane_layout() -> None:
             src = c * 128 + int(lane_positions()[p])
             want = x[:, src] if src < 300 else torch.zeros(3)
             assert torch.equal(xl[:, c * 128 + p], want)
+
+
+@pytest.mark.parametrize("R", [1, 2, 8])
+def test_sum_rows_adds_each_tokens_rows(R: int) -> None:
+    """``sum_rows``: runs of R rows summed in fp32, rounded once (fp16 rows of very different sizes,
+    N off a power of two), against the fp64 sum rounded once."""
+    from quantrt.backends.triton.moe import sum_rows
+
+    g = torch.Generator().manual_seed(R)
+    y = (torch.randn(6 * R, 300, generator=g) * torch.logspace(-3, 3, 6 * R)[:, None]).to(DEV, torch.float16)
+    got = sum_rows(y, R)
+    want = y.double().cpu().view(6, R, 300).sum(1).to(torch.float16)
+    assert got.shape == (6, 300) and got.dtype == torch.float16
+    assert rel(got, want) < 1e-3
+    assert sum_rows(y, R, torch.float32).dtype == torch.float32
+    with pytest.raises(ValueError, match="must divide"):
+        sum_rows(y[:-1], 2 if R == 1 else R)
