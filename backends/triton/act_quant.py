@@ -196,11 +196,21 @@ def _per_group_kernel(
         k = k.to(tl.int64)
     mask = (j[None, :] < GROUP) & (k < K)
     x = tl.load(X + row * stride_xm + k * stride_xk, mask=mask, other=0.0).to(tl.float32)
+    s, q = _group_codes(x, qmax, HW_FP8, FMAX, MANT, EMIN, NAN, NEG_ZERO, QTY)
+    tl.store(S + row * NG + g, s, mask=g < NG)
+    tl.store(Q + row * K + k, q, mask=mask)
+
+
+@triton.jit
+def _group_codes(
+    x, qmax, HW_FP8: tl.constexpr, FMAX: tl.constexpr, MANT: tl.constexpr, EMIN: tl.constexpr,
+    NAN: tl.constexpr, NEG_ZERO: tl.constexpr, QTY: tl.constexpr,
+):  # fmt: skip
+    """fp32 groups [GB, GP] (padding zero) -> each group's scale (amax / qmax, 1 where amax is not
+    > 0) and the fp8 codes."""
     amax = tl.max(tl.abs(x), axis=1)
     s = tl.where(amax > 0.0, tl.math.div_rn(amax, qmax), 1.0)
-    tl.store(S + row * NG + g, s, mask=g < NG)
-    q = _encode(x, s[:, None], False, HW_FP8, FMAX, MANT, EMIN, NAN, NEG_ZERO, QTY)
-    tl.store(Q + row * K + k, q, mask=mask)
+    return s, _encode(x, s[:, None], False, HW_FP8, FMAX, MANT, EMIN, NAN, NEG_ZERO, QTY)
 
 
 _per_group_launch = Launcher(_per_group_kernel)

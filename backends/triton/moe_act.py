@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .act_quant import _TILE, _codes_args, _encode, _kernel_out, _qmax, _warps
+from .act_quant import _TILE, _codes_args, _group_codes, _kernel_out, _qmax, _warps
 from .launch import Launcher, cdiv, next_power_of_2
 
 #: Activation.kind -> the kernel's KIND constexpr
@@ -97,11 +97,8 @@ def _gated_group_quant_kernel(
     g = tl.load(H + row * stride_hm + k, mask=mask, other=0.0).to(tl.float32)
     u = tl.load(H + row * stride_hm + inter + k, mask=mask, other=0.0).to(tl.float32)
     y = _gate(g, u, alpha, limit, KIND).to(H.dtype.element_ty).to(tl.float32)
-    y = tl.where(mask, y, 0.0)
-    amax = tl.max(tl.abs(y), axis=1)
-    s = tl.where(amax > 0.0, tl.math.div_rn(amax, qmax), 1.0)
+    s, q = _group_codes(tl.where(mask, y, 0.0), qmax, HW_FP8, FMAX, MANT, EMIN, NAN, NEG_ZERO, QTY)
     tl.store(S + row * NG + grp, s, mask=grp < NG)
-    q = _encode(y, s[:, None], False, HW_FP8, FMAX, MANT, EMIN, NAN, NEG_ZERO, QTY)
     tl.store(Q + row * inter + k, q, mask=mask)
 
 

@@ -260,6 +260,27 @@ def test_nvfp4_negative_and_subnormal_scales(swap: bool) -> None:
     )
 
 
+def oracle(
+    c: CanonicalExperts,
+    batch: ExpertBatch,
+    x: torch.Tensor,
+    bias: torch.Tensor,
+    tw: torch.Tensor,
+    gather: bool,
+) -> torch.Tensor:
+    """Each expert's assignments through reference.linear on its canonical weight, plus bias, times the
+    routing weight; rows of unheld assignments zero. fp64 [A, N]."""
+    ids_c = batch.ids.cpu()
+    ref = torch.zeros(batch.A, c.N, dtype=torch.float64)
+    for e in range(c.E):
+        a = torch.nonzero(ids_c == e).flatten()
+        if a.numel():
+            rows = a // batch.top_k if gather else a
+            ye = reference.linear(x.float().cpu()[rows], c.expert(e), out_dtype=torch.float32).double()
+            ref[a] = (ye + bias[e].double().cpu()) * tw.reshape(-1)[a].double()[:, None]
+    return ref
+
+
 def check_projection(
     scheme: str,
     E: int,
@@ -291,13 +312,7 @@ def check_projection(
         bias = torch.randn(E, N, generator=g).to("cuda", dtype)
         y = state(x, batch, gather=gather, weighted=True, bias=bias)
         ids_c = batch.ids.cpu()
-        ref = torch.zeros(batch.A, N, dtype=torch.float64)
-        for e in range(E):
-            a = torch.nonzero(ids_c == e).flatten()
-            if a.numel():
-                rows = a // top_k if gather else a
-                ye = reference.linear(x.float().cpu()[rows], c.expert(e), out_dtype=torch.float32).double()
-                ref[a] = (ye + bias[e].double().cpu()) * tw.reshape(-1)[a].double()[:, None]
+        ref = oracle(c, batch, x, bias, tw, gather)
         assert (y.cpu()[ids_c == E] == 0).all()
         assert rel(y, ref) < PROJ_TOL, (scheme, M, split, rel(y, ref))
 
@@ -328,13 +343,7 @@ def test_fp4_mma_grouped_matches_oracle(scheme: str) -> None:
         x = torch.randn(rows, K + 3, generator=g)[:, :K].to("cuda", BF16)  # row stride off 16 bytes
         bias = torch.randn(E, N, generator=g).to("cuda", BF16)
         ids_c = batch.ids.cpu()
-        ref = torch.zeros(batch.A, N, dtype=torch.float64)
-        for e in range(E):
-            a = torch.nonzero(ids_c == e).flatten()
-            if a.numel():
-                r = a // top_k if gather else a
-                ye = reference.linear(x.float().cpu()[r], c.expert(e), out_dtype=torch.float32).double()
-                ref[a] = (ye + bias[e].double().cpu()) * tw.reshape(-1)[a].double()[:, None]
+        ref = oracle(c, batch, x, bias, tw, gather)
         for lay in (fused, triton_only):
             state.layout = lay
             out = torch.full((batch.A, N), float("nan"), dtype=BF16, device="cuda")
