@@ -79,11 +79,12 @@ DEFAULT_TABLE: dict[str, Any] = {
         "large": dict(block_m=128, block_n=128, block_k=128, group_m=8, num_warps=4, num_stages=3),
     },
 }  # fmt: skip
-#: block fp8 starts from row-wise W8A8's tiles, but its per-K-tile scaling wants BM 64 on large
-#: batches (BM 128 halved its speed on Mixtral at M=1024 on the H100) and four stages (the sweep of
-#: bench/results/h100-2026-12-06-moe-sweeps-r6.json)
+#: block fp8 starts from row-wise W8A8's tiles, but its per-K-tile scaling wants BM 64 from 64 rows
+#: per expert on (BM 128 halved its speed on Mixtral at M=1024 on the H100, BM 32 lost to BM 64 at
+#: M=256 on the H200) and four stages (the sweeps of bench/results/h100-2026-12-06-moe-sweeps-r6.json
+#: and h200-2026-12-06-moe-sweep-block.json)
 DEFAULT_TABLE["fp8_block"] = copy.deepcopy(DEFAULT_TABLE["w8a8"])
-for _key in ("256", "large"):
+for _key in ("64", "256", "large"):
     DEFAULT_TABLE["fp8_block"][_key] = dict(
         block_m=64, block_n=128, block_k=128, group_m=8, num_warps=4, num_stages=4
     )
