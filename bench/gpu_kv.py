@@ -173,9 +173,16 @@ def _try(fn: Any) -> dict[str, Any]:
 
 
 def quantrt_cell(
-    scheme_name: str, k: torch.Tensor, v: torch.Tensor, q: torch.Tensor, scale: float, block_size: int
+    scheme_name: str,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    q: torch.Tensor,
+    scale: float,
+    block_size: int,
+    sweep: bool = False,
 ) -> dict[str, Any]:
-    """Pages of the scheme filled from the bf16 K/V [B, Hkv, T, D], then decode timed."""
+    """Pages of the scheme filled from the bf16 K/V [B, Hkv, T, D], then decode timed (``sweep``:
+    also every launch shape of :func:`sweep_configs` on the same pages, best time per shape)."""
     from quantrt.backends.triton.kv import decode_config, device_sms, kv_format
     from quantrt.kv import KVPages, bytes_per_token, decode_attention
     from quantrt.schemes import parse_kv_scheme
@@ -205,7 +212,46 @@ def quantrt_cell(
 
     row["out"] = fn()
     row.update(timed(fn))
+    if sweep:
+        row["sweep"] = sweep_cell(fn, cfg)
     return row
+
+
+def sweep_configs(cfg: Any) -> list[Any]:
+    """Launch shapes around the rule's: tiles of 64/128/256 tokens x 4/8 warps x 2/3/4 stages at its
+    split count, then half and twice the splits at its tile."""
+    from dataclasses import replace
+
+    out = [
+        replace(cfg, block_n=bn, num_warps=w, num_stages=st)
+        for bn in (64, 128, 256)
+        for w in (4, 8)
+        for st in (2, 3, 4)
+    ]
+    out += [replace(cfg, num_splits=n) for n in (max(1, cfg.num_splits // 2), cfg.num_splits * 2)]
+    return out
+
+
+def sweep_cell(fn: Any, cfg: Any) -> dict[str, Any]:
+    """Each launch shape of :func:`sweep_configs` in place of the rule's (the module's decode_config
+    swapped for the call): graph-replay median (eager where capture fails), or the error."""
+    import dataclasses
+
+    import quantrt.backends.triton.kv as tkv
+
+    rule = tkv.decode_config
+    res: dict[str, Any] = {}
+    try:
+        for c in sweep_configs(cfg):
+            tkv.decode_config = lambda *a, _c=c, **kw: _c
+            key = json.dumps(dataclasses.asdict(c))
+            try:
+                res[key] = best_us(timed(fn))
+            except Exception as e:  # a shape the compiler or the GPU rejects
+                res[key] = f"error: {type(e).__name__}: {str(e)[:120]}"
+    finally:
+        tkv.decode_config = rule
+    return res
 
 
 # -- the run ---------------------------------------------------------------------------------------
@@ -311,7 +357,7 @@ def run(args: argparse.Namespace) -> dict:
                     doc["rows"].append(row)
                     continue
                 try:
-                    row.update(quantrt_cell(name, k, v, q, scale, args.block_size))
+                    row.update(quantrt_cell(name, k, v, q, scale, args.block_size, args.sweep))
                 except torch.cuda.OutOfMemoryError as e:
                     torch.cuda.empty_cache()
                     row["skipped"] = f"out of memory: {str(e)[:120]}"
@@ -394,6 +440,11 @@ def main() -> int:
     ap.add_argument("--block-size", type=int, default=16, help="slots per page of quantrt's cache")
     ap.add_argument(
         "--programs-per-sm", type=int, default=None, help="override the decode split rule's programs per SM"
+    )
+    ap.add_argument(
+        "--sweep",
+        action="store_true",
+        help="also time every launch shape of sweep_configs per cell (row['sweep'])",
     )
     args = ap.parse_args()
     if args.programs_per_sm is not None:  # a launch-shape experiment: the split rule reads it per call
