@@ -17,6 +17,7 @@
 // taking tiles.
 #include "avx2.h"
 #include "layouts.h"
+#include "wint_gemv.h"
 
 #include <algorithm>
 #include <cstdlib>
@@ -166,19 +167,13 @@ void gemv_rows(const int64_t* d, const float* xs, const float* xsum, int64_t nf,
   });
 }
 
-template <int B>
-int run(const int64_t* d, const void* x, int32_t xdt, int64_t M, int64_t sxm, int64_t sxk, const YView& y,
-        int threads) {
-  const int64_t K = d[W_K], Kp = d[W_KP], fold = d[W_FOLD], nf = (Kp + fold - 1) / fold;
-  float* xs = static_cast<float*>(tl_x.get(sizeof(float) * M * Kp));
-  float* xsum = static_cast<float*>(tl_sum.get(sizeof(float) * M * nf));
-  if (!xs || !xsum) return 2;
-  xprep<B>(x, xdt, M, sxm, sxk, reinterpret_cast<const int32_t*>(d[W_PERM]), K, Kp, fold, nf, xs, xsum);
-  qrt::row_passes(M, [&](int64_t m0, auto r) {
-    gemv_rows<B, decltype(r)::value>(d, xs + m0 * Kp, xsum + m0 * nf, nf, y, m0, threads);
-  });
-  return 0;
-}
+// this build's two templates, for wint_gemv.h's call
+struct Isa {
+  template <int B, class... A>
+  static void prep(A... a) { xprep<B>(a...); }
+  template <int B, int R, class... A>
+  static void rows(A... a) { gemv_rows<B, R>(a...); }
+};
 #endif
 
 }  // namespace
@@ -193,15 +188,7 @@ int32_t quantrt_wint_avx2_linear(const int64_t* d, const void* x, int32_t xdt, i
                                  int32_t threads, int32_t strategy) {
   (void)strategy;
 #ifdef QRT_WINT_AVX2
-  if (M <= 0) return 0;
-  threads = std::max(threads, 1);
-  const YView yv{y, ydt, ldy, bias, bdt, d[W_N], nullptr};
-  switch (d[W_BITS]) {
-    case 8: return run<8>(d, x, xdt, M, sxm, sxk, yv, threads);
-    case 4: return run<4>(d, x, xdt, M, sxm, sxk, yv, threads);
-    case 3: return run<3>(d, x, xdt, M, sxm, sxk, yv, threads);
-    default: return run<2>(d, x, xdt, M, sxm, sxk, yv, threads);
-  }
+  return qrt::wint_linear<Isa>(d, x, xdt, M, sxm, sxk, bias, bdt, y, ydt, ldy, threads, tl_x, tl_sum);
 #else
   (void)d, (void)x, (void)xdt, (void)M, (void)sxm, (void)sxk, (void)bias, (void)bdt, (void)y, (void)ydt, (void)ldy;
   (void)threads;
