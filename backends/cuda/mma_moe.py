@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from quantrt.backends.triton import tile_table
+from quantrt.backends.triton.moe import grid_tiles
 from quantrt.moe import CanonicalExperts
 
 from .cupy_kernels import Launch, compile_all, function, stream
@@ -79,6 +80,8 @@ class MmaExperts:
     shapes: tuple[tuple[Shape, dict[str, Any]], ...]  # per entry of TOKENS: (shape, its table row)
     sms: int
     limit: int
+    w_stride: int  # uint4 of codes per expert
+    sz_stride: int  # scale bytes per expert
     _tiles: dict[tuple[int, int], Tile] = field(default_factory=dict)
 
     def max_tokens(self) -> int:
@@ -105,6 +108,48 @@ class MmaExperts:
             False, Launch(fn, MOE_ARGS), shape.smem(wk, self.gpc, szb, 4),
         )  # fmt: skip
 
+    def run(
+        self,
+        tile: Tile,
+        x: torch.Tensor,
+        sorted_ids: torch.Tensor,
+        block_expert: torch.Tensor,
+        num_padded: torch.Tensor,
+        order: torch.Tensor,
+        offsets: torch.Tensor,
+        A: int,
+        row_div: int,
+        topk_weights: torch.Tensor | None,
+        bias: torch.Tensor | None,
+        out: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """``y`` [A, N] in the activation dtype, one launch (the routing aligned to ``tile.xr`` rows):
+        ``y[a] = (x[a // row_div] . W[e(a)] + bias[e(a)]) * topk_weights[a]``; x [rows, K] in the
+        activation dtype; ``out``: [A, N] with unit column stride, or None."""
+        if x.stride(1) != 1 or x.stride(0) % 8 or x.data_ptr() % 16:
+            buf = torch.empty(x.shape[0], -(-self.K // 8) * 8, dtype=x.dtype, device=x.device)
+            buf[:, : self.K] = x
+            x = buf
+        if bias is not None and (bias.dtype != self.act or not bias.is_contiguous()):
+            bias = bias.to(self.act).contiguous()
+        y = torch.empty(A, self.N, dtype=self.act, device=x.device) if out is None else out
+        tiles = min(grid_tiles(A, self.E, tile.xr), block_expert.shape[0])
+        tile.fn(
+            (tiles + 1, -(-self.n_pad // (8 * tile.nt * tile.wn)), 1),
+            (32 * tile.wk * tile.wn, 1, 1),
+            (
+                x.data_ptr(), self.w.data_ptr(), self.sz.data_ptr(), 0 if bias is None else bias.data_ptr(),
+                self.cs.data_ptr(), 0, y.data_ptr(), self.K, x.stride(0), y.stride(0), self.N, self.n_pad,
+                self.chunks, 0,
+                sorted_ids.data_ptr(), block_expert.data_ptr(), num_padded.data_ptr(),
+                0 if topk_weights is None else topk_weights.data_ptr(), order.data_ptr(), offsets.data_ptr(),
+                A, self.E, row_div, self.w_stride, self.sz_stride,
+            ),
+            tile.smem,
+            stream(self.device),
+        )  # fmt: skip
+        return y
+
 
 def moe_expr(act: torch.dtype, gpc: int, shape: Shape) -> str:
     """The ``wna16_moe`` instance of one (swapped, unfolded) launch shape for e2m1 codes."""
@@ -128,49 +173,6 @@ def mma_fp4_experts(
     compile_all(SOURCE, [moe_expr(act, gpc, sh) for sh, _ in shapes], dev)
     return MmaExperts(
         w, sz, cs, weight.E, weight.N, weight.K, sz.shape[2], w.shape[2], gpc, act, dev, tuple(shapes),
-        torch.cuda.get_device_properties(dev).multi_processor_count, smem_limit(dev),
+        torch.cuda.get_device_properties(dev).multi_processor_count, smem_limit(dev), w[0].numel() // 16,
+        sz[0].numel(),
     )  # fmt: skip
-
-
-def moe_mma(
-    me: MmaExperts,
-    tile: Tile,
-    x: torch.Tensor,
-    sorted_ids: torch.Tensor,
-    block_expert: torch.Tensor,
-    num_padded: torch.Tensor,
-    order: torch.Tensor,
-    offsets: torch.Tensor,
-    A: int,
-    row_div: int,
-    topk_weights: torch.Tensor | None,
-    bias: torch.Tensor | None,
-    out: torch.Tensor | None,
-) -> torch.Tensor:
-    """``y`` [A, N] in the activation dtype, one launch (the routing aligned to ``tile.xr`` rows):
-    ``y[a] = (x[a // row_div] . W[e(a)] + bias[e(a)]) * topk_weights[a]``; x [rows, K] in the
-    activation dtype; ``out``: [A, N] with unit column stride, or None."""
-    if x.stride(1) != 1 or x.stride(0) % 8 or x.data_ptr() % 16:
-        buf = torch.empty(x.shape[0], -(-me.K // 8) * 8, dtype=x.dtype, device=x.device)
-        buf[:, : me.K] = x
-        x = buf
-    if bias is not None and (bias.dtype != me.act or not bias.is_contiguous()):
-        bias = bias.to(me.act).contiguous()
-    y = torch.empty(A, me.N, dtype=me.act, device=x.device) if out is None else out
-    from quantrt.backends.triton.moe import grid_tiles
-
-    tiles = min(grid_tiles(A, me.E, tile.xr), block_expert.shape[0])
-    tile.fn(
-        (tiles + 1, -(-me.n_pad // (8 * tile.nt * tile.wn)), 1),
-        (32 * tile.wk * tile.wn, 1, 1),
-        (
-            x.data_ptr(), me.w.data_ptr(), me.sz.data_ptr(), 0 if bias is None else bias.data_ptr(),
-            me.cs.data_ptr(), 0, y.data_ptr(), me.K, x.stride(0), y.stride(0), me.N, me.n_pad, me.chunks, 0,
-            sorted_ids.data_ptr(), block_expert.data_ptr(), num_padded.data_ptr(),
-            0 if topk_weights is None else topk_weights.data_ptr(), order.data_ptr(), offsets.data_ptr(),
-            A, me.E, row_div, me.w[0].numel() // 16, me.sz[0].numel(),
-        ),
-        tile.smem,
-        stream(me.device),
-    )  # fmt: skip
-    return y

@@ -232,15 +232,13 @@ def _run_mma(
     reduce_rows: int,
 ) -> torch.Tensor:
     """One ``wna16_moe`` launch (:mod:`.mma_moe`); ``reduce_rows`` > 1 sums each token's rows after."""
-    from .mma_moe import moe_mma
-
     A = batch.A
     tile = me.tile(batch.M, A)
     sid, bexp, npad = _aligned(lay, batch, tile.xr)
     order, offsets = batch.sorted()
     direct = out is not None and reduce_rows == 1 and out.dtype == me.act
-    y = moe_mma(
-        me, tile, x, sid, bexp, npad, order, offsets, A, batch.top_k if gather else 1,
+    y = me.run(
+        tile, x, sid, bexp, npad, order, offsets, A, batch.top_k if gather else 1,
         batch.weights if weighted else None, bias, out if direct else None,
     )  # fmt: skip
     if reduce_rows > 1:
