@@ -8,7 +8,8 @@
   quantized cache through the decode path; the same walk with the unquantized cache is the
   baseline, and each scheme's change is reported relative to it;
 - greedy: ``--greedy`` new tokens after each of three prompts, compared with the unquantized cache
-  (the number of leading tokens that agree, and whether all do);
+  (the number of leading tokens that agree, and whether all do), and the unquantized model's
+  top-1 minus top-2 logit at each of its steps (``baseline.greedy_margin``: near-ties named);
 - decode speed of each run (tokens/s of the teacher-forced walk, this machine).
 
 With quantrt's own layers, kernels that quantize their activations (GGUF's q8 activations on the
@@ -80,6 +81,17 @@ def teacher_forced(
         torch.cuda.synchronize(device)
     dt = time.perf_counter() - t0
     return nll / (len(ids) - prompt), (len(ids) - 1 - prompt) / dt
+
+
+@torch.inference_mode()
+def margins(model: Any, prompt: list[int], new: list[int]) -> list[float]:
+    """The unquantized model's top-1 minus top-2 logit at each greedy step (one forward over the
+    prompt and its tokens): how far a step is from a tie, so a departure can be read against it."""
+    device = next(model.parameters()).device
+    x = torch.tensor([prompt + new[:-1]], device=device)
+    logits = model(input_ids=x, use_cache=False).logits[0, len(prompt) - 1 :].float()
+    top = logits.topk(2, dim=-1).values
+    return (top[:, 0] - top[:, 1]).tolist()
 
 
 def _num(v: float) -> float | None:
@@ -154,7 +166,16 @@ def main() -> int:
     nan = (float("nan"), float("nan"))
     base_nll, base_tps = nan if args.no_ppl else teacher_forced(model, ids, args.prompt_tokens, None)
     base_greedy = [greedy(model, p, args.greedy, ignore_eos=True).new for p in prompts]
-    doc["baseline"] = {"ppl": _num(math.exp(base_nll)), "decode_tokens_per_s": _num(base_tps)}
+    gaps = [margins(model, p, g) for p, g in zip(prompts, base_greedy, strict=True)]
+    doc["baseline"] = {
+        "ppl": _num(math.exp(base_nll)),
+        "decode_tokens_per_s": _num(base_tps),
+        "prompts": list(PROMPTS),
+        "greedy_margin": [[round(v, 4) for v in g] for g in gaps],
+    }
+    for i, g in enumerate(gaps):
+        j = min(range(len(g)), key=g.__getitem__)
+        print(f"prompt {i + 1}: smallest top-2 logit margin {g[j]:.3f} at new token {j}")
     print(f"{'scheme':<22} {'ppl':>9} {'change':>8} {'greedy agree':>14} {'tok/s':>7}")
     print(f"{'unquantized':<22} {math.exp(base_nll):9.3f} {'':>8} {'':>14} {base_tps:7.1f}")
     names = [s for s in args.schemes.split(",") if s]

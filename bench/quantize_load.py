@@ -3,8 +3,10 @@ beside loading the same checkpoint dense, each in a fresh process.
 
 A Llama-shaped checkpoint of random bf16 weights is written first (``--shape 1b``: Llama 3.2 1B's
 layout, 2.5 GB; ``8b``: Llama 3.1 8B's, 16 GB; the weights are random, the sizes real), then each
-configuration loads it in its own process: wall time (from after the imports and, on a GPU, the
-CUDA context), peak host RSS above the imports, peak GPU memory, and the throughput in GB/s of bf16
+configuration loads it in its own process: wall time (from after the imports, on a GPU the CUDA
+context, and a warm-up load of a tiny checkpoint of the same layout and scheme, whose time is
+reported as ``warmup_s``: what transformers imports lazily and each kernel's first call cost once
+per process, not per byte; ``--cold`` times without it), peak host RSS above the imports, peak GPU memory, and the throughput in GB/s of bf16
 input. The quantized model's bytes say what "final size
 + two dense layers" is for that run.
 
@@ -35,10 +37,21 @@ import transformers, quantrt  # imported before the baseline: the peak is the mo
 def hwm():
     with open("/proc/self/status") as f:
         return next(int(l.split()[1]) * 1024 for l in f if l.startswith("VmHWM"))
-path, device, scheme, profile = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
+path, device, scheme, profile, warm = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5]
 if device.startswith("cuda"):  # the CUDA context is the process's, not the load's
     torch.empty(1, device=device)
     torch.cuda.synchronize()
+warmup_s = None
+if warm:  # a tiny checkpoint of the same layout and scheme first: the imports transformers makes
+    # lazily and each kernel's first call are the process's, not the load's (reported apart)
+    t0 = time.perf_counter()
+    quantrt.from_pretrained(warm, device=device, dtype=torch.bfloat16, progress=False,
+                            quantize=None if scheme in ("dense", "stored") else scheme)
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+    warmup_s = time.perf_counter() - t0
 base = hwm()
 if profile:
     import cProfile
@@ -73,7 +86,7 @@ def nbytes(obj, depth=0):
     return sum(nbytes(v, depth + 1) for v in vals)
 state = sum(nbytes(m._state.layout) for m in model.modules() if getattr(m, "_state", None) is not None)
 params = sum(p.numel() * p.element_size() for p in model.parameters())
-print(json.dumps({"load_s": dt, "peak_host_above_imports": hwm() - base,
+print(json.dumps({"load_s": dt, "warmup_s": warmup_s, "peak_host_above_imports": hwm() - base,
                   "peak_gpu": torch.cuda.max_memory_allocated() if device.startswith("cuda") else None,
                   "quantized_state_bytes": state, "dense_param_bytes": params,
                   "plan": model.quantrt.plan_summary()}))
@@ -136,6 +149,13 @@ def main() -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--dir", default=None, help="where to write the checkpoint (default: a temporary folder)")
     ap.add_argument("--profile-dir", default=None, help="write each load's cProfile (by own time) here")
+    ap.add_argument(
+        "--cold",
+        action="store_true",
+        help="no warm-up load: the timed load also pays the lazy imports and each kernel's first call "
+        "(by default a tiny checkpoint of the same layout and scheme is loaded first, its time reported "
+        "as warmup_s)",
+    )
     args = ap.parse_args()
     import torch
 
@@ -158,23 +178,37 @@ def main() -> int:
         t0 = time.perf_counter()
         doc["checkpoint_bytes"] = write_checkpoint(path, args.shape)
         doc["write_s"] = time.perf_counter() - t0
-        runs = [("dense", path, "dense")]
-        for scheme in args.schemes.split(","):
-            runs.append((scheme, path, scheme))
-            # the same scheme written by ``quantrt quantize`` (compressed-tensors), loaded as stored
-            from quantrt.writers import write_quantized
+        tiny = Path(tmp) / "tiny"
+        tiny.mkdir()
+        write_checkpoint(tiny, "tiny")
+        runs = [("dense", path, "dense", tiny)]
+        from quantrt.writers import write_quantized
 
+        for scheme in args.schemes.split(","):
+            runs.append((scheme, path, scheme, tiny))
+            # the same scheme written by ``quantrt quantize`` (compressed-tensors), loaded as stored
             written = path.parent / f"{path.name}-{scheme}"
             t0 = time.perf_counter()
             write_quantized(path, written, scheme, device=args.device)
             doc.setdefault("quantize_write_s", {})[scheme] = time.perf_counter() - t0
-            runs.append((f"{scheme} (written, loaded as stored)", written, "stored"))
-        for i, (label, where, scheme) in enumerate(runs):
+            tiny_written = tiny.parent / f"tiny-{scheme}"
+            write_quantized(tiny, tiny_written, scheme, device=args.device)
+            runs.append((f"{scheme} (written, loaded as stored)", written, "stored", tiny_written))
+        for i, (label, where, scheme, warm) in enumerate(runs):
             if args.profile_dir:
                 Path(args.profile_dir).mkdir(parents=True, exist_ok=True)
             profile = str(Path(args.profile_dir) / f"profile-{i}.txt") if args.profile_dir else ""
             done = subprocess.run(
-                [sys.executable, "-c", CHILD, str(where), args.device, scheme, profile],
+                [
+                    sys.executable,
+                    "-c",
+                    CHILD,
+                    str(where),
+                    args.device,
+                    scheme,
+                    profile,
+                    "" if args.cold else str(warm),
+                ],
                 capture_output=True,
                 text=True,
             )

@@ -50,6 +50,9 @@ FINITE_CHUNK = 1 << 22
 FINITE_SUFFIXES = (".weight", ".bias")
 
 
+#: the smallest dense tensor :meth:`TensorIndex.stage_to` reads onto its device (smaller ones:
+#: norms, small biases, go through host memory, where one more copy costs nothing)
+STAGED_BYTES = 1 << 20
 #: whole tensors read ahead at most (``TensorIndex.prefetch``)
 PREFETCH_TENSORS = 8
 _prefetch_pool: concurrent.futures.ThreadPoolExecutor | None = None
@@ -108,10 +111,32 @@ class TensorIndex:
         ahead = self._ahead.pop(name, None) if hasattr(self, "_ahead") else None
         return ahead.result() if ahead is not None else self._read_checked(name)
 
+    def stage_to(self, device: torch.device | str | None) -> None:
+        """Read the dense 16/32-bit weights and biases of at least :data:`STAGED_BYTES` straight
+        onto ``device`` from now on (:class:`DeviceStaging`: pinned chunks, copies overlapping the
+        reads); None reads every tensor into host memory again. A loader building its layers on
+        a GPU sets it: those tensors only ever go there."""
+        from ..checkpoint.staging import DeviceStaging
+
+        self._staging = DeviceStaging(device) if device is not None else None
+
+    def _staged(self, name: str) -> bool:
+        info = self.info[name]
+        return (
+            getattr(self, "_staging", None) is not None
+            and info.nbytes >= STAGED_BYTES
+            and info.dtype in FLOAT_DTYPES
+            and name.endswith(FINITE_SUFFIXES)
+        )
+
     def _read_checked(self, name: str) -> torch.Tensor:
-        """The whole tensor from its file, its values checked where :meth:`_checked` says (on a
-        read-ahead thread too: a bad value raises when the tensor is asked for)."""
-        return self._checked(name, self._file[name].get(name))
+        """The whole tensor from its file (onto the staging device where :meth:`stage_to` says),
+        its values checked where :meth:`_checked` says (on a read-ahead thread too: a bad value
+        raises when the tensor is asked for)."""
+        f = self._file[name]
+        if self._staged(name):
+            return self._checked(name, self._staging.read(f.path, f.data_start, self.info[name]))
+        return self._checked(name, f.get(name))
 
     def prefetch(self, names: Iterable[str]) -> None:
         """Start reading these whole tensors in the background (a few threads), so the next layer's

@@ -160,6 +160,8 @@ class ModelLoader:
         self._bar = tqdm(
             total=total, unit="B", unit_scale=True, desc="quantrt: loading", disable=not self.progress
         )
+        if self.device.type == "cuda" and self.ckpt.format != "gguf":
+            self.ckpt.index.stage_to(self.device)  # dense weights stream onto the GPU (pinned chunks)
         try:
             self._src_of = {} if self.quantized_only else self._source_names()
             if not self.quantized_only:
@@ -172,6 +174,7 @@ class ModelLoader:
                 self._unread()
         finally:
             self.ckpt.index.drop_prefetched()
+            self.ckpt.index.stage_to(None)
             self._bar.close()
         self.report.seconds = time.perf_counter() - t0
         return self.report

@@ -88,3 +88,72 @@ def test_finite_check_finds_every_position(dtype: torch.dtype, bad: float) -> No
         with pytest.raises(CheckpointError, match="x: 1 of 12297 values are NaN or infinite"):
             check_finite(u, "x")
     check_finite(torch.empty(0, 5, dtype=dtype), "empty")
+
+
+# -- reading onto a device through pinned chunks (the CUDA load path; here on the CPU, where the
+# same chunking runs without pinning or a side stream; tests/gpu runs it on a GPU) -----------------
+
+
+@pytest.mark.parametrize("chunk", [7, 64, 1000, 1 << 20])  # chunks that end mid-element, one chunk
+@pytest.mark.parametrize("ring", [1, 2, 3])
+def test_staged_reads_are_the_files_tensors(tmp_path: Path, chunk: int, ring: int) -> None:
+    from quantrt.checkpoint.staging import DeviceStaging
+
+    path, tensors = _file(tmp_path)
+    f = SafetensorsFile(path)
+    staging = DeviceStaging("cpu", chunk_bytes=chunk, ring=ring)
+    for name, t in tensors.items():
+        got = staging.read(f.path, f.data_start, f.tensors[name])
+        assert got.dtype == t.dtype and got.shape == t.shape and torch.equal(got, t), name
+
+
+def test_a_staged_read_of_a_truncated_file_is_one_clear_error(tmp_path: Path) -> None:
+    from quantrt.checkpoint.staging import DeviceStaging
+
+    path, _ = _file(tmp_path)
+    f = SafetensorsFile(path)
+    path.write_bytes(path.read_bytes()[:-7000])
+    with pytest.raises(CheckpointError, match=r"b\.weight.*read \d+ of 20000 bytes"):
+        DeviceStaging("cpu", chunk_bytes=4096).read(f.path, f.data_start, f.tensors["b.weight"])
+
+
+def test_staging_takes_the_dense_weights_and_checks_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``stage_to``: dense float weights and biases of at least STAGED_BYTES are read through the
+    staging (read ahead too), still checked for NaN; integer codes and small tensors are not."""
+    from quantrt.checkpoint import staging
+    from quantrt.formats import base
+
+    monkeypatch.setattr(base, "STAGED_BYTES", 100)
+    staged: list[str] = []
+    real = staging.DeviceStaging.read
+
+    def spy(self: staging.DeviceStaging, path: Path, start: int, info: object) -> torch.Tensor:
+        staged.append(info.name)  # type: ignore[attr-defined]
+        return real(self, path, start, info)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(staging.DeviceStaging, "read", spy)
+    g = torch.Generator().manual_seed(1)
+    bad = torch.randn(40, 9, generator=g)
+    bad[3, 3] = float("inf")
+    tensors = {
+        "a.weight": torch.randn(31, 17, generator=g).bfloat16(),
+        "q.qweight": torch.randint(-(2**31), 2**31 - 1, (64, 8), dtype=torch.int32, generator=g),
+        "n.weight": torch.randn(20, generator=g).bfloat16(),  # 40 bytes: under the bound
+        "d.bias": torch.randn(300, generator=g).half(),
+        "bad.weight": bad,
+    }
+    path = tmp_path / "m.safetensors"
+    save_file(tensors, str(path))
+    index = TensorIndex([SafetensorsFile(path)])
+    index.stage_to("cpu")
+    index.prefetch(["a.weight"])
+    for name in ("a.weight", "q.qweight", "n.weight", "d.bias"):
+        assert torch.equal(index.read(name), tensors[name]), name
+    with pytest.raises(CheckpointError, match=r"m\.safetensors: bad\.weight: 1 of 360 values"):
+        index.read("bad.weight")
+    assert sorted(staged) == ["a.weight", "bad.weight", "d.bias"]
+    index.stage_to(None)
+    staged.clear()
+    assert torch.equal(index.read("a.weight"), tensors["a.weight"]) and not staged
