@@ -219,7 +219,8 @@ def quantrt_cell(
 
 def sweep_configs(cfg: Any) -> list[Any]:
     """Launch shapes around the rule's: tiles of 64/128/256 tokens x 4/8 warps x 2/3/4 stages at its
-    split count, then half and twice the splits at its tile."""
+    split count; half the splits at its tile; twice the splits under tiles of 64/128 x 4/8 warps
+    (smaller programs fit more per SM, which more splits can then fill)."""
     from dataclasses import replace
 
     out = [
@@ -228,7 +229,12 @@ def sweep_configs(cfg: Any) -> list[Any]:
         for w in (4, 8)
         for st in (2, 3, 4)
     ]
-    out += [replace(cfg, num_splits=n) for n in (max(1, cfg.num_splits // 2), cfg.num_splits * 2)]
+    out.append(replace(cfg, num_splits=max(1, cfg.num_splits // 2)))
+    out += [
+        replace(cfg, block_n=bn, num_warps=w, num_splits=cfg.num_splits * 2)
+        for bn in (64, 128)
+        for w in (4, 8)
+    ]
     return out
 
 
