@@ -124,24 +124,19 @@ def decode_config(
 ) -> DecodeConfig:
     """The launch shape of a decode call, from Python ints only (graph-capturable).
 
-    Tiles: 128 tokens for 8-bit and packed caches up to head_dim 128 (fewer, larger steps per byte
-    read), 64 for 16/32-bit rows, per-group scales and wider heads (registers, shared memory);
-    transposed where values are packed codes; three stages (two tiles in flight) up to head_dim
-    128. Splits: as many as keep ``batch * H * splits`` within ``PROGRAMS_PER_SM`` per SM, each at
-    least ``MIN_SPLIT_TOKENS``. Chosen from sm_90 SASS (instructions per token, registers, shared
-    memory), not from timings."""
-    narrow = (
-        fmt is not None and fmt.k_kind != FLOAT and not (fmt.k_scale == DYNAMIC and fmt.k_group < head_dim)
-    )
-    block_n = 128 if narrow and head_dim <= 128 else 64
+    Tiles: 128 tokens where the values are packed codes (TurboQuant) up to head_dim 128, computed
+    transposed; 64 for every other cache (8-bit codes, 16/32-bit rows, per-group scales) and wider
+    heads; three stages (two tiles in flight) up to head_dim 128, four warps. Splits: as many as
+    keep ``batch * H * splits`` within ``PROGRAMS_PER_SM`` per SM, each at least
+    ``MIN_SPLIT_TOKENS``. From an H100 sweep of tiles x warps x stages x splits at 32k tokens
+    (``bench/gpu_kv.py --sweep``, docs/performance.md): the tile is the only choice that moved
+    the time by more than noise."""
+    packed = fmt is not None and fmt.v_kind in (U4, U3)
+    block_n = 128 if packed and head_dim <= 128 else 64
     fit = (PROGRAMS_PER_SM * sms) // max(1, batch * num_kv_heads)
     splits = max(1, min(MAX_SPLITS, fit, cdiv(max_len, MIN_SPLIT_TOKENS)))
     return DecodeConfig(
-        block_n,
-        splits,
-        num_warps=4,
-        num_stages=3 if head_dim <= 128 else 2,
-        transposed=fmt is not None and fmt.v_kind in (U4, U3),
+        block_n, splits, num_warps=4, num_stages=3 if head_dim <= 128 else 2, transposed=packed
     )
 
 

@@ -320,7 +320,7 @@ def test_decode_error_against_unquantized(name: str | None) -> None:
 def test_decode_config_fills_the_gpu_once() -> None:
     fmt = kv_format(parse_kv_scheme("kv-fp8"), 128)
     one = decode_config(1, 8, 32768, 128, 132, fmt)
-    assert one.num_splits == 33 and one.block_n == 128 and not one.transposed
+    assert one.num_splits == 33 and one.block_n == 64 and not one.transposed
     assert decode_config(16, 8, 32768, 128, 132, fmt).num_splits == 2
     assert decode_config(64, 8, 32768, 128, 132, fmt).num_splits == 1
     assert decode_config(1, 8, 300, 128, 132, fmt).num_splits == 3  # at least 128 tokens a split
