@@ -39,7 +39,7 @@ class CudaPolicy(VendorPolicy):
         major, minor = torch.cuda.get_device_capability(device)
         return Target(f"sm_{major}{minor}", torch.float8_e4m3fn, 32, scaled_mm=True)
 
-    def kv_decoders(self) -> tuple[Any, Any] | None:
+    def kv_decoders(self) -> tuple[Any, ...] | None:
         from .triton_kv_decode import DECODERS  # PTX: imported when a cache decodes, not at plan time
 
         return DECODERS

@@ -15,6 +15,9 @@ them, so a register of eight codes costs one decode. Both are exact:
   byte plane and a select on the code's top bit.
 - :func:`uint_code` (values): the code ORed into the mantissa of 1024 (``lop3``) and 1024
   subtracted by one packed fp16 subtraction.
+- :func:`byte_code` (8-bit values, read as 16-bit words of two): byte n of both words gathered by
+  one ``prmt`` and converted by ``cvt.rn.f16x2.e4m3x2`` (e5m2 likewise); int8 through the
+  mantissa of 1024 as above.
 
 fp32 queries (fp32 dots) take the portable decodes; the Triton interpreter cannot run PTX, so the
 CPU tests run the portable ones and tests/triton/test_kv_compiles.py checks these blocks under an
@@ -26,7 +29,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from quantrt.backends.triton.kv import _centroid_code, _uint_code
+from quantrt.backends.triton.kv import _byte_code, _centroid_code, _uint_code
 
 # output n: the lanes of code n of both words in the (low, high) byte-plane lookups
 _OUT = ("prmt.b32 $0, la, ha, 0x6240;", "prmt.b32 $0, la, ha, 0x7351;", "prmt.b32 $0, lb, hb, 0x6240;",
@@ -102,6 +105,36 @@ sub.rn.f16x2 $0, t, g;
 }}"""
 
 
+#: ``prmt`` selectors gathering byte n of both 16-bit words of a register into its low half
+_BYTE_SEL = (0x0020, 0x0031)
+#: the packed conversion of two e4m3 / e5m2 bytes to two fp16 (the kernel's KIND 1 / 2)
+_CVT = {1: "e4m3x2", 2: "e5m2x2"}
+
+
+@triton.constexpr_function
+def byte_asm(kind: int, n: int) -> str:
+    """The PTX block of byte ``n`` of two 16-bit words ($1) as two fp16 ($0), exact: fp8 bytes
+    gathered into one 16-bit pair and converted by ``cvt`` (two instructions); int8 bytes placed
+    under the fp16 exponent of 1024 (``prmt`` with 0x64 bytes, after flipping their sign bits:
+    0x6400 | (byte ^ 0x80) is 1152 + code) and 1152 subtracted by one packed subtraction."""
+    if kind in _CVT:
+        return f"""{{
+.reg .b32 t;
+.reg .b16 lo, hi;
+prmt.b32 t, $1, 0, {_BYTE_SEL[n]:#06x};
+mov.b32 {{lo, hi}}, t;
+cvt.rn.f16x2.{_CVT[kind]} $0, lo;
+}}"""
+    sel = 0x5250 if n == 0 else 0x5351  # byte n of each word under a 0x64 byte (register e's byte 1)
+    return f"""{{
+.reg .b32 t, e, g;
+mov.b32 e, 0x00006400; mov.b32 g, 0x64806480;
+xor.b32 t, $1, 0x80808080;
+prmt.b32 t, t, e, {sel:#06x};
+sub.rn.f16x2 $0, t, g;
+}}"""
+
+
 @triton.constexpr_function
 def _compiled_book(bits: tuple[int, ...]) -> bool:
     return len(bits) == 16
@@ -128,5 +161,15 @@ def uint_code(w, N: tl.constexpr, DT: tl.constexpr):
     return v
 
 
+@triton.jit
+def byte_code(w, N: tl.constexpr, KIND: tl.constexpr, HW: tl.constexpr, DT: tl.constexpr):
+    """Byte N of each 16-bit word (uint16 w; an e4m3, e5m2 or int8 value code) in DT, exact."""
+    if DT == tl.float16:
+        v = tl.inline_asm_elementwise(byte_asm(KIND, N), "=r,r", [w], tl.float16, True, 2)
+    else:
+        v = _byte_code(w, N, KIND, HW, DT)
+    return v
+
+
 #: ``decode_kv(decoders=DECODERS)``
-DECODERS = (centroid_code, uint_code)
+DECODERS = (centroid_code, uint_code, byte_code)

@@ -31,7 +31,11 @@ threads per tile. Per scheme:
   or bit tricks, e5m2 as an fp16's high byte, int8 by an integer add into fp16 bits); a static
   (tensor, head) key scale folded into the logit scale and the value scale applied to the
   accumulator once; per-token scales multiply the logits (keys) and the probabilities (values);
-  per-group scales dequantize the tile element-wise;
+  per-group scales dequantize the tile element-wise; where decoders are given, values with one
+  scale per token or tensor are read as 16-bit words of two codes and decoded by byte (two value
+  accumulators, channels ``2w + n``, interleaved after the loop), which the dot loads through
+  16-bit transposing loads instead of one shared-memory load per byte (``QUANTRT_KV_BYTE_WORDS=0``
+  reads them byte by byte);
 * TurboQuant 3/4-bit keys: the query is rotated once (``qR``, the same transform) and scored against
   ``centroid[idx]`` directly (``q.k = norm * (qR).c``, R orthogonal), the norm multiplying the
   logits; fp8 (k8) keys unscaled; values ``q * scale + zero`` as ``(p * scale) . q + (p . zero)``:
@@ -705,6 +709,34 @@ def _uint_code(w, N: tl.constexpr, DT: tl.constexpr):
 
 
 @triton.jit
+def _byte_words(row, D: tl.constexpr, DP: tl.constexpr):
+    """8-bit codes as 16-bit words, uint16 [BN, DP / 2] (``row``: [BN, 1] pointers to the rows' first
+    byte): word w holds channel 2w in its low byte and 2w + 1 in its high byte; words past D / 2
+    read as 0."""
+    w = tl.arange(0, DP // 2)
+    ptr = row.to(tl.pointer_type(tl.uint16))
+    if D == DP:
+        c = tl.load(ptr + w[None, :])
+    else:
+        c = tl.load(ptr + w[None, :], mask=(w < D // 2)[None, :], other=0)
+    return c
+
+
+@triton.jit
+def _byte_code(w, N: tl.constexpr, KIND: tl.constexpr, HW: tl.constexpr, DT: tl.constexpr):
+    """Value decode (portable): byte N of each 16-bit word (an e4m3, e5m2 or int8 code) in DT,
+    exact, as :func:`_widen` widens it."""
+    c = (w >> (8 * N)) & 0xFF
+    if KIND == 3:  # int8: the fp16 bits of 1152 + code are 0x6400 | (byte ^ 0x80)
+        out = (((c ^ 0x80) | 0x6400).to(tl.int16).to(tl.float16, bitcast=True) - 1152.0).to(DT)
+    elif KIND == 1 and HW:
+        out = c.to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float16).to(DT)
+    else:
+        out = _widen(c, KIND, False, DT)
+    return out
+
+
+@triton.jit
 def _tile_keys(
     KP, KS, slot, h, skp_slot, skp_h, sks_slot, sks_h, CB, ktab,
     D: tl.constexpr, DP: tl.constexpr, KIND: tl.constexpr, SC: tl.constexpr, GS: tl.constexpr,
@@ -862,11 +894,13 @@ def _decode_kernel(
     KDT: tl.constexpr, VDT: tl.constexpr, IEEE: tl.constexpr, PAIRS: tl.constexpr, IDX: tl.constexpr,
     HAS_MASK: tl.constexpr, SOFTCAP: tl.constexpr, HAS_SINKS: tl.constexpr, DIRECT: tl.constexpr,
     K_TOK: tl.constexpr, V_TOK: tl.constexpr, TRANS: tl.constexpr, KW: tl.constexpr, VW: tl.constexpr,
-    KDEC: tl.constexpr, VDEC: tl.constexpr, CBITS: tl.constexpr,
+    KDEC: tl.constexpr, VDEC: tl.constexpr, CBITS: tl.constexpr, VB: tl.constexpr, BDEC: tl.constexpr,
 ):  # fmt: skip
     """Program (KV head h, split sp, sequence b): the G query heads of h over the split's tiles.
     DIRECT (one split): the output itself; else the split's max, sum and accumulator (base 2).
-    KW / VW: 4-bit key / value codes read as 16-bit words and decoded by KDEC / VDEC."""
+    KW / VW: 4-bit key / value codes read as 16-bit words and decoded by KDEC / VDEC; VB: 8-bit
+    values (fp8, int8, one scale per token or tensor) read as 16-bit words of two and decoded by BDEC,
+    one accumulator per byte, so the words reach the dot through 16-bit transposing loads."""
     h = tl.program_id(0)
     sp = tl.program_id(1)
     b = tl.program_id(2)
@@ -935,6 +969,8 @@ def _decode_kernel(
     a1 = tl.zeros([BG, DP // 4], tl.float32)
     a2 = tl.zeros([BG, DP // 4], tl.float32)
     a3 = tl.zeros([BG, DP // 4], tl.float32)
+    b0 = tl.zeros([BG, DP // 2], tl.float32)
+    b1 = tl.zeros([BG, DP // 2], tl.float32)
     for n0 in range(start, end, BN):
         nxt = _tile_meta(
             n0 + BN, L, lo, BT + b64 * sbt_b, MASK + b64 * sm_b, KS, VS, VZ, h, sbt_t, sm_t, sks_slot, sks_h,
@@ -977,6 +1013,11 @@ def _decode_kernel(
             a1 = _dot_acc(pv, VDEC(vw, 1, VDT), a1 * alpha[:, None], IEEE)
             a2 = _dot_acc(pv, VDEC(vw, 2, VDT), a2 * alpha[:, None], IEEE)
             a3 = _dot_acc(pv, VDEC(vw, 3, VDT), a3 * alpha[:, None], IEEE)
+        elif VB:  # never transposed (8-bit values)
+            vw = _byte_words(VP + slot[:, None] * svp_slot + h * svp_h, D, DP)
+            pv = p.to(VDT)
+            b0 = _dot_acc(pv, BDEC(vw, 0, V_KIND, HW, VDT), b0 * alpha[:, None], IEEE)
+            b1 = _dot_acc(pv, BDEC(vw, 1, V_KIND, HW, VDT), b1 * alpha[:, None], IEEE)
         else:
             v = _tile_values(VP, VS, slot, h, svp_slot, svp_h, svs_slot, svs_h, vtab,
                              D, DP, V_KIND, V_SC, V_GS, HW, VDT, PAIRS)  # fmt: skip
@@ -988,6 +1029,8 @@ def _decode_kernel(
         live, slot, kt, vt, vz = nxt
     if VW:  # channel 4w + n from accumulator n
         acc = tl.reshape(tl.join(tl.join(a0, a2), tl.join(a1, a3)), [BG, DP])
+    elif VB:  # channel 2w + n from accumulator n
+        acc = tl.reshape(tl.join(b0, b1), [BG, DP])
     elif TRANS:
         acc = tl.trans(acc)
     den = tl.sum(dsum, axis=TOK)
@@ -1009,16 +1052,36 @@ def _decode_kernel(
 
 _decode_launch = Launcher(_decode_kernel)
 
-#: the portable 4-bit decoders (key centroids, value codes) of the word path
-PORTABLE_DECODERS = (_centroid_code, _uint_code)
+#: the portable decoders of the word paths (4-bit key centroids, 4-bit value codes, 8-bit values)
+PORTABLE_DECODERS = (_centroid_code, _uint_code, _byte_code)
 #: ``QUANTRT_KV_TQ_DECODE=pairs``: 4-bit TurboQuant codes through the shared-memory pair tables
 #: even where decoders are given (read once, as ``TRITON_INTERPRET``; for side-by-side timings)
 _TQ_WORDS = os.environ.get("QUANTRT_KV_TQ_DECODE", "words").strip().lower() != "pairs"
+#: ``QUANTRT_KV_BYTE_WORDS=0``: 8-bit values read as single bytes into the dot (the path before the
+#: byte-pair words; for side-by-side timings)
+_BYTE_WORDS = os.environ.get("QUANTRT_KV_BYTE_WORDS", "1").strip() != "0"
 
 
-def _words(plane: torch.Tensor, D: int) -> bool:
-    """Whether a plane of 4-bit codes reads as aligned 16-bit words (4 channels each)."""
-    return D % 4 == 0 and plane.data_ptr() % 2 == 0 and all(s % 2 == 0 for s in plane.stride()[:2])
+def _words(plane: torch.Tensor, D: int, per_word: int = 4) -> bool:
+    """Whether a plane of codes (``per_word`` to 16 bits) reads as aligned 16-bit words."""
+    return D % per_word == 0 and plane.data_ptr() % 2 == 0 and all(s % 2 == 0 for s in plane.stride()[:2])
+
+
+def byte_words(
+    fmt: KVFormat, cfg: DecodeConfig, q_dtype: torch.dtype, vp: torch.Tensor, D: int, decoders: Any
+) -> bool:
+    """Whether a decode reads its values as byte-pair words (``_decode_kernel``'s VB): 8-bit values
+    with one scale per token or tensor, untransposed scores, 16-bit queries, rows that make whole
+    aligned 16-bit words, and decoders given by the backend (``QUANTRT_KV_BYTE_WORDS=0``: never)."""
+    return (
+        _BYTE_WORDS
+        and decoders is not None
+        and fmt.v_kind in (E4M3, E5M2, INT8)
+        and not cfg.transposed
+        and not (fmt.v_scale == DYNAMIC and fmt.v_group < D)
+        and q_dtype != torch.float32
+        and _words(vp, D, 2)
+    )
 
 
 @triton.jit
@@ -1118,7 +1181,8 @@ def decode_kv(
     words = _TQ_WORDS and decoders is not None
     kw = words and fmt.k_kind == U4 and _words(kp, D)
     vw = words and fmt.v_kind == U4 and _words(vp, D)
-    kdec, vdec = PORTABLE_DECODERS if decoders is None or _interpreted() else decoders
+    vb = byte_words(fmt, cfg, q.dtype, vp, D, decoders)
+    kdec, vdec, bdec = PORTABLE_DECODERS if decoders is None or _interpreted() else decoders
     dummy = kp
     sks = _scale_strides(ks)
     svs = _scale_strides(vs)
@@ -1139,7 +1203,7 @@ def decode_kv(
         K_KIND=fmt.k_kind, V_KIND=fmt.v_kind, K_SC=fmt.k_scale, V_SC=fmt.v_scale,
         K_GS=fmt.k_group, V_GS=fmt.v_group, LOG=_log2(DP), HW=hw, KDT=_DOT_DTYPES[kdt], VDT=_DOT_DTYPES[vdt],
         IEEE=q.dtype == torch.float32, PAIRS=q.dtype != torch.float32,
-        KW=kw, VW=vw, KDEC=kdec, VDEC=vdec, CBITS=tables.centroid_bits() if kw else (),
+        KW=kw, VW=vw, KDEC=kdec, VDEC=vdec, CBITS=tables.centroid_bits() if kw else (), VB=vb, BDEC=bdec,
         IDX=tl.int64 if _wide(planes) else tl.int32,
         K_TOK=fmt.k_scale == NORM or (fmt.k_scale == DYNAMIC and fmt.k_group == D),
         V_TOK=2 if fmt.v_scale == AFFINE else int(fmt.v_scale == DYNAMIC and fmt.v_group == D),

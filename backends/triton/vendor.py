@@ -73,7 +73,7 @@ class VendorPolicy(ABC):
             return self.pin
         return self.offline if device.type == "cpu" else self.device_target(device)
 
-    def kv_decoders(self) -> tuple[Any, Any] | None:
+    def kv_decoders(self) -> tuple[Any, ...] | None:
         """The vendor's (key, value) 4-bit decoders for the KV decode kernel (jit functions,
         ``backends/triton/kv.py``'s word path), or None for the portable pair tables."""
         return None

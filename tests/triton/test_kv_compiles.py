@@ -1,6 +1,8 @@
 """The KV decode attention kernel (``backends/triton/kv.py``) compiled for sm_90 on the CPU (Triton's
 own ptxas, no GPU needed) for every KV format, and the PTX decodes of 4-bit TurboQuant codes
 (``backends/cuda/triton_kv_decode.py``) run through an emulator of the instructions they use.
+8-bit values go through the same word machinery (two codes a 16-bit word): their loop is bounded
+too, against the byte-per-element loop it replaces.
 
 Compiles: ``decode_kv`` is called on CPU tensors shaped as one decode step of Llama-3-8B heads
 (32 query heads over 8 KV heads, head_dim 128, 16-slot pages, 32k tokens) with its launcher
@@ -30,13 +32,15 @@ import numpy as np
 import pytest
 from ptx_emulator import lop3, prmt
 
-#: KV format -> (scheme name or None for bf16 pages, the 4-bit decoders: PTX, portable, or none
-#: (the shared-memory pair tables)); bf16 queries but for the one named fp32
+#: KV format -> (scheme name or None for bf16 pages, the word decoders: PTX (as the CUDA backend
+#: passes them), portable, or none (4-bit codes through the shared-memory pair tables, 8-bit values
+#: read byte by byte)); bf16 queries but for the one named fp32
 FORMATS = {
     "bf16-pages": (None, None),
-    "fp8": ("kv-fp8", None),
-    "int8-token": ("kv-int8-token", None),
-    "int8-g32": ("kv-int8-g32", None),
+    "fp8": ("kv-fp8", "ptx"),
+    "fp8-bytes": ("kv-fp8", None),
+    "int8-token": ("kv-int8-token", "ptx"),
+    "int8-g32": ("kv-int8-g32", "ptx"),
     "tq-k8v4": ("kv-tq-k8v4", "ptx"),
     "tq-4bit-nc": ("kv-tq-4bit-nc", "ptx"),
     "tq-4bit-nc-portable": ("kv-tq-4bit-nc", "portable"),
@@ -53,6 +57,11 @@ WORD_LOOP_BOUNDS = {
     "tq-k8v4": (128, 16, 16, 900),
     "tq-k3v4-nc": (144, 170, 20, 1250),
 }
+
+#: the token loop of 8-bit values read as byte-pair words (64-token tiles, the rule's): at most this
+#: many (LDS incl. LDSM, instructions); measured 34, 430 (fp8) and 34, 729 (int8 per token), where
+#: the same fp8 loop reading values byte by byte ("fp8-bytes") takes 98 and 629
+BYTE_LOOP_BOUNDS = {"fp8": (48, 480), "int8-token": (48, 800)}
 
 
 # -- the child: compile instead of launch ---------------------------------------------------------
@@ -184,6 +193,16 @@ def test_words_decode_in_registers(compiled: dict, name: str) -> None:
     assert got["instructions"] <= n, figures
 
 
+@pytest.mark.parametrize("name", list(BYTE_LOOP_BOUNDS))
+def test_byte_words_reach_the_dot_through_wide_loads(compiled: dict, name: str) -> None:
+    got = compiled[name]
+    assert "error" not in got, got.get("error")
+    lds, n = BYTE_LOOP_BOUNDS[name]
+    figures = {k: got[k] for k in ("lds", "instructions")}
+    assert got["lds"] <= lds and got["instructions"] <= n, figures
+    assert compiled["fp8-bytes"]["lds"] > lds, "the byte-per-element loop is the one these replace"
+
+
 # -- the PTX decodes under an emulator of the instructions they use --------------------------------
 
 
@@ -208,6 +227,11 @@ def run(asm: str, reg: int) -> int:
         if not ins or ins.startswith(".reg"):
             continue
         op, rest = ins.split(None, 1)
+        if op == "mov.b32" and rest.startswith("{"):  # a register split into its 16-bit halves
+            halves, src = rest.rsplit(",", 1)
+            lo, hi = (x.strip(" {}") for x in halves.split(","))
+            regs[lo], regs[hi] = val(src) & 0xFFFF, val(src) >> 16
+            continue
         d, *a = (x.strip() for x in rest.split(","))
         v = [val(x) for x in a]
         if op == "mov.b32":
@@ -222,6 +246,10 @@ def run(asm: str, reg: int) -> int:
             r = v[0] << v[1]
         elif op == "and.b32":
             r = v[0] & v[1]
+        elif op == "xor.b32":
+            r = v[0] ^ v[1]
+        elif op in ("cvt.rn.f16x2.e4m3x2", "cvt.rn.f16x2.e5m2x2"):  # low byte -> low half
+            r = _fp8_to_half_bits(v[0] & 0xFF, op) | _fp8_to_half_bits(v[0] >> 8, op) << 16
         elif op == "mul.lo.u32":
             r = v[0] * v[1]
         elif op == "sub.rn.f16x2":
@@ -230,6 +258,13 @@ def run(asm: str, reg: int) -> int:
             raise AssertionError(f"the emulator lacks {op}")
         regs[d] = r & 0xFFFFFFFF
     return regs["$0"]
+
+
+def _fp8_to_half_bits(byte: int, op: str) -> int:
+    import torch
+
+    f8 = torch.float8_e4m3fn if "e4m3" in op else torch.float8_e5m2
+    return _bits(float(torch.tensor([byte], dtype=torch.uint8).view(f8).float()))
 
 
 def _registers(seed: int) -> list[int]:
@@ -247,6 +282,30 @@ def test_value_asm(n: int) -> None:
         got = run(value_asm(n), reg)
         want = [float((reg >> (16 * h + 4 * n)) & 15) for h in (0, 1)]
         assert [_half(got & 0xFFFF), _half(got >> 16)] == want, hex(reg)
+
+
+@pytest.mark.parametrize("kind", [1, 2, 3])  # e4m3, e5m2, int8 (backends/triton/kv.py's KIND)
+@pytest.mark.parametrize("n", range(2))
+def test_byte_asm(kind: int, n: int) -> None:
+    """Byte n of both 16-bit words of a register, as two fp16: the value the stored code means
+    (fp8 as torch converts it, NaN for NaN; int8 as the signed integer), every byte in both places."""
+    import torch
+
+    from quantrt.backends.cuda.triton_kv_decode import byte_asm
+
+    rng = np.random.default_rng(20 + 2 * kind + n)
+    regs = [int(x) for x in rng.integers(0, 2**32, 200, dtype=np.uint64)]
+    regs += [sum(c << (8 * k) for k in range(4)) for c in range(256)]
+    f8 = {1: torch.float8_e4m3fn, 2: torch.float8_e5m2}.get(kind)
+    for reg in regs:
+        got = run(byte_asm(kind, n), reg)
+        codes = [(reg >> (16 * h + 8 * n)) & 0xFF for h in (0, 1)]
+        if f8 is None:
+            want = [float(c - 256 if c >= 128 else c) for c in codes]
+        else:
+            want = [float(torch.tensor([c], dtype=torch.uint8).view(f8).float()) for c in codes]
+        have = [_half(got & 0xFFFF), _half(got >> 16)]
+        assert all((a == b) or (a != a and b != b) for a, b in zip(have, want, strict=True)), hex(reg)
 
 
 def _books() -> dict[str, tuple[int, ...]]:

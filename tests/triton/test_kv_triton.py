@@ -244,6 +244,31 @@ def test_decode_matches_oracle(name: str | None, dtype: torch.dtype) -> None:
             assert torch.all(out[3].float() == 0)  # the empty sequence
 
 
+@pytest.mark.parametrize("dim", [64, 80, 74])  # 80, 74: padded to 128 (74: 37 words, not a multiple of 4)
+@pytest.mark.parametrize("name", ["kv-fp8", "kv-fp8e5m2", "kv-fp8-token", "kv-int8", "kv-int8-token"])
+def test_decode_byte_words(name: str, dim: int) -> None:
+    """8-bit values read as byte-pair words (one accumulator per byte, interleaved after the loop)
+    against the oracle: both tiles, several splits, GQA, window, softcap, sinks and mask; the path
+    is the one taken (``byte_words``) and the byte-per-element one gives the same result."""
+    g = torch.Generator().manual_seed(31)
+    pages, table, lens, _, _ = _filled_pages(name, torch.float16, dim, 2, g)
+    T = max(LENS)
+    kd, vd = on_cpu(pages).read(table.cpu(), T)
+    fmt = kv_format(pages.scheme, dim)
+    q = torch.randn(len(LENS), 6, dim, generator=g).to(DEV, torch.float16)
+    kw = dict(scale=dim**-0.5, window=40, softcap=5.0)
+    kw["sinks"] = torch.randn(6, generator=g).to(DEV)
+    kw["mask"] = (torch.rand(len(LENS), T + 5, generator=g) > 0.25).to(DEV)
+    ref = _oracle(q, kd, vd, lens, **kw)
+    for config in (DecodeConfig(16, 3), DecodeConfig(32, 1, num_stages=2)):
+        assert kv.byte_words(fmt, config, q.dtype, pages.flat()["v"], dim, kv.PORTABLE_DECODERS)
+        out = forced_decode(q, pages, table, lens, T, config, decoders=kv.PORTABLE_DECODERS, **kw)
+        err = (out.float().cpu() - ref).abs().max().item()
+        assert err <= ATOL[torch.float16], f"{name} D={dim} {config}: max error {err:.2e}"
+        bytewise = forced_decode(q, pages, table, lens, T, config, **kw)  # no decoders: byte by byte
+        assert (out.float() - bytewise.float()).abs().max().item() <= 2e-3
+
+
 @pytest.mark.parametrize("bs", [8, 24, 64])
 def test_decode_any_page_size(bs: int) -> None:
     """Pages smaller than a tile (whole pages per tile), not dividing it, and holding several tiles."""
