@@ -961,7 +961,7 @@ def _decode_kernel(
     )  # fmt: skip
     # TRANS: scores as [BN, BG] (keys the dot's M side, q^T resident), the accumulator as [DP, BG];
     # VW: four accumulators [BG, DP / 4] (channels 4w + n), the probabilities the dots' left side
-    if TRANS and not VW:
+    if TRANS and not (VW or VB):
         acc = tl.zeros([DP, BG], tl.float32)
     else:
         acc = tl.zeros([BG, DP], tl.float32)
@@ -1013,9 +1013,11 @@ def _decode_kernel(
             a1 = _dot_acc(pv, VDEC(vw, 1, VDT), a1 * alpha[:, None], IEEE)
             a2 = _dot_acc(pv, VDEC(vw, 2, VDT), a2 * alpha[:, None], IEEE)
             a3 = _dot_acc(pv, VDEC(vw, 3, VDT), a3 * alpha[:, None], IEEE)
-        elif VB:  # never transposed (8-bit values)
+        elif VB:  # the words the dots' right side as stored, the probabilities their left side
             vw = _byte_words(VP + slot[:, None] * svp_slot + h * svp_h, D, DP)
             pv = p.to(VDT)
+            if TRANS:
+                pv = tl.trans(pv)
             b0 = _dot_acc(pv, BDEC(vw, 0, V_KIND, HW, VDT), b0 * alpha[:, None], IEEE)
             b1 = _dot_acc(pv, BDEC(vw, 1, V_KIND, HW, VDT), b1 * alpha[:, None], IEEE)
         else:
@@ -1067,17 +1069,14 @@ def _words(plane: torch.Tensor, D: int, per_word: int = 4) -> bool:
     return D % per_word == 0 and plane.data_ptr() % 2 == 0 and all(s % 2 == 0 for s in plane.stride()[:2])
 
 
-def byte_words(
-    fmt: KVFormat, cfg: DecodeConfig, q_dtype: torch.dtype, vp: torch.Tensor, D: int, decoders: Any
-) -> bool:
+def byte_words(fmt: KVFormat, q_dtype: torch.dtype, vp: torch.Tensor, D: int, decoders: Any) -> bool:
     """Whether a decode reads its values as byte-pair words (``_decode_kernel``'s VB): 8-bit values
-    with one scale per token or tensor, untransposed scores, 16-bit queries, rows that make whole
-    aligned 16-bit words, and decoders given by the backend (``QUANTRT_KV_BYTE_WORDS=0``: never)."""
+    with one scale per token or tensor, 16-bit queries, rows that make whole aligned 16-bit words,
+    and decoders given by the backend (``QUANTRT_KV_BYTE_WORDS=0``: never)."""
     return (
         _BYTE_WORDS
         and decoders is not None
         and fmt.v_kind in (E4M3, E5M2, INT8)
-        and not cfg.transposed
         and not (fmt.v_scale == DYNAMIC and fmt.v_group < D)
         and q_dtype != torch.float32
         and _words(vp, D, 2)
@@ -1181,7 +1180,7 @@ def decode_kv(
     words = _TQ_WORDS and decoders is not None
     kw = words and fmt.k_kind == U4 and _words(kp, D)
     vw = words and fmt.v_kind == U4 and _words(vp, D)
-    vb = byte_words(fmt, cfg, q.dtype, vp, D, decoders)
+    vb = byte_words(fmt, q.dtype, vp, D, decoders)
     kdec, vdec, bdec = PORTABLE_DECODERS if decoders is None or _interpreted() else decoders
     dummy = kp
     sks = _scale_strides(ks)

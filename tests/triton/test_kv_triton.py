@@ -248,7 +248,8 @@ def test_decode_matches_oracle(name: str | None, dtype: torch.dtype) -> None:
 @pytest.mark.parametrize("name", ["kv-fp8", "kv-fp8e5m2", "kv-fp8-token", "kv-int8", "kv-int8-token"])
 def test_decode_byte_words(name: str, dim: int) -> None:
     """8-bit values read as byte-pair words (one accumulator per byte, interleaved after the loop)
-    against the oracle: both tiles, several splits, GQA, window, softcap, sinks and mask; the path
+    against the oracle: two tiles, one or several splits, either score layout, GQA, window, softcap,
+    sinks and mask; the path
     is the one taken (``byte_words``) and the byte-per-element one gives the same result."""
     g = torch.Generator().manual_seed(31)
     pages, table, lens, _, _ = _filled_pages(name, torch.float16, dim, 2, g)
@@ -260,8 +261,12 @@ def test_decode_byte_words(name: str, dim: int) -> None:
     kw["sinks"] = torch.randn(6, generator=g).to(DEV)
     kw["mask"] = (torch.rand(len(LENS), T + 5, generator=g) > 0.25).to(DEV)
     ref = _oracle(q, kd, vd, lens, **kw)
-    for config in (DecodeConfig(16, 3), DecodeConfig(32, 1, num_stages=2)):
-        assert kv.byte_words(fmt, config, q.dtype, pages.flat()["v"], dim, kv.PORTABLE_DECODERS)
+    assert kv.byte_words(fmt, q.dtype, pages.flat()["v"], dim, kv.PORTABLE_DECODERS)
+    for config in (
+        DecodeConfig(16, 3),
+        DecodeConfig(32, 1, num_stages=2),
+        DecodeConfig(16, 2, transposed=True),
+    ):
         out = forced_decode(q, pages, table, lens, T, config, decoders=kv.PORTABLE_DECODERS, **kw)
         err = (out.float().cpu() - ref).abs().max().item()
         assert err <= ATOL[torch.float16], f"{name} D={dim} {config}: max error {err:.2e}"
