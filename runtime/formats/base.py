@@ -120,22 +120,19 @@ class TensorIndex:
 
         self._staging = DeviceStaging(device) if device is not None else None
 
-    def _staged(self, name: str) -> bool:
-        info = self.info[name]
-        return (
-            getattr(self, "_staging", None) is not None
-            and info.nbytes >= STAGED_BYTES
-            and info.dtype in FLOAT_DTYPES
-            and name.endswith(FINITE_SUFFIXES)
-        )
-
     def _read_checked(self, name: str) -> torch.Tensor:
         """The whole tensor from its file (onto the staging device where :meth:`stage_to` says),
         its values checked where :meth:`_checked` says (on a read-ahead thread too: a bad value
         raises when the tensor is asked for)."""
-        f = self._file[name]
-        if self._staged(name):
-            return self._checked(name, self._staging.read(f.path, f.data_start, self.info[name]))
+        f, info = self._file[name], self.info[name]
+        staging = getattr(self, "_staging", None)  # once: a read-ahead thread may outlive stage_to(None)
+        if (
+            staging is not None
+            and info.nbytes >= STAGED_BYTES
+            and info.dtype in FLOAT_DTYPES
+            and name.endswith(FINITE_SUFFIXES)
+        ):
+            return self._checked(name, staging.read(f.path, f.data_start, info))
         return self._checked(name, f.get(name))
 
     def prefetch(self, names: Iterable[str]) -> None:
