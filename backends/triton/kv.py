@@ -676,16 +676,16 @@ def _lookup(pairs, tab, DT: tl.constexpr):
 
 
 @triton.jit
-def _code_words(row, D: tl.constexpr, DP: tl.constexpr):
-    """4-bit codes as 16-bit words, uint16 [BN, DP / 4] (``row``: [BN, 1] pointers to the rows'
-    first byte): word w holds channels 4w .. 4w + 3, channel 4w + n in bits 4n .. 4n + 3; words past
-    D / 4 read as 0."""
-    w = tl.arange(0, DP // 4)
+def _code_words(row, D: tl.constexpr, DP: tl.constexpr, PER: tl.constexpr):
+    """Codes as 16-bit words of ``PER`` (4: 4-bit codes, 2: bytes), uint16 [BN, DP / PER] (``row``:
+    [BN, 1] pointers to the rows' first byte): word w holds channels PER w .. PER w + PER - 1, channel
+    PER w + n in bits (16 / PER) n onwards; words past D / PER read as 0."""
+    w = tl.arange(0, DP // PER)
     ptr = row.to(tl.pointer_type(tl.uint16))
     if D == DP:
         c = tl.load(ptr + w[None, :])
     else:
-        c = tl.load(ptr + w[None, :], mask=(w < D // 4)[None, :], other=0)
+        c = tl.load(ptr + w[None, :], mask=(w < D // PER)[None, :], other=0)
     return c
 
 
@@ -706,20 +706,6 @@ def _uint_code(w, N: tl.constexpr, DT: tl.constexpr):
     else:
         v = c.to(DT)
     return v
-
-
-@triton.jit
-def _byte_words(row, D: tl.constexpr, DP: tl.constexpr):
-    """8-bit codes as 16-bit words, uint16 [BN, DP / 2] (``row``: [BN, 1] pointers to the rows' first
-    byte): word w holds channel 2w in its low byte and 2w + 1 in its high byte; words past D / 2
-    read as 0."""
-    w = tl.arange(0, DP // 2)
-    ptr = row.to(tl.pointer_type(tl.uint16))
-    if D == DP:
-        c = tl.load(ptr + w[None, :])
-    else:
-        c = tl.load(ptr + w[None, :], mask=(w < D // 2)[None, :], other=0)
-    return c
 
 
 @triton.jit
@@ -977,7 +963,7 @@ def _decode_kernel(
             svs_slot, svs_h, BN, BS, IDX, HAS_MASK, K_TOK, V_TOK,
         )  # fmt: skip
         if KW:
-            kw = _code_words(KP + slot[:, None] * skp_slot + h * skp_h, D, DP)
+            kw = _code_words(KP + slot[:, None] * skp_slot + h * skp_h, D, DP, 4)
             s = _word_scores(kw, q0, q1, q2, q3, CB, CBITS, KDEC, KDT, TRANS, IEEE)
         else:
             k = _tile_keys(KP, KS, slot, h, skp_slot, skp_h, sks_slot, sks_h, CB, ktab,
@@ -1005,7 +991,7 @@ def _decode_kernel(
         if V_TOK:
             p = p * _tok(vt, TRANS)
         if VW:  # the words are the dots' right side as stored (their decode needs no transpose)
-            vw = _code_words(VP + slot[:, None] * svp_slot + h * svp_h, D, DP)
+            vw = _code_words(VP + slot[:, None] * svp_slot + h * svp_h, D, DP, 4)
             pv = p.to(VDT)
             if TRANS:
                 pv = tl.trans(pv)
@@ -1014,7 +1000,7 @@ def _decode_kernel(
             a2 = _dot_acc(pv, VDEC(vw, 2, VDT), a2 * alpha[:, None], IEEE)
             a3 = _dot_acc(pv, VDEC(vw, 3, VDT), a3 * alpha[:, None], IEEE)
         elif VB:  # the words the dots' right side as stored, the probabilities their left side
-            vw = _byte_words(VP + slot[:, None] * svp_slot + h * svp_h, D, DP)
+            vw = _code_words(VP + slot[:, None] * svp_slot + h * svp_h, D, DP, 2)
             pv = p.to(VDT)
             if TRANS:
                 pv = tl.trans(pv)
