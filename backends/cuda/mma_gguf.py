@@ -26,16 +26,31 @@ slices for cuBLAS, as the integer kernels do.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
 from quantrt.canonical import CanonicalWeight
 from quantrt.kernels import Kernel, Verdict, check
 from quantrt.prepared import Prepared
+from quantrt.reference.gguf import k_scale_min
 from quantrt.specs import LayerSpec
 
-from .mma_wna16 import Q4K, Q80, Operands, fit_tiles, prepare_mma, sz_bytes
+from .mma_wna16 import (
+    Q4K,
+    Q5K,
+    Q6K,
+    Q40,
+    Q41,
+    Q50,
+    Q51,
+    Q80,
+    Operands,
+    RowsFn,
+    fit_tiles,
+    prepare_mma,
+    sz_bytes,
+)
 from .wna16_layout import KC, N_ALIGN, ROW_SLICE
 from .wna16_rules import device_conditions
 
@@ -92,6 +107,114 @@ def q4k_operands(weight: CanonicalWeight) -> tuple[torch.Tensor, torch.Tensor]:
         k = torch.cat((qs & 0xF, qs >> 4), dim=3).reshape(-1, K)
         codes[r0 : r0 + ROW_SLICE] = k[:, 0::2] | (k[:, 1::2] << 4)
     return codes, _param_layout(blocks[:, :, :HEAD_BYTES], -(-K // KC[4]) * KC[4] // SUPER)
+
+
+#: GGUF types whose 32-input blocks the kernel reads as low nibbles plus one parameter per block
+#: and column: type -> (CODE, bytes per block, offset of the nibbles, offset of the fifth bits or
+#: None, bytes of d (and m) from offset 0)
+BLOCK32 = {
+    "q4_0": (Q40, 18, 2, None, 2),
+    "q4_1": (Q41, 20, 4, None, 4),
+    "q5_0": (Q50, 22, 6, 2, 2),
+    "q5_1": (Q51, 24, 8, 4, 4),
+}
+#: bit of the kernel's high-bit word for input e of a 32-input run: 4 kt + j at kt + (0, 16, 8, 24)[j]
+HIGH_BIT = [e // 4 + (0, 16, 8, 24)[e % 4] for e in range(32)]
+Q5K_BYTES = 176
+
+
+def _pack_pairs(nib: torch.Tensor) -> torch.Tensor:
+    """Codes [rows, K] (0..15) -> the canonical packing [rows, K / 2], low nibble = even k."""
+    return nib[:, 0::2] | (nib[:, 1::2] << 4)
+
+
+def high_word(bits: torch.Tensor) -> torch.Tensor:
+    """Fifth bits [..., 32] (0/1, input order) -> the kernel's high-bit word as 4 little-endian
+    bytes [..., 4] (``high_bits`` in kernels/wna16_common.cuh)."""
+    pos = torch.tensor(HIGH_BIT, dtype=torch.int64, device=bits.device)
+    w = (bits.to(torch.int64) << pos).sum(-1, keepdim=True)
+    return ((w >> torch.arange(0, 32, 8, device=bits.device)) & 0xFF).to(torch.uint8)
+
+
+def _block_bits(qh: torch.Tensor) -> torch.Tensor:
+    """A legacy block's 4 qh bytes [..., 4] (a little-endian u32, bit e for element e) -> [..., 32]."""
+    return ((qh.unsqueeze(-1) >> torch.arange(8, device=qh.device)) & 1).flatten(-2)
+
+
+def block32_operands(weight: CanonicalWeight, t: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Legacy q4_0/q4_1/q5_0/q5_1: (codes uint8 [N, K/2], the low nibbles in the canonical packing;
+    parameters uint8 [blocks over the padded K, Npad, P]: d (and m) as stored, after the block's
+    high-bit word for 5-bit codes; padding 0)."""
+    _, size, qs, qh, head = BLOCK32[t]
+    blocks = _blocks(weight, t, 32, size)
+    N, K = weight.N, weight.K
+    codes = torch.empty(N, K // 2, dtype=torch.uint8, device=blocks.device)
+    fields = []
+    for r0 in range(0, N, ROW_SLICE):
+        b = blocks[r0 : r0 + ROW_SLICE]
+        nib = torch.cat((b[..., qs : qs + 16] & 0xF, b[..., qs : qs + 16] >> 4), dim=-1)
+        codes[r0 : r0 + ROW_SLICE] = _pack_pairs(nib.reshape(-1, K))
+        f = b[..., :head]
+        if qh is not None:
+            pad = torch.zeros(*f.shape[:-1], 4 - head, dtype=torch.uint8, device=f.device)
+            f = torch.cat((high_word(_block_bits(b[..., qh : qh + 4])), f, pad), dim=-1)
+        fields.append(f)
+    return codes, _param_layout(torch.cat(fields), -(-K // KC[4]) * KC[4] // 32)
+
+
+def q5k_operands(weight: CanonicalWeight, act: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """q5_k: (codes uint8 [N, K/2], the low nibbles in the canonical packing; one 8-byte parameter
+    per 32-input sub-block [sub-blocks over the padded K, Npad, 8]: the sub-block's high-bit word,
+    then d sc and -dmin m rounded once to the activation dtype, as q4_k's decode rounds them)."""
+    blocks = _blocks(weight, "q5_k", SUPER, Q5K_BYTES)
+    N, K = weight.N, weight.K
+    nb = blocks.shape[1]
+    codes = torch.empty(N, K // 2, dtype=torch.uint8, device=blocks.device)
+    fields = []
+    shifts = torch.arange(8, device=blocks.device)
+    for r0 in range(0, N, ROW_SLICE):
+        b = blocks[r0 : r0 + ROW_SLICE]
+        rows = b.shape[0]
+        qs = b[..., 48:176].reshape(rows, nb, 4, 1, 32)  # sub-block 2i + h: nibble h of run i
+        nib = torch.cat((qs & 0xF, qs >> 4), dim=3)  # [rows, nb, 4, 2, 32] = sub-block, element
+        codes[r0 : r0 + ROW_SLICE] = _pack_pairs(nib.reshape(rows, K))
+        hb = (b[..., 16:48].unsqueeze(-2) >> shifts[:, None]) & 1  # [rows, nb, 8 sub-blocks, 32]
+        sc, mn = k_scale_min(b[..., 4:16].reshape(-1, 12))
+        d = b[..., 0:2].contiguous().view(torch.float16).float().reshape(-1, 1)
+        dmin = b[..., 2:4].contiguous().view(torch.float16).float().reshape(-1, 1)
+        s = (d * sc.float()).to(act).reshape(rows, nb, 8, 1)
+        o = (-(dmin * mn.float())).to(act).reshape(rows, nb, 8, 1)
+        halves = torch.cat((s, o), dim=-1).view(torch.uint8)
+        fields.append(torch.cat((high_word(hb), halves), dim=-1).reshape(rows, nb * 8, 8))
+    return codes, _param_layout(torch.cat(fields), -(-K // KC[4]) * KC[4] // 32)
+
+
+Q6K_BYTES = 210
+
+
+def q6k_operands(weight: CanonicalWeight, act: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """q6_k: (codes uint8 [N, K/2], the low nibbles in the canonical packing; one 16-byte parameter
+    per 32-input run [runs over the padded K, Npad, 16]: the run's fifth-bit and sixth-bit words,
+    then d sc of its two 16-input sub-blocks rounded once to the activation dtype, 4 bytes zero)."""
+    blocks = _blocks(weight, "q6_k", SUPER, Q6K_BYTES)
+    N, K = weight.N, weight.K
+    nb = blocks.shape[1]
+    codes = torch.empty(N, K // 2, dtype=torch.uint8, device=blocks.device)
+    fields = []
+    shifts = torch.arange(0, 8, 2, device=blocks.device)[:, None]
+    for r0 in range(0, N, ROW_SLICE):
+        b = blocks[r0 : r0 + ROW_SLICE]
+        rows = b.shape[0]
+        ql = b[..., :128].reshape(rows, nb, 2, 1, 64)  # half n: low nibbles, then high ones
+        codes[r0 : r0 + ROW_SLICE] = _pack_pairs(torch.cat((ql & 0xF, ql >> 4), dim=3).reshape(rows, K))
+        qh = b[..., 128:192].reshape(rows, nb, 2, 1, 32)  # half n: 2-bit field f for 32 f + l
+        high = ((qh >> shifts) & 3).reshape(rows, K // 32, 32)
+        d = b[..., 208:210].contiguous().view(torch.float16).float()  # [rows, nb, 1]
+        sc = b[..., 192:208].contiguous().view(torch.int8).float()  # [rows, nb, 16]
+        s = (d * sc).to(act).reshape(rows, K // 32, 2).view(torch.uint8)
+        pad = torch.zeros(rows, K // 32, 4, dtype=torch.uint8, device=b.device)
+        fields.append(torch.cat((high_word(high & 1), high_word(high >> 1), s, pad), dim=-1))
+    return codes, _param_layout(torch.cat(fields), -(-K // KC[4]) * KC[4] // 32)
 
 
 def gguf_conditions(spec: LayerSpec, caps: Any, gguf_type: str, k_multiple: int) -> Verdict:
@@ -166,3 +289,48 @@ class CudaMmaGGUFQ8(Kernel):
         return prepare_mma(
             self, weight, spec, bits=8, code=Q80, operands=self.operands, tile_rows=self.tile_rows
         )
+
+
+class CudaMmaGGUFBlocks(Kernel):
+    """The GGUF types whose codes split into a nibble and high bits: the nibbles stream as int4's do
+    and each lane's 32-input run brings one parameter, so the decode is int4's plus a shift and a
+    mask per high bit. 4.5-5 bits per weight as stored for q4_0/q4_1/q5_1; q5_0 and q5_k 6 (stored
+    5.5), q6_k 8 (stored 6.56: the parameter copy needs power-of-two sizes)."""
+
+    name = "cuda.mma_gguf_blocks"
+    description = (
+        "CUDA GGUF q4_0, q4_1, q5_0, q5_1, q5_k and q6_k on tensor cores (mma.sync, int4's lane-order repack of "
+        "the low nibbles; each 32-input run's high bits, scales and offsets as its group parameter); cuBLAS on "
+        "dequantized slices for large M"
+    )
+    #: GGUF type -> CODE template argument
+    CODES: ClassVar[dict[str, int]] = {**{t: v[0] for t, v in BLOCK32.items()}, "q5_k": Q5K, "q6_k": Q6K}
+
+    @classmethod
+    def can_implement(cls, spec: LayerSpec, caps: Any) -> Verdict:
+        t = spec.scheme.gguf_type
+        return gguf_conditions(spec, caps, t if t in cls.CODES else "q4_0/q4_1/q5_0/q5_1/q5_k/q6_k",
+                               SUPER if t in ("q5_k", "q6_k") else 32)  # fmt: skip
+
+    @classmethod
+    def operands(cls, weight: CanonicalWeight, group: int | None, act: torch.dtype) -> Operands:
+        t = weight.scheme.gguf_type
+        if t == "q5_k":
+            codes, params = q5k_operands(weight, act)
+        elif t == "q6_k":
+            codes, params = q6k_operands(weight, act)
+        else:
+            codes, params = block32_operands(weight, t)
+        return codes, params, None, None
+
+    @classmethod
+    def rows_for(cls, t: str) -> RowsFn:
+        """The type's own sweep rows (``small_m_q40`` ...), else int4's."""
+        return lambda table: gguf_rows(table, f"small_m_{t.replace('_', '')}", "small_m", cls.CODES[t])
+
+    def prepare(self, weight: CanonicalWeight, spec: LayerSpec) -> Prepared:
+        t = weight.scheme.gguf_type
+        return prepare_mma(
+            self, weight, spec, bits=4, code=self.CODES[t], operands=self.operands,
+            tile_rows=self.rows_for(t), group=32,
+        )  # fmt: skip

@@ -55,6 +55,8 @@ E2M1 = 41
 LUT4 = 42
 Q4K = 43  # GGUF Q4_K: nibbles with llama.cpp's super-block heads as group parameters
 Q80 = 44  # GGUF Q8_0: signed bytes plus 128, llama.cpp's fp16 block scale as the group parameter
+#: GGUF Q4_0, Q4_1, Q5_0, Q5_1, Q5_K, Q6_K: low nibbles, the rest of each 32-input run as its parameter
+Q40, Q41, Q50, Q51, Q5K, Q6K = 45, 46, 47, 48, 49, 50
 #: static shared memory the code book takes per code (LUT4: 256 pairs, one copy per bank)
 BOOK_SMEM = {LUT4: 32 * 1024}
 
@@ -176,11 +178,14 @@ def prepare_mma(
     code: int,
     operands: OperandsFn,
     tile_rows: RowsFn,
+    group: int | None = None,
 ) -> Prepared:
     """``prepare`` of every kernel on the tensor-core kernel: its format's operands and launch
     rows, repacked and compiled into one :class:`MmaLayout` (:func:`mma_layout`), then
     :func:`build`."""
-    layout = mma_layout(weight, spec, bits=bits, code=code, operands=operands, tile_rows=tile_rows)
+    layout = mma_layout(
+        weight, spec, bits=bits, code=code, operands=operands, tile_rows=tile_rows, group=group
+    )
     return build(kernel, layout, spec)
 
 
@@ -192,11 +197,15 @@ def mma_layout(
     code: int,
     operands: OperandsFn,
     tile_rows: RowsFn,
+    group: int | None = None,
 ) -> MmaLayout:
     """Repack the codes, lay out the group parameters, and compile the launch shapes of the
-    device's table (the wgmma ones on Hopper, for integer codes) and the dense path's dequantizer."""
+    device's table (the wgmma ones on Hopper, for integer codes) and the dense path's dequantizer.
+    ``group``: inputs per group parameter where the format's operands differ from its scheme's
+    groups (GGUF q5_k: one per 32-input sub-block)."""
     s = weight.scheme
-    group = s.group_size if s.granularity == "group" else None
+    if group is None:
+        group = s.group_size if s.granularity == "group" else None
     perm = act_order_perm(weight, group or weight.K)
     q = weight["qweight"]
     dev = q.device.index if q.device.index is not None else torch.cuda.current_device()
@@ -275,15 +284,18 @@ def tile_name(tile: Tile) -> str:
 def sz_bytes(act: torch.dtype, code: int) -> int:
     """Bytes per group parameter: a (zb, s) pair, fp32 pairs for bf16 int8, one e5m3 byte for fp4, one
     scale in the activation dtype for code books, a 16-byte super-block head for GGUF q4_k, the fp16
-    block scale for GGUF q8_0."""
+    block scale for GGUF q8_0 and q4_0, d and m for q4_1, the fifth bits and two halves for q5_0,
+    q5_1 and q5_k, two bit words and two scales (16 bytes) for q6_k."""
     if code == E2M1:
         return 1
     if code == LUT4:
         return 2
-    if code == Q4K:
+    if code in (Q4K, Q6K):
         return 16
-    if code == Q80:
+    if code in (Q80, Q40):
         return 2
+    if code in (Q50, Q51, Q5K):
+        return 8
     return 8 if (act == torch.bfloat16 and code == 8) else 4
 
 

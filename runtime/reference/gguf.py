@@ -184,7 +184,7 @@ def _deq_q3_k(b: torch.Tensor) -> torch.Tensor:
     return (dl.unsqueeze(-1) * q).reshape(-1, 256)
 
 
-def _k_scale_min(s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def k_scale_min(s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Q4_K/Q5_K: 12 bytes -> 8 six-bit scales and 8 six-bit mins."""
     d, m, md = s[:, 0:4], s[:, 4:8], s[:, 8:12]
     sc = torch.cat([d & 0x3F, (md & 0xF) | ((d >> 2) & 0x30)], dim=-1)
@@ -194,7 +194,7 @@ def _k_scale_min(s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def _deq_k_asym(b: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     """Q4_K/Q5_K: ``d * sc * q - dmin * m`` per 32-element sub-block, q [M, 8, 32]."""
-    sc, mn = _k_scale_min(b[:, 4:16])
+    sc, mn = k_scale_min(b[:, 4:16])
     dl = _f16(b, 0) * sc.to(torch.float32)
     ml = _f16(b, 2) * mn.to(torch.float32)
     return (dl.unsqueeze(-1) * q.to(torch.float32) - ml.unsqueeze(-1)).reshape(-1, 256)
@@ -327,7 +327,7 @@ def _quant_q3_k(x: torch.Tensor) -> torch.Tensor:
 
 
 def _k_scale_bytes(sc: torch.Tensor, mn: torch.Tensor) -> torch.Tensor:
-    """Q4_K/Q5_K: 8 six-bit scales and mins -> 12 bytes (inverse of :func:`_k_scale_min`)."""
+    """Q4_K/Q5_K: 8 six-bit scales and mins -> 12 bytes (inverse of :func:`k_scale_min`)."""
     return torch.cat(
         [
             (sc[:, :4] & 0x3F) | ((sc[:, 4:] >> 4) << 6),

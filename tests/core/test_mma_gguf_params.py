@@ -15,11 +15,20 @@ import torch
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize as gguf_dequantize
 
-from quantrt.backends.cuda.mma_gguf import CudaMmaGGUF, CudaMmaGGUFQ8, q4k_operands, q8_operands
+from quantrt.backends.cuda.mma_gguf import (
+    CudaMmaGGUF,
+    CudaMmaGGUFBlocks,
+    CudaMmaGGUFQ8,
+    high_word,
+    q4k_operands,
+    q8_operands,
+)
 from quantrt.backends.cuda.wna16_layout import TG, repack_codes
 from quantrt.canonical import CanonicalWeight
+from quantrt.capability import load_preset
 from quantrt.reference.gguf import random_blocks
 from quantrt.schemes import parse_scheme
+from quantrt.specs import LayerSpec
 
 
 def canon(N: int, K: int, seed: int, sane: bool = True, t: str = "q4_k") -> CanonicalWeight:
@@ -211,3 +220,125 @@ def test_each_kernel_hands_its_types_operands_to_the_shared_kernel(kernel: type,
     codes, params, col, book = kernel().operands(c, None, torch.bfloat16)
     want = (q4k_operands if t == "q4_k" else q8_operands)(c)
     assert torch.equal(codes, want[0]) and torch.equal(params, want[1]) and col is None and book is None
+
+
+BLOCK32_TYPES = ("q4_0", "q4_1", "q5_0", "q5_1", "q5_k", "q6_k")
+
+
+def f16_field(lo: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
+    """fp16 from two byte planes (little-endian), as float64."""
+    return (lo.to(torch.int64) | hi.to(torch.int64) << 8).to(torch.int16).view(torch.float16).double()
+
+
+def word32(b: torch.Tensor) -> torch.Tensor:
+    """Four little-endian bytes [..., 4] (int64) -> their u32."""
+    return b[..., 0] | b[..., 1] << 8 | b[..., 2] << 16 | b[..., 3] << 24
+
+
+def act_half(lo: torch.Tensor, hi: torch.Tensor, act: torch.dtype) -> torch.Tensor:
+    """A half of the activation dtype from two byte planes, as float64."""
+    v = lo | hi << 8
+    return bf16_bits(v) if act == torch.bfloat16 else v.to(torch.int16).view(torch.float16).double()
+
+
+def block32_view(packed: torch.Tensor, params: torch.Tensor, t: str, act: torch.dtype) -> torch.Tensor:
+    """Dense weights float64 [Npad, chunks*128] as ``Deq<T, Q40..Q6K>`` gives them to the mma: lane
+    (g, t) of chunk c holds run 4 c + t of column g; tile kt's nibble pairs as in kernel_view; the
+    fifth bits of tile kt from the run's high-bit word h as ``high_bits`` shifts them (bits 4 and
+    20 of h << (4 - kt) for inputs 4kt, 4kt+1, of h >> (kt + 4) for 4kt+2, 4kt+3), q6_k's sixth
+    bits likewise one place up; then (q - 8 | 16 | 32) d or q s + o, one rounding to act after d
+    (or s and o) in act."""
+    tiles, chunks = packed.shape[0] * TG, packed.shape[1]
+    p = torch.stack([packed[T // TG, :, T % TG] for T in range(tiles)])
+    words = word32(p.reshape(tiles, chunks, 32, 4, 4).to(torch.int64))
+    prm = params.to(torch.int64)  # [groups, Npad, P]
+    out = torch.full((tiles * 8, chunks * 128), float("nan"), dtype=torch.float64)
+    c = torch.arange(chunks)
+    high = t in ("q5_0", "q5_1", "q5_k", "q6_k")
+    for lane in range(32):
+        g, lt = divmod(lane, 4)
+        cols = torch.arange(tiles) * 8 + g
+        f = prm[(4 * c + lt)[None, :], cols[:, None]]  # [tiles, chunks, P]
+        h = word32(f) if high else torch.zeros_like(f[..., 0])
+        h6 = word32(f[..., 4:8]) if t == "q6_k" else torch.zeros_like(h)
+        y = f[..., 8:] if t == "q6_k" else f[..., 4:] if high else f
+        o = None
+        if t == "q6_k":
+            s6 = [act_half(y[..., 0], y[..., 1], act), act_half(y[..., 2], y[..., 3], act)]
+        elif t == "q5_k":
+            s, o = act_half(y[..., 0], y[..., 1], act), act_half(y[..., 2], y[..., 3], act)
+        else:
+            s = f16_field(y[..., 0], y[..., 1]).to(act).double()
+            if t in ("q4_1", "q5_1"):
+                o = f16_field(y[..., 2], y[..., 3]).to(act).double()
+        for kt in range(8):
+            sh = words[:, :, lane, kt >> 1] >> (8 * (kt & 1))
+            m0 = (h << (4 - kt) if kt <= 4 else h >> (kt - 4)) & 0x00100010
+            m1 = (h >> (kt + 4)) & 0x00100010
+            m0 |= (h6 << (5 - kt) if kt <= 5 else h6 >> (kt - 5)) & 0x00200020
+            m1 |= (h6 >> (kt + 3)) & 0x00200020
+            nib = (sh & 0xF, (sh >> 16) & 0xF, (sh >> 4) & 0xF, (sh >> 20) & 0xF)
+            hb = ((m0 >> 4) & 3, (m0 >> 20) & 3, (m1 >> 4) & 3, (m1 >> 20) & 3)
+            for kk in range(4):
+                q = (nib[kk] | hb[kk] << 4).double()
+                if t == "q6_k":
+                    w = ((q - 32) * s6[kt // 4]).to(act).double()
+                elif o is None:
+                    w = ((q - (16 if high else 8)) * s).to(act).double()
+                else:
+                    w = (q * s + o).to(act).double()
+                out[cols[:, None], (c * 128 + lt * 32 + 4 * kt + kk)[None, :]] = w
+    return out
+
+
+@pytest.mark.parametrize("t", BLOCK32_TYPES)
+@pytest.mark.parametrize("act", [torch.bfloat16, torch.float16], ids=str)
+def test_block32_emulated_decode_gives_llama_cpp_weights(t: str, act: torch.dtype) -> None:
+    """K not a multiple of the 128-input chunk (21 blocks; q5_k, q6_k: 3 super-blocks), N not a multiple
+    of 64: every weight within the dtype's roundings of gguf-py's, the padding zero."""
+    N, K = 70, 768 if t.endswith("_k") else 32 * 21
+    c = canon(N, K, seed=21 + len(t), t=t)
+    codes, params = CudaMmaGGUFBlocks().operands(c, None, act)[:2]
+    groups = -(-K // 128) * 4
+    assert params.shape == (groups, 128, {"q4_0": 2, "q4_1": 4, "q6_k": 16}.get(t, 8))
+    assert not params[K // 32 :].any() and not params[:, N:].any()
+    got = block32_view(repack_codes(codes, 4, N, K), params, t, act)
+    ref = llama(c)
+    u = 2.0 ** (-8 if act == torch.bfloat16 else -11)
+    span = ref.abs().reshape(N, -1, 32).amax(-1, keepdim=True).expand(N, K // 32, 32).reshape(N, K)
+    assert bool(((got[:N, :K] - ref).abs() <= 3 * u * span + 2.0**-24).all())
+    assert float((got[:N, :K] - ref).norm() / ref.norm()) < u
+    assert torch.equal(got[N:], torch.zeros_like(got[N:])) and not got[:N, K:].any()
+
+
+def test_high_word_puts_each_input_where_the_decode_shifts_from() -> None:
+    """One fifth bit at a time: the word from ``high_word`` decodes (by high_bits' shifts) to that
+    input alone."""
+    for e in range(32):
+        bits = torch.zeros(32, dtype=torch.uint8)
+        bits[e] = 1
+        w = high_word(bits).to(torch.int64)
+        h = int(w[0] | w[1] << 8 | w[2] << 16 | w[3] << 24)
+        kt, j = divmod(e, 4)
+        m0 = ((h << (4 - kt)) if kt <= 4 else (h >> (kt - 4))) & 0x00100010
+        m1 = (h >> (kt + 4)) & 0x00100010
+        got = [(m0 >> 4) & 1, (m0 >> 20) & 1, (m1 >> 4) & 1, (m1 >> 20) & 1]
+        assert got == [int(i == j) for i in range(4)], e
+        assert bin(h).count("1") == 1
+
+
+def test_block32_kernel_takes_its_types_only() -> None:
+    caps = load_preset("h200").default_device
+    assert set(CudaMmaGGUFBlocks.CODES) == set(BLOCK32_TYPES)
+    for t, K, ok in [
+        ("q3_k", 512, False),
+        ("q6_k", 512 + 32, False),
+        ("q5_k", 512, True),
+        ("q6_k", 768, True),
+        ("q4_1", 544, True),
+    ]:
+        spec = LayerSpec(parse_scheme(f"gguf-{t}"), K, 64, act_dtype=torch.bfloat16)
+        v = CudaMmaGGUFBlocks.can_implement(spec, caps)
+        assert v.ok == ok, (t, K, v.reason)
+    v = CudaMmaGGUFBlocks.can_implement(LayerSpec(parse_scheme("gguf-q2_k"), 512, 64), caps)
+    assert "GGUF q4_0/q4_1/q5_0/q5_1/q5_k/q6_k weights" in v.reason

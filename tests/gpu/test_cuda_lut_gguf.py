@@ -22,6 +22,8 @@ from quantrt.schemes import parse_scheme
 TOL = {torch.bfloat16: 1.2e-2, torch.float16: 2e-3}
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "gguf"
 GGUF_TYPES = ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k")
+#: the GGUF types on ``cuda.mma_gguf_blocks`` (a parameter per 32-input block)
+BLOCK32_TYPES = ("q4_0", "q4_1", "q5_0", "q5_1", "q5_k", "q6_k")
 
 
 def rel(y: torch.Tensor, ref: torch.Tensor) -> float:
@@ -92,11 +94,22 @@ CASES = [
     ("gguf-q4_k", "cuda.mma_gguf", torch.float16),
     ("gguf-q8_0", "cuda.mma_gguf_q8", torch.bfloat16),
     ("gguf-q8_0", "cuda.mma_gguf_q8", torch.float16),
+    *[
+        (f"gguf-{t}", "cuda.mma_gguf_blocks", dt)
+        for t in BLOCK32_TYPES
+        for dt in (torch.bfloat16, torch.float16)
+    ],
 ]
 #: the GGUF types the CUDA GEMV takes (the others stay with the Triton GEMV)
 CUDA_GEMV_TYPES = ("q4_k", "q6_k")
 #: the kernel dispatch picks per GGUF type on this GPU
 GGUF_KERNEL = {"q4_k": "cuda.mma_gguf", "q6_k": "cuda.gemv_gguf", "q8_0": "cuda.mma_gguf_q8"}
+#: the tensor-core kernel of each GGUF type it takes
+MMA_KERNEL = {
+    "q4_k": "cuda.mma_gguf",
+    "q8_0": "cuda.mma_gguf_q8",
+    **{t: "cuda.mma_gguf_blocks" for t in BLOCK32_TYPES},
+}
 
 
 @pytest.mark.parametrize("scheme,kernel,dtype", CASES, ids=str)
@@ -283,32 +296,36 @@ def test_gemv_gguf_random_blocks_match_gguf_py(t: str, dtype: torch.dtype) -> No
                 assert rel(y, ref) < TOL[dtype], (K, N, M, shape, path, rel(y, ref))
 
 
+@pytest.mark.parametrize("t", ["q4_k", *BLOCK32_TYPES])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
-def test_mma_gguf_random_blocks_match_gguf_py(dtype: torch.dtype) -> None:
-    """q4_k on the tensor-core kernel: random block bytes (every code, 6-bit scale and min; any
-    finite f16 d and dmin in bf16, weight-sized ones in fp16), against gguf-py's dequantizer, at
-    every path (swapped tiles, the dense path in whole and in half-super-block slices, where the
-    dequantizer's chunk parity picks the sub-block), N not a multiple of 64, bias and out=."""
+def test_mma_gguf_random_blocks_match_gguf_py(t: str, dtype: torch.dtype) -> None:
+    """The GGUF types on the tensor-core kernel: random block bytes (every code and fifth bit,
+    6-bit scale and min; any finite f16 field in bf16, weight-sized ones in fp16), against
+    gguf-py's dequantizer, at every path (swapped tiles, the dense path in whole and in one-chunk
+    slices, where q4_k's dequantizer's chunk parity picks the sub-block), N not a multiple of 64,
+    K not of the 128-input chunk, bias and out=."""
     from gguf.quants import dequantize as gguf_dequantize
 
     from quantrt.backends.cuda import mma_wna16
     from quantrt.reference.gguf import random_blocks
 
-    for K, N, seed in [(256 * 3, 37, 1), (256 * 21, 200, 2)]:
-        qweight = random_blocks("q4_k", N, K, seed=seed, sane=dtype == torch.float16)
+    legacy = t.endswith(("_0", "_1"))
+    shapes = [(32 * 21, 37, 1), (32 * 165, 200, 2)] if legacy else [(256 * 3, 37, 1), (256 * 21, 200, 2)]
+    for K, N, seed in shapes:
+        qweight = random_blocks(t, N, K, seed=seed, sane=dtype == torch.float16)
         w = (
-            torch.from_numpy(gguf_dequantize(qweight.numpy(), gguf.GGMLQuantizationType.Q4_K))
+            torch.from_numpy(gguf_dequantize(qweight.numpy(), gguf.GGMLQuantizationType[t.upper()]))
             .reshape(N, K)
             .double()
         )
-        canon = CanonicalWeight(parse_scheme("gguf-q4_k"), N, K, {"qweight": qweight})
+        canon = CanonicalWeight(parse_scheme(f"gguf-{t}"), N, K, {"qweight": qweight})
         bias = torch.randn(N)
         layer = QuantLinear.from_canonical(
             canon,
             bias=bias.to(dtype),
             device="cuda",
             act_dtype=dtype,
-            overrides=Overrides(kernel="cuda.mma_gguf"),
+            overrides=Overrides(kernel=MMA_KERNEL[t]),
         )
         whole = layer._state
         for slices in (None, 1):
@@ -335,6 +352,8 @@ def test_mma_gguf_random_blocks_match_gguf_py(dtype: torch.dtype) -> None:
         ("gguf-q4_k", 1),
         ("gguf-q8_0", 4),
         ("gguf-q6_k", 1),
+        ("gguf-q4_0", 1),
+        ("gguf-q5_k", 16),
         ("w4a16-nvfp4", 300),
     ],
 )

@@ -14,11 +14,19 @@ typedef unsigned int u32;
 // into a 16-value code book (bitsandbytes NF4/FP4) and Q4K GGUF Q4_K's unsigned nibbles (a 6-bit
 // scale and min per 32 inputs), all packed as 4-bit codes in int4's lane layout (LUT4 in the
 // canonical nibble order); Q80 is GGUF Q8_0's signed bytes plus 128 (an fp16 scale per 32
-// inputs) in int8's lane layout.
+// inputs) in int8's lane layout. Q40, Q41, Q50, Q51 and Q5K are GGUF Q4_0, Q4_1, Q5_0, Q5_1 and
+// Q5_K: the low nibble of each code in int4's lane layout and everything else of a 32-input block
+// (the fifth bits, d, m; Q5_K's sub-block scale and min as d sc and -dmin m) as its group parameter.
 constexpr int E2M1 = 41;
 constexpr int LUT4 = 42;
 constexpr int Q4K = 43;
 constexpr int Q80 = 44;
+constexpr int Q40 = 45;
+constexpr int Q41 = 46;
+constexpr int Q50 = 47;
+constexpr int Q51 = 48;
+constexpr int Q5K = 49;
+constexpr int Q6K = 50;
 __host__ __device__ constexpr int code_bits(int code) { return code == 8 || code == Q80 ? 8 : 4; }
 
 template <typename T2> __device__ __forceinline__ u32 as_u32(T2 v) { return *reinterpret_cast<u32*>(&v); }
@@ -171,6 +179,29 @@ template <typename T> struct Param<T, Q4K> {
 template <typename T> struct Param<T, Q80> {
   typedef unsigned short type;
 };
+// Q40: a block's fp16 d as stored; Q41: d and m (low, high half); Q50, Q51: the block's fifth
+// bits (see high_bits) then d, or d and m; Q5K: the fifth bits, then d sc and -dmin m in the
+// activation dtype. Four blocks per 128-input chunk, one per lane of a quad.
+template <typename T> struct Param<T, Q40> {
+  typedef unsigned short type;
+};
+template <typename T> struct Param<T, Q41> {
+  typedef u32 type;
+};
+template <typename T> struct Param<T, Q50> {
+  typedef uint2 type;
+};
+template <typename T> struct Param<T, Q51> {
+  typedef uint2 type;
+};
+template <typename T> struct Param<T, Q5K> {
+  typedef uint2 type;
+};
+// Q6K: the fifth bits, the sixth bits, then d sc of the run's two 16-input sub-blocks in the
+// activation dtype (4 bytes unused).
+template <typename T> struct Param<T, Q6K> {
+  typedef uint4 type;
+};
 
 // LUT4 code books reach the decode as a Book (empty for the other codes), loaded by each block
 // before its first decode: the 256 pairs of mma_codebook.book_pairs (entry b = (book[b & 15],
@@ -316,6 +347,96 @@ template <typename T> struct Deq<T, Q80> {
     const u32 w = word(v, kt);
     b0 = as_u32(__hmul2(as_t2<T2>(Q8Code<T>::pair(w, 0x4140)), d));
     b1 = as_u32(__hmul2(as_t2<T2>(Q8Code<T>::pair(w, 0x4342)), d));
+  }
+};
+// GGUF blocks on the 4-bit lane layout. A lane's run of 32 inputs is one block, so its group
+// parameter is the block's. Codes of 5 bits keep their fifth bits in a word laid out for the
+// decode: input 4kt + j of the run at bit kt + {0, 16, 8, 24}[j], so one shift and mask put the
+// bits of tile kt's pairs at bits 4 and 20, where they join the magic number's mantissa (magic + q
+// stays exact up to q = 31 in fp16 and bf16). Decoding is then the int4 one with a different
+// offset and scale: (magic + q - zb) * d, or (magic + q - magic) * d + m as one fused multiply-add.
+__device__ __forceinline__ void high_bits(u32 h, int kt, u32 magic, u32& m0, u32& m1) {
+  m0 = and_or(kt <= 4 ? h << (4 - kt) : h >> (kt - 4), 0x00100010u, magic);  // inputs 4kt, 4kt + 1
+  m1 = and_or(h >> (kt + 4), 0x00100010u, magic);                              // 4kt + 2, 4kt + 3
+}
+// magic + q of tile kt's pairs, q's fifth bits (if any) from the block's high-bit word
+template <typename T, bool HIGH>
+__device__ __forceinline__ void gguf_raw(const uint4& v, int kt, u32 h, u32& r0, u32& r1) {
+  u32 m0 = Kind<T>::magic4(), m1 = m0;
+  if constexpr (HIGH) high_bits(h, kt, Kind<T>::magic4(), m0, m1);
+  const u32 s = word(v, kt >> 1) >> (8 * (kt & 1));
+  r0 = and_or(s, 0x000F000Fu, m0);
+  r1 = and_or(s >> 4, 0x000F000Fu, m1);
+}
+template <typename T> __device__ __forceinline__ u32 f16_pair(u32 bits) {
+  return Kind<T>::pair(__half2float(__ushort_as_half((unsigned short)(bits & 0xFFFFu))));
+}
+// (magic + q - zb) * d: Q4_0 (zb = magic + 8) and Q5_0 (magic + 16)
+template <typename T, bool HIGH>
+__device__ __forceinline__ void gguf_sym(const uint4& v, int kt, u32 h, u32 d_bits, u32& b0, u32& b1) {
+  typedef typename Kind<T>::T2 T2;
+  const T2 d = as_t2<T2>(f16_pair<T>(d_bits));
+  const T2 zb = as_t2<T2>(Kind<T>::magic4() + (HIGH ? 0x00100010u : 0x00080008u));
+  u32 r0, r1;
+  gguf_raw<T, HIGH>(v, kt, h, r0, r1);
+  b0 = as_u32(__hmul2(__hsub2(as_t2<T2>(r0), zb), d));
+  b1 = as_u32(__hmul2(__hsub2(as_t2<T2>(r1), zb), d));
+}
+// (magic + q - magic) * s + o, s and o pairs in the activation dtype: Q4_1, Q5_1, Q5_K
+template <typename T, bool HIGH>
+__device__ __forceinline__ void gguf_affine(const uint4& v, int kt, u32 h, u32 s2, u32 o2, u32& b0, u32& b1) {
+  typedef typename Kind<T>::T2 T2;
+  const T2 magic = as_t2<T2>(Kind<T>::magic4());
+  u32 r0, r1;
+  gguf_raw<T, HIGH>(v, kt, h, r0, r1);
+  b0 = as_u32(__hfma2(__hsub2(as_t2<T2>(r0), magic), as_t2<T2>(s2), as_t2<T2>(o2)));
+  b1 = as_u32(__hfma2(__hsub2(as_t2<T2>(r1), magic), as_t2<T2>(s2), as_t2<T2>(o2)));
+}
+template <typename T> struct Deq<T, Q40> {
+  static __device__ __forceinline__ void run(const uint4& v, int kt, unsigned short p, int, u32& b0, u32& b1,
+                                             const Book<Q40>&) {
+    gguf_sym<T, false>(v, kt, 0, p, b0, b1);
+  }
+};
+template <typename T> struct Deq<T, Q50> {
+  static __device__ __forceinline__ void run(const uint4& v, int kt, uint2 p, int, u32& b0, u32& b1,
+                                             const Book<Q50>&) {
+    gguf_sym<T, true>(v, kt, p.x, p.y, b0, b1);
+  }
+};
+template <typename T> struct Deq<T, Q41> {
+  static __device__ __forceinline__ void run(const uint4& v, int kt, u32 p, int, u32& b0, u32& b1,
+                                             const Book<Q41>&) {
+    gguf_affine<T, false>(v, kt, 0, f16_pair<T>(p), f16_pair<T>(p >> 16), b0, b1);
+  }
+};
+template <typename T> struct Deq<T, Q51> {
+  static __device__ __forceinline__ void run(const uint4& v, int kt, uint2 p, int, u32& b0, u32& b1,
+                                             const Book<Q51>&) {
+    gguf_affine<T, true>(v, kt, p.x, f16_pair<T>(p.y), f16_pair<T>(p.y >> 16), b0, b1);
+  }
+};
+template <typename T> struct Deq<T, Q5K> {
+  static __device__ __forceinline__ void run(const uint4& v, int kt, uint2 p, int, u32& b0, u32& b1,
+                                             const Book<Q5K>&) {
+    gguf_affine<T, true>(v, kt, p.x, __byte_perm(p.y, 0, 0x1010), __byte_perm(p.y, 0, 0x3232), b0, b1);
+  }
+};
+// Q6_K: magic + q with the sixth bits (second word, same layout) at bits 5 and 21, less magic + 32,
+// times d sc of the 16-input sub-block tile kt lies in (kt < 4: the run's first).
+template <typename T> struct Deq<T, Q6K> {
+  static __device__ __forceinline__ void run(const uint4& v, int kt, const uint4& p, int, u32& b0, u32& b1,
+                                             const Book<Q6K>&) {
+    typedef typename Kind<T>::T2 T2;
+    u32 m0, m1;
+    high_bits(p.x, kt, Kind<T>::magic4(), m0, m1);
+    m0 = and_or(kt <= 5 ? p.y << (5 - kt) : p.y >> (kt - 5), 0x00200020u, m0);
+    m1 = and_or(p.y >> (kt + 3), 0x00200020u, m1);
+    const u32 w = word(v, kt >> 1) >> (8 * (kt & 1));
+    const T2 zb = as_t2<T2>(Kind<T>::magic4() + 0x00200020u);
+    const T2 s = as_t2<T2>(__byte_perm(p.z, 0, kt < 4 ? 0x1010 : 0x3232));
+    b0 = as_u32(__hmul2(__hsub2(as_t2<T2>(and_or(w, 0x000F000Fu, m0)), zb), s));
+    b1 = as_u32(__hmul2(__hsub2(as_t2<T2>(and_or(w >> 4, 0x000F000Fu, m1)), zb), s));
   }
 };
 // A column's (zb, s) as floats, for the folded path's per-group fix-up.
