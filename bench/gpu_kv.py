@@ -219,8 +219,8 @@ def quantrt_cell(
 
 def sweep_configs(cfg: Any) -> list[Any]:
     """Launch shapes around the rule's: tiles of 64/128/256 tokens x 4/8 warps x 2/3/4 stages at its
-    split count; half the splits at its tile; twice the splits under tiles of 64/128 x 4/8 warps
-    (smaller programs fit more per SM, which more splits can then fill)."""
+    split count; half the splits at its tile; two and four times the splits under tiles of 64/128 x
+    4/8 warps (smaller programs fit more per SM, which more splits can then fill)."""
     from dataclasses import replace
 
     out = [
@@ -231,7 +231,8 @@ def sweep_configs(cfg: Any) -> list[Any]:
     ]
     out.append(replace(cfg, num_splits=max(1, cfg.num_splits // 2)))
     out += [
-        replace(cfg, block_n=bn, num_warps=w, num_splits=cfg.num_splits * 2)
+        replace(cfg, block_n=bn, num_warps=w, num_splits=cfg.num_splits * times)
+        for times in (2, 4)
         for bn in (64, 128)
         for w in (4, 8)
     ]
