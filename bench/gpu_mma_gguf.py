@@ -1,5 +1,5 @@
 """GGUF types on the tensor-core kernel (``cuda.mma_gguf``: q4_k, ``cuda.mma_gguf_q8``: q8_0,
-``cuda.mma_gguf_blocks``: q4_0, q4_1, q5_0, q5_1, q5_k, q6_k) beside the kernels they displace:
+``cuda.mma_gguf_blocks``: q4_0, q4_1, q5_0, q5_1, q2_k, q3_k, q5_k, q6_k) beside the kernels they displace:
 the CUDA GEMV on the native planes (``cuda.gemv_gguf``, q4_k and q6_k), the
 Triton GEMV / fused GEMM / dequant + cuBLAS (``cuda.triton_gguf``), and cuBLAS bf16 on a dense
 weight, in one run on this GPU.
@@ -29,7 +29,10 @@ from quantrt.layers import QuantLinear
 KERNELS = {
     "q4_k": ("cuda.mma_gguf", "cuda.gemv_gguf", "cuda.triton_gguf"),
     "q8_0": ("cuda.mma_gguf_q8", "cuda.triton_gguf"),
-    **{t: ("cuda.mma_gguf_blocks", "cuda.triton_gguf") for t in ("q4_0", "q4_1", "q5_0", "q5_1", "q5_k")},
+    **{
+        t: ("cuda.mma_gguf_blocks", "cuda.triton_gguf")
+        for t in ("q4_0", "q4_1", "q5_0", "q5_1", "q2_k", "q3_k", "q5_k")
+    },
     "q6_k": ("cuda.mma_gguf_blocks", "cuda.gemv_gguf", "cuda.triton_gguf"),
 }
 

@@ -33,10 +33,12 @@ import torch
 from quantrt.canonical import CanonicalWeight
 from quantrt.kernels import Kernel, Verdict, check
 from quantrt.prepared import Prepared
-from quantrt.reference.gguf import k_scale_min
+from quantrt.reference.gguf import k_scale_min, q3_k_scales
 from quantrt.specs import LayerSpec
 
 from .mma_wna16 import (
+    Q2K,
+    Q3K,
     Q4K,
     Q5K,
     Q6K,
@@ -217,6 +219,47 @@ def q6k_operands(weight: CanonicalWeight, act: torch.dtype) -> tuple[torch.Tenso
     return codes, _param_layout(torch.cat(fields), -(-K // KC[4]) * KC[4] // 32)
 
 
+Q2K_BYTES = 84
+Q3K_BYTES = 110
+
+
+def low_k_operands(weight: CanonicalWeight, t: str, act: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """q2_k / q3_k: (codes uint8 [N, K/2]: each whole code as a nibble, q3_k's high bit as bit 2 so
+    the nibble is q + 4; one parameter per 32-input run [runs over the padded K, Npad, P]: d sc of
+    its two 16-input sub-blocks (q3_k: d (sc - 32)) in the activation dtype, for q2_k then their
+    -dmin m). The nibbles cost 4 bits per weight against the stored 2.6 and 3.4: these layouts serve
+    batches, where the weight is read once for many rows."""
+    size = Q2K_BYTES if t == "q2_k" else Q3K_BYTES
+    blocks = _blocks(weight, t, SUPER, size)
+    N, K = weight.N, weight.K
+    nb = blocks.shape[1]
+    codes = torch.empty(N, K // 2, dtype=torch.uint8, device=blocks.device)
+    fields = []
+    two = torch.arange(0, 8, 2, device=blocks.device)[:, None]
+    for r0 in range(0, N, ROW_SLICE):
+        b = blocks[r0 : r0 + ROW_SLICE]
+        rows = b.shape[0]
+        q0 = 16 if t == "q2_k" else 32
+        qs = b[..., q0 : q0 + 64].reshape(rows, nb, 2, 1, 32)  # half n: field f for 128 n + 32 f + l
+        u = ((qs >> two) & 3).reshape(rows, nb, 256)
+        if t == "q3_k":
+            hm = b[..., :32].reshape(rows, nb, 1, 32)  # bit f of byte l: element 32 f + l
+            u = u | (((hm >> torch.arange(8, device=b.device)[:, None]) & 1).reshape(rows, nb, 256) << 2)
+        codes[r0 : r0 + ROW_SLICE] = _pack_pairs(u.reshape(rows, K))
+        if t == "q2_k":
+            d = b[..., 80:82].contiguous().view(torch.float16).float()
+            dmin = b[..., 82:84].contiguous().view(torch.float16).float()
+            sc = b[..., :16]
+            s = (d * (sc & 0xF).float()).to(act).reshape(rows, K // 32, 2).view(torch.uint8)
+            o = (-(dmin * (sc >> 4).float())).to(act).reshape(rows, K // 32, 2).view(torch.uint8)
+            fields.append(torch.cat((s, o), dim=-1))
+        else:
+            d = b[..., 108:110].contiguous().view(torch.float16).float()
+            sc = q3_k_scales(b[..., 96:108].reshape(-1, 12)).reshape(rows, nb, 16).float()
+            fields.append((d * sc).to(act).reshape(rows, K // 32, 2).view(torch.uint8))
+    return codes, _param_layout(torch.cat(fields), -(-K // KC[4]) * KC[4] // 32)
+
+
 def gguf_conditions(spec: LayerSpec, caps: Any, gguf_type: str, k_multiple: int) -> Verdict:
     """The device, the one GGUF type, and K in whole blocks (or super-blocks) of it."""
     s = spec.scheme
@@ -295,22 +338,29 @@ class CudaMmaGGUFBlocks(Kernel):
     """The GGUF types whose codes split into a nibble and high bits: the nibbles stream as int4's do
     and each lane's 32-input run brings one parameter, so the decode is int4's plus a shift and a
     mask per high bit. 4.5-5 bits per weight as stored for q4_0/q4_1/q5_1; q5_0 and q5_k 6 (stored
-    5.5), q6_k 8 (stored 6.56: the parameter copy needs power-of-two sizes)."""
+    5.5), q6_k 8 (stored 6.56: the parameter copy needs power-of-two sizes); q3_k 5 and q2_k 6 (stored
+    3.44 and 2.63: their codes widened to nibbles)."""
 
     name = "cuda.mma_gguf_blocks"
     description = (
-        "CUDA GGUF q4_0, q4_1, q5_0, q5_1, q5_k and q6_k on tensor cores (mma.sync, int4's lane-order repack of "
-        "the low nibbles; each 32-input run's high bits, scales and offsets as its group parameter); cuBLAS on "
-        "dequantized slices for large M"
+        "CUDA GGUF q4_0, q4_1, q5_0, q5_1, q2_k, q3_k, q5_k and q6_k on tensor cores (mma.sync, int4's lane-order "
+        "repack of the low nibbles; each 32-input run's high bits, scales and offsets as its group parameter); "
+        "cuBLAS on dequantized slices for large M"
     )
     #: GGUF type -> CODE template argument
-    CODES: ClassVar[dict[str, int]] = {**{t: v[0] for t, v in BLOCK32.items()}, "q5_k": Q5K, "q6_k": Q6K}
+    CODES: ClassVar[dict[str, int]] = {
+        **{t: v[0] for t, v in BLOCK32.items()},
+        "q5_k": Q5K,
+        "q6_k": Q6K,
+        "q2_k": Q2K,
+        "q3_k": Q3K,
+    }
 
     @classmethod
     def can_implement(cls, spec: LayerSpec, caps: Any) -> Verdict:
         t = spec.scheme.gguf_type
-        return gguf_conditions(spec, caps, t if t in cls.CODES else "q4_0/q4_1/q5_0/q5_1/q5_k/q6_k",
-                               SUPER if t in ("q5_k", "q6_k") else 32)  # fmt: skip
+        return gguf_conditions(spec, caps, t if t in cls.CODES else "q4_0/q4_1/q5_0/q5_1/q2_k/q3_k/q5_k/q6_k",
+                               SUPER if (t or "").endswith("_k") else 32)  # fmt: skip
 
     @classmethod
     def operands(cls, weight: CanonicalWeight, group: int | None, act: torch.dtype) -> Operands:
@@ -319,6 +369,8 @@ class CudaMmaGGUFBlocks(Kernel):
             codes, params = q5k_operands(weight, act)
         elif t == "q6_k":
             codes, params = q6k_operands(weight, act)
+        elif t in ("q2_k", "q3_k"):
+            codes, params = low_k_operands(weight, t, act)
         else:
             codes, params = block32_operands(weight, t)
         return codes, params, None, None

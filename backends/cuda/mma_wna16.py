@@ -55,8 +55,9 @@ E2M1 = 41
 LUT4 = 42
 Q4K = 43  # GGUF Q4_K: nibbles with llama.cpp's super-block heads as group parameters
 Q80 = 44  # GGUF Q8_0: signed bytes plus 128, llama.cpp's fp16 block scale as the group parameter
-#: GGUF Q4_0, Q4_1, Q5_0, Q5_1, Q5_K, Q6_K: low nibbles, the rest of each 32-input run as its parameter
-Q40, Q41, Q50, Q51, Q5K, Q6K = 45, 46, 47, 48, 49, 50
+#: GGUF Q4_0, Q4_1, Q5_0, Q5_1, Q5_K, Q6_K: low nibbles, the rest of each 32-input run as its parameter;
+#: Q2_K, Q3_K: whole codes as nibbles, the run's sub-block scales (and offsets) as its parameter
+Q40, Q41, Q50, Q51, Q5K, Q6K, Q2K, Q3K = 45, 46, 47, 48, 49, 50, 51, 52
 #: static shared memory the code book takes per code (LUT4: 256 pairs, one copy per bank)
 BOOK_SMEM = {LUT4: 32 * 1024}
 
@@ -285,7 +286,8 @@ def sz_bytes(act: torch.dtype, code: int) -> int:
     """Bytes per group parameter: a (zb, s) pair, fp32 pairs for bf16 int8, one e5m3 byte for fp4, one
     scale in the activation dtype for code books, a 16-byte super-block head for GGUF q4_k, the fp16
     block scale for GGUF q8_0 and q4_0, d and m for q4_1, the fifth bits and two halves for q5_0,
-    q5_1 and q5_k, two bit words and two scales (16 bytes) for q6_k."""
+    q5_1 and q5_k, two bit words and two scales (16 bytes) for q6_k, two scales (q3_k) or two scales and
+    offsets (q2_k)."""
     if code == E2M1:
         return 1
     if code == LUT4:
@@ -294,8 +296,10 @@ def sz_bytes(act: torch.dtype, code: int) -> int:
         return 16
     if code in (Q80, Q40):
         return 2
-    if code in (Q50, Q51, Q5K):
+    if code in (Q50, Q51, Q5K, Q2K):
         return 8
+    if code == Q3K:
+        return 4
     return 8 if (act == torch.bfloat16 and code == 8) else 4
 
 

@@ -169,7 +169,7 @@ def _deq_q2_k(b: torch.Tensor) -> torch.Tensor:
     return (dl.unsqueeze(-1) * q - ml.unsqueeze(-1)).reshape(-1, 256)
 
 
-def _q3_k_scales(s: torch.Tensor) -> torch.Tensor:
+def q3_k_scales(s: torch.Tensor) -> torch.Tensor:
     """12 bytes -> 16 signed 6-bit scales (stored value minus 32)."""
     low = _unpack(s[:, :8].reshape(-1, 1, 8), 4, 2).reshape(-1, 16)
     high = _unpack(s[:, 8:12].reshape(-1, 1, 4), 2, 4).reshape(-1, 16)
@@ -177,7 +177,7 @@ def _q3_k_scales(s: torch.Tensor) -> torch.Tensor:
 
 
 def _deq_q3_k(b: torch.Tensor) -> torch.Tensor:
-    dl = _f16(b, 108) * _q3_k_scales(b[:, 96:108]).to(torch.float32)
+    dl = _f16(b, 108) * q3_k_scales(b[:, 96:108]).to(torch.float32)
     low = _unpack(b[:, 32:96].reshape(-1, 2, 32), 2, 4).reshape(-1, 16, 16).to(torch.int16)
     hbit = _unpack(b[:, :32].reshape(-1, 1, 32), 1, 8).reshape(-1, 16, 16).to(torch.int16)
     q = (low - 4 * (1 - hbit)).to(torch.float32)

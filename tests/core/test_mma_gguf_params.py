@@ -222,7 +222,7 @@ def test_each_kernel_hands_its_types_operands_to_the_shared_kernel(kernel: type,
     assert torch.equal(codes, want[0]) and torch.equal(params, want[1]) and col is None and book is None
 
 
-BLOCK32_TYPES = ("q4_0", "q4_1", "q5_0", "q5_1", "q5_k", "q6_k")
+BLOCK32_TYPES = ("q4_0", "q4_1", "q5_0", "q5_1", "q2_k", "q3_k", "q5_k", "q6_k")
 
 
 def f16_field(lo: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
@@ -263,7 +263,11 @@ def block32_view(packed: torch.Tensor, params: torch.Tensor, t: str, act: torch.
         h6 = word32(f[..., 4:8]) if t == "q6_k" else torch.zeros_like(h)
         y = f[..., 8:] if t == "q6_k" else f[..., 4:] if high else f
         o = None
-        if t == "q6_k":
+        if t in ("q2_k", "q3_k"):  # per 16-input half of the run: scale (and offset) pairs
+            s6 = [act_half(y[..., 0], y[..., 1], act), act_half(y[..., 2], y[..., 3], act)]
+            if t == "q2_k":
+                o6 = [act_half(y[..., 4], y[..., 5], act), act_half(y[..., 6], y[..., 7], act)]
+        elif t == "q6_k":
             s6 = [act_half(y[..., 0], y[..., 1], act), act_half(y[..., 2], y[..., 3], act)]
         elif t == "q5_k":
             s, o = act_half(y[..., 0], y[..., 1], act), act_half(y[..., 2], y[..., 3], act)
@@ -283,6 +287,10 @@ def block32_view(packed: torch.Tensor, params: torch.Tensor, t: str, act: torch.
                 q = (nib[kk] | hb[kk] << 4).double()
                 if t == "q6_k":
                     w = ((q - 32) * s6[kt // 4]).to(act).double()
+                elif t == "q3_k":
+                    w = ((q - 4) * s6[kt // 4]).to(act).double()
+                elif t == "q2_k":
+                    w = (q * s6[kt // 4] + o6[kt // 4]).to(act).double()
                 elif o is None:
                     w = ((q - (16 if high else 8)) * s).to(act).double()
                 else:
@@ -300,7 +308,7 @@ def test_block32_emulated_decode_gives_llama_cpp_weights(t: str, act: torch.dtyp
     c = canon(N, K, seed=21 + len(t), t=t)
     codes, params = CudaMmaGGUFBlocks().operands(c, None, act)[:2]
     groups = -(-K // 128) * 4
-    assert params.shape == (groups, 128, {"q4_0": 2, "q4_1": 4, "q6_k": 16}.get(t, 8))
+    assert params.shape == (groups, 128, {"q4_0": 2, "q4_1": 4, "q3_k": 4, "q6_k": 16}.get(t, 8))
     assert not params[K // 32 :].any() and not params[:, N:].any()
     got = block32_view(repack_codes(codes, 4, N, K), params, t, act)
     ref = llama(c)
@@ -331,8 +339,9 @@ def test_block32_kernel_takes_its_types_only() -> None:
     caps = load_preset("h200").default_device
     assert set(CudaMmaGGUFBlocks.CODES) == set(BLOCK32_TYPES)
     for t, K, ok in [
-        ("q3_k", 512, False),
+        ("q3_k", 512 + 32, False),
         ("q6_k", 512 + 32, False),
+        ("q2_k", 512, True),
         ("q5_k", 512, True),
         ("q6_k", 768, True),
         ("q4_1", 544, True),
@@ -340,5 +349,5 @@ def test_block32_kernel_takes_its_types_only() -> None:
         spec = LayerSpec(parse_scheme(f"gguf-{t}"), K, 64, act_dtype=torch.bfloat16)
         v = CudaMmaGGUFBlocks.can_implement(spec, caps)
         assert v.ok == ok, (t, K, v.reason)
-    v = CudaMmaGGUFBlocks.can_implement(LayerSpec(parse_scheme("gguf-q2_k"), 512, 64), caps)
-    assert "GGUF q4_0/q4_1/q5_0/q5_1/q5_k/q6_k weights" in v.reason
+    v = CudaMmaGGUFBlocks.can_implement(LayerSpec(parse_scheme("w4a16-int-g128-sym"), 512, 64), caps)
+    assert "GGUF q4_0/q4_1/q5_0/q5_1/q2_k/q3_k/q5_k/q6_k weights" in v.reason

@@ -23,7 +23,7 @@ TOL = {torch.bfloat16: 1.2e-2, torch.float16: 2e-3}
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "gguf"
 GGUF_TYPES = ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k")
 #: the GGUF types on ``cuda.mma_gguf_blocks`` (a parameter per 32-input block)
-BLOCK32_TYPES = ("q4_0", "q4_1", "q5_0", "q5_1", "q5_k", "q6_k")
+BLOCK32_TYPES = ("q4_0", "q4_1", "q5_0", "q5_1", "q2_k", "q3_k", "q5_k", "q6_k")
 
 
 def rel(y: torch.Tensor, ref: torch.Tensor) -> float:

@@ -27,6 +27,8 @@ constexpr int Q50 = 47;
 constexpr int Q51 = 48;
 constexpr int Q5K = 49;
 constexpr int Q6K = 50;
+constexpr int Q2K = 51;
+constexpr int Q3K = 52;
 __host__ __device__ constexpr int code_bits(int code) { return code == 8 || code == Q80 ? 8 : 4; }
 
 template <typename T2> __device__ __forceinline__ u32 as_u32(T2 v) { return *reinterpret_cast<u32*>(&v); }
@@ -422,6 +424,31 @@ template <typename T> struct Deq<T, Q5K> {
     gguf_affine<T, true>(v, kt, p.x, __byte_perm(p.y, 0, 0x1010), __byte_perm(p.y, 0, 0x3232), b0, b1);
   }
 };
+// Q2_K, Q3_K: the d sc (Q3_K: d (sc - 32)) of the run's two 16-input sub-blocks in the activation
+// dtype; Q2_K also their -dmin m.
+template <typename T> struct Param<T, Q3K> {
+  typedef u32 type;
+};
+template <typename T> struct Param<T, Q2K> {
+  typedef uint2 type;
+};
+// the half of a pair word for 16-input sub-block kt / 4 of a lane's run, in both halves
+__device__ __forceinline__ u32 run_half(u32 pair, int kt) { return __byte_perm(pair, 0, kt < 4 ? 0x1010 : 0x3232); }
+template <typename T> struct Deq<T, Q3K> {  // (magic + u - (magic + 4)) s, u = q + 4 in 0..7
+  static __device__ __forceinline__ void run(const uint4& v, int kt, u32 p, int, u32& b0, u32& b1, const Book<Q3K>&) {
+    typedef typename Kind<T>::T2 T2;
+    const T2 zb = as_t2<T2>(Kind<T>::magic4() + 0x00040004u), s = as_t2<T2>(run_half(p, kt));
+    u32 r0, r1;
+    Codes<T, 4>::raw(v, kt, r0, r1);
+    b0 = as_u32(__hmul2(__hsub2(as_t2<T2>(r0), zb), s));
+    b1 = as_u32(__hmul2(__hsub2(as_t2<T2>(r1), zb), s));
+  }
+};
+template <typename T> struct Deq<T, Q2K> {  // q s + o, q in 0..3
+  static __device__ __forceinline__ void run(const uint4& v, int kt, uint2 p, int, u32& b0, u32& b1, const Book<Q2K>&) {
+    gguf_affine<T, false>(v, kt, 0, run_half(p.x, kt), run_half(p.y, kt), b0, b1);
+  }
+};
 // Q6_K: magic + q with the sixth bits (second word, same layout) at bits 5 and 21, less magic + 32,
 // times d sc of the 16-input sub-block tile kt lies in (kt < 4: the run's first).
 template <typename T> struct Deq<T, Q6K> {
@@ -434,7 +461,7 @@ template <typename T> struct Deq<T, Q6K> {
     m1 = and_or(p.y >> (kt + 3), 0x00200020u, m1);
     const u32 w = word(v, kt >> 1) >> (8 * (kt & 1));
     const T2 zb = as_t2<T2>(Kind<T>::magic4() + 0x00200020u);
-    const T2 s = as_t2<T2>(__byte_perm(p.z, 0, kt < 4 ? 0x1010 : 0x3232));
+    const T2 s = as_t2<T2>(run_half(p.z, kt));
     b0 = as_u32(__hmul2(__hsub2(as_t2<T2>(and_or(w, 0x000F000Fu, m0)), zb), s));
     b1 = as_u32(__hmul2(__hsub2(as_t2<T2>(and_or(w >> 4, 0x000F000Fu, m1)), zb), s));
   }
