@@ -15,13 +15,13 @@ them, so a register of eight codes costs one decode. Both are exact:
   byte plane and a select on the code's top bit.
 - :func:`uint_code` (values): the code ORed into the mantissa of 1024 (``lop3``) and 1024
   subtracted by one packed fp16 subtraction.
-- :func:`byte_code` (8-bit values, read as 16-bit words of two): byte n of both words gathered by
-  one ``prmt`` and converted by ``cvt.rn.f16x2.e4m3x2`` (e5m2 likewise); int8 through the
-  mantissa of 1024 as above.
+- :func:`byte_code` (fp8 values, read as 16-bit words of two): byte n of both words gathered by
+  one ``prmt`` and converted by ``cvt.rn.f16x2.e4m3x2`` (e5m2 likewise).
 
 fp32 queries (fp32 dots) take the portable decodes; the Triton interpreter cannot run PTX, so the
 CPU tests run the portable ones and tests/triton/test_kv_compiles.py checks these blocks under an
-emulation of the instructions they use (and that ptxas takes them). They have not run on a GPU yet.
+emulation of the instructions they use (and that ptxas takes them); tests/gpu/test_kv_cuda.py runs
+them on the GPU.
 """
 
 from __future__ import annotations
@@ -113,25 +113,14 @@ _CVT = {1: "e4m3x2", 2: "e5m2x2"}
 
 @triton.constexpr_function
 def byte_asm(kind: int, n: int) -> str:
-    """The PTX block of byte ``n`` of two 16-bit words ($1) as two fp16 ($0), exact: fp8 bytes
-    gathered into one 16-bit pair and converted by ``cvt`` (two instructions); int8 bytes placed
-    under the fp16 exponent of 1024 (``prmt`` with 0x64 bytes, after flipping their sign bits:
-    0x6400 | (byte ^ 0x80) is 1152 + code) and 1152 subtracted by one packed subtraction."""
-    if kind in _CVT:
-        return f"""{{
+    """The PTX block of byte ``n`` of two 16-bit words ($1) as two fp16 ($0), exact: the fp8 bytes
+    gathered into one 16-bit pair and converted by ``cvt`` (two instructions)."""
+    return f"""{{
 .reg .b32 t;
 .reg .b16 lo, hi;
 prmt.b32 t, $1, 0, {_BYTE_SEL[n]:#06x};
 mov.b32 {{lo, hi}}, t;
 cvt.rn.f16x2.{_CVT[kind]} $0, lo;
-}}"""
-    sel = 0x5250 if n == 0 else 0x5351  # byte n of each word under a 0x64 byte (register e's byte 1)
-    return f"""{{
-.reg .b32 t, e, g;
-mov.b32 e, 0x00006400; mov.b32 g, 0x64806480;
-xor.b32 t, $1, 0x80808080;
-prmt.b32 t, t, e, {sel:#06x};
-sub.rn.f16x2 $0, t, g;
 }}"""
 
 
@@ -163,7 +152,7 @@ def uint_code(w, N: tl.constexpr, DT: tl.constexpr):
 
 @triton.jit
 def byte_code(w, N: tl.constexpr, KIND: tl.constexpr, HW: tl.constexpr, DT: tl.constexpr):
-    """Byte N of each 16-bit word (uint16 w; an e4m3, e5m2 or int8 value code) in DT, exact."""
+    """Byte N of each 16-bit word (uint16 w; an e4m3 or e5m2 value code) in DT, exact."""
     if DT == tl.float16:
         v = tl.inline_asm_elementwise(byte_asm(KIND, N), "=r,r", [w], tl.float16, True, 2)
     else:

@@ -32,7 +32,7 @@ threads per tile. Per scheme:
   (tensor, head) key scale folded into the logit scale and the value scale applied to the
   accumulator once; per-token scales multiply the logits (keys) and the probabilities (values);
   per-group scales dequantize the tile element-wise; where decoders are given, values with one
-  scale per token or tensor are read as 16-bit words of two codes and decoded by byte (two value
+  scale per token or tensor (fp8) are read as 16-bit words of two codes and decoded by byte (two value
   accumulators, channels ``2w + n``, interleaved after the loop), which the dot loads through
   16-bit transposing loads instead of one shared-memory load per byte (``QUANTRT_KV_BYTE_WORDS=0``
   reads them byte by byte);
@@ -710,12 +710,10 @@ def _uint_code(w, N: tl.constexpr, DT: tl.constexpr):
 
 @triton.jit
 def _byte_code(w, N: tl.constexpr, KIND: tl.constexpr, HW: tl.constexpr, DT: tl.constexpr):
-    """Value decode (portable): byte N of each 16-bit word (an e4m3, e5m2 or int8 code) in DT,
-    exact, as :func:`_widen` widens it."""
+    """Value decode (portable): byte N of each 16-bit word (an e4m3 or e5m2 code) in DT, exact,
+    as :func:`_widen` widens it."""
     c = (w >> (8 * N)) & 0xFF
-    if KIND == 3:  # int8: the fp16 bits of 1152 + code are 0x6400 | (byte ^ 0x80)
-        out = (((c ^ 0x80) | 0x6400).to(tl.int16).to(tl.float16, bitcast=True) - 1152.0).to(DT)
-    elif KIND == 1 and HW:
+    if KIND == 1 and HW:
         out = c.to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float16).to(DT)
     else:
         out = _widen(c, KIND, False, DT)
@@ -884,8 +882,8 @@ def _decode_kernel(
 ):  # fmt: skip
     """Program (KV head h, split sp, sequence b): the G query heads of h over the split's tiles.
     DIRECT (one split): the output itself; else the split's max, sum and accumulator (base 2).
-    KW / VW: 4-bit key / value codes read as 16-bit words and decoded by KDEC / VDEC; VB: 8-bit
-    values (fp8, int8, one scale per token or tensor) read as 16-bit words of two and decoded by BDEC,
+    KW / VW: 4-bit key / value codes read as 16-bit words and decoded by KDEC / VDEC; VB: fp8
+    values (one scale per token or tensor) read as 16-bit words of two and decoded by BDEC,
     one accumulator per byte, so the words reach the dot through 16-bit transposing loads."""
     h = tl.program_id(0)
     sp = tl.program_id(1)
@@ -1040,7 +1038,7 @@ def _decode_kernel(
 
 _decode_launch = Launcher(_decode_kernel)
 
-#: the portable decoders of the word paths (4-bit key centroids, 4-bit value codes, 8-bit values)
+#: the portable decoders of the word paths (4-bit key centroids, 4-bit value codes, fp8 values)
 PORTABLE_DECODERS = (_centroid_code, _uint_code, _byte_code)
 #: ``QUANTRT_KV_TQ_DECODE=pairs``: 4-bit TurboQuant codes through the shared-memory pair tables
 #: even where decoders are given (read once, as ``TRITON_INTERPRET``; for side-by-side timings)
@@ -1056,13 +1054,14 @@ def _words(plane: torch.Tensor, D: int, per_word: int = 4) -> bool:
 
 
 def byte_words(fmt: KVFormat, q_dtype: torch.dtype, vp: torch.Tensor, D: int, decoders: Any) -> bool:
-    """Whether a decode reads its values as byte-pair words (``_decode_kernel``'s VB): 8-bit values
+    """Whether a decode reads its values as byte-pair words (``_decode_kernel``'s VB): fp8 values
     with one scale per token or tensor, 16-bit queries, rows that make whole aligned 16-bit words,
-    and decoders given by the backend (``QUANTRT_KV_BYTE_WORDS=0``: never)."""
+    and decoders given by the backend (``QUANTRT_KV_BYTE_WORDS=0``: never). int8 values stay byte
+    by byte: read as words they ran 1.35-1.4x slower on the H100 (docs/performance.md)."""
     return (
         _BYTE_WORDS
         and decoders is not None
-        and fmt.v_kind in (E4M3, E5M2, INT8)
+        and fmt.v_kind in (E4M3, E5M2)
         and not (fmt.v_scale == DYNAMIC and fmt.v_group < D)
         and q_dtype != torch.float32
         and _words(vp, D, 2)

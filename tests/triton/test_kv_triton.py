@@ -245,9 +245,9 @@ def test_decode_matches_oracle(name: str | None, dtype: torch.dtype) -> None:
 
 
 @pytest.mark.parametrize("dim", [64, 80, 74])  # 80, 74: padded to 128 (74: 37 words, not a multiple of 4)
-@pytest.mark.parametrize("name", ["kv-fp8", "kv-fp8e5m2", "kv-fp8-token", "kv-int8", "kv-int8-token"])
+@pytest.mark.parametrize("name", ["kv-fp8", "kv-fp8e5m2", "kv-fp8-token"])
 def test_decode_byte_words(name: str, dim: int) -> None:
-    """8-bit values read as byte-pair words (one accumulator per byte, interleaved after the loop)
+    """fp8 values read as byte-pair words (one accumulator per byte, interleaved after the loop)
     against the oracle: two tiles, one or several splits, either score layout, GQA, window, softcap,
     sinks and mask; the path
     is the one taken (``byte_words``) and the byte-per-element one gives the same result."""
@@ -272,6 +272,15 @@ def test_decode_byte_words(name: str, dim: int) -> None:
         assert err <= ATOL[torch.float16], f"{name} D={dim} {config}: max error {err:.2e}"
         bytewise = forced_decode(q, pages, table, lens, T, config, **kw)  # no decoders: byte by byte
         assert (out.float() - bytewise.float()).abs().max().item() <= 2e-3
+
+
+@pytest.mark.parametrize("name", ["kv-int8", "kv-int8-token"])
+def test_int8_values_stay_byte_by_byte(name: str) -> None:
+    """int8 values are not read as words (slower on the GPU: docs/performance.md)."""
+    pages, _, _, _, _ = _filled_pages(name, torch.float16, 64, 2, torch.Generator().manual_seed(3))
+    assert not kv.byte_words(
+        kv_format(pages.scheme, 64), torch.float16, pages.flat()["v"], 64, kv.PORTABLE_DECODERS
+    )
 
 
 @pytest.mark.parametrize("bs", [8, 24, 64])
