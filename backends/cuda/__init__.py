@@ -5,8 +5,8 @@ CuPy) ranks first where CuPy is importable, and serves NVFP4/MXFP4 and bitsandby
 (``backends/triton``, named and tuned for NVIDIA in ``triton_kernels.py`` with ``policy.py``) next:
 W4A16/W8A16, fp8 (W8A8 per tensor/channel, block fp8, weight-only) and int8 W8A8, the 4-bit
 code-book kernels for NVFP4, MXFP4 and bitsandbytes NF4/FP4 and GGUF's ten block types, with a CUDA GEMV for
-q4_k/q6_k ahead of it (``gguf_gemv.py``) and q4_k and q8_0 on the tensor-core kernel ahead of both (``mma_gguf.py``;
-q4_0, q4_1, q5_0, q5_1, q5_k and q6_k there too, by name: ``cuda.mma_gguf_blocks``); W4A4 NVFP4 on Blackwell's fp4
+q4_k/q6_k ahead of it (``gguf_gemv.py``) and the other seven on the tensor-core kernel ahead of both
+(``mma_gguf.py``: q4_k, q8_0, then q4_0, q4_1, q5_0, q5_1, q2_k, q3_k, q5_k; q6_k there by name); W4A4 NVFP4 on Blackwell's fp4
 units through torch (``torch_fp4.py``); then torch's own ops (tinygemm int4, cuBLASLt fp8 and int8). Launch shapes
 come from ``tunings/``.
 
@@ -56,12 +56,12 @@ def register(registry: Any) -> None:
         CudaMmaGGUF,  # GGUF q4_k and q8_0 on the tensor-core kernel
         CudaMmaGGUFQ8,
         CudaGemvGGUF,  # GGUF q4_k/q6_k: a CUDA GEMV for small batches, then the Triton GGUF paths
+        CudaMmaGGUFBlocks,  # GGUF q4_0, q4_1, q5_0, q5_1, q2_k, q3_k, q5_k (q6_k by name) on the tensor-core kernel
         CudaTritonW4A16,  # portable Triton: every W4A16/W8A16 layout (act-order, any group)
         CudaTritonW8A16,
         CudaTritonFp4,
         CudaTritonBnb4,
         CudaTritonGGUF,  # all ten GGUF types
-        CudaMmaGGUFBlocks,  # GGUF q4_0..q5_1, q5_k, q6_k on the tensor-core kernel: by name until timed on a GPU
         CudaTritonFp8,  # W8A8 fp8, per tensor/channel, and block fp8
         CudaTritonBlockFp8,
         CudaTritonInt8,

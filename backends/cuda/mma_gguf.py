@@ -31,9 +31,9 @@ from typing import Any, ClassVar
 import torch
 
 from quantrt.canonical import CanonicalWeight
+from quantrt.gguf_blocks import k_scale_min, q3_k_scales
 from quantrt.kernels import Kernel, Verdict, check
 from quantrt.prepared import Prepared
-from quantrt.reference.gguf import k_scale_min, q3_k_scales
 from quantrt.specs import LayerSpec
 
 from .mma_wna16 import (

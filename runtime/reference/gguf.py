@@ -25,6 +25,7 @@ import torch
 
 from ..canonical import CanonicalWeight
 from ..errors import ReferenceInputError
+from ..gguf_blocks import k_scale_min, q3_k_scales
 from ..schemes import GGUF_TYPES, Scheme
 
 #: type -> (elements per block, bytes per block)
@@ -169,27 +170,12 @@ def _deq_q2_k(b: torch.Tensor) -> torch.Tensor:
     return (dl.unsqueeze(-1) * q - ml.unsqueeze(-1)).reshape(-1, 256)
 
 
-def q3_k_scales(s: torch.Tensor) -> torch.Tensor:
-    """12 bytes -> 16 signed 6-bit scales (stored value minus 32)."""
-    low = _unpack(s[:, :8].reshape(-1, 1, 8), 4, 2).reshape(-1, 16)
-    high = _unpack(s[:, 8:12].reshape(-1, 1, 4), 2, 4).reshape(-1, 16)
-    return (low | (high << 4)).to(torch.int16) - 32
-
-
 def _deq_q3_k(b: torch.Tensor) -> torch.Tensor:
     dl = _f16(b, 108) * q3_k_scales(b[:, 96:108]).to(torch.float32)
     low = _unpack(b[:, 32:96].reshape(-1, 2, 32), 2, 4).reshape(-1, 16, 16).to(torch.int16)
     hbit = _unpack(b[:, :32].reshape(-1, 1, 32), 1, 8).reshape(-1, 16, 16).to(torch.int16)
     q = (low - 4 * (1 - hbit)).to(torch.float32)
     return (dl.unsqueeze(-1) * q).reshape(-1, 256)
-
-
-def k_scale_min(s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Q4_K/Q5_K: 12 bytes -> 8 six-bit scales and 8 six-bit mins."""
-    d, m, md = s[:, 0:4], s[:, 4:8], s[:, 8:12]
-    sc = torch.cat([d & 0x3F, (md & 0xF) | ((d >> 2) & 0x30)], dim=-1)
-    mn = torch.cat([m & 0x3F, (md >> 4) | ((m >> 2) & 0x30)], dim=-1)
-    return sc, mn
 
 
 def _deq_k_asym(b: torch.Tensor, q: torch.Tensor) -> torch.Tensor:

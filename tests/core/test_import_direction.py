@@ -17,6 +17,7 @@ BACKEND_API = (
     "quantrt.kernels",
     "quantrt.prepared",
     "quantrt.packing",
+    "quantrt.gguf_blocks",
     "quantrt.schemes",
     "quantrt.capability",
     "quantrt.canonical",

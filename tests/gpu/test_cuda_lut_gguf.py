@@ -103,7 +103,12 @@ CASES = [
 #: the GGUF types the CUDA GEMV takes (the others stay with the Triton GEMV)
 CUDA_GEMV_TYPES = ("q4_k", "q6_k")
 #: the kernel dispatch picks per GGUF type on this GPU
-GGUF_KERNEL = {"q4_k": "cuda.mma_gguf", "q6_k": "cuda.gemv_gguf", "q8_0": "cuda.mma_gguf_q8"}
+GGUF_KERNEL = {
+    "q4_k": "cuda.mma_gguf",
+    "q6_k": "cuda.gemv_gguf",
+    "q8_0": "cuda.mma_gguf_q8",
+    **{t: "cuda.mma_gguf_blocks" for t in BLOCK32_TYPES if t != "q6_k"},
+}
 #: the tensor-core kernel of each GGUF type it takes
 MMA_KERNEL = {
     "q4_k": "cuda.mma_gguf",
