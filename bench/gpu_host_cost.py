@@ -14,10 +14,7 @@ time) of the N costliest schemes next to the JSON.
 from __future__ import annotations
 
 import argparse
-import cProfile
-import io
 import json
-import pstats
 import sys
 from pathlib import Path
 
@@ -38,7 +35,7 @@ def main() -> int:
         print("bench/gpu_host_cost.py needs a CUDA GPU", file=sys.stderr)
         return 2
 
-    from quantrt.bench import host_us, random_weight, run_header
+    from quantrt.bench import host_us, profile_text, random_weight, run_header
     from quantrt.layers import QuantLinear
     from quantrt.schemes import catalog
 
@@ -77,15 +74,8 @@ def main() -> int:
     doc["over_1.3x"] = [r["scheme"] for r in timed if r["M1"]["ratio"] > 1.3]
     for r in worst:
         layer, x = layers[r["scheme"]], torch.randn(1, K, device="cuda", dtype=torch.bfloat16)
-        prof = cProfile.Profile()
-        prof.enable()
-        for _ in range(500):
-            layer(x)
-        prof.disable()
-        torch.cuda.synchronize()
-        s = io.StringIO()
-        pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(18)
-        Path(args.out).with_suffix(f".{r['scheme']}.prof.txt").write_text(s.getvalue())
+        text = profile_text(lambda layer=layer, x=x: layer(x))
+        Path(args.out).with_suffix(f".{r['scheme']}.prof.txt").write_text(text)
     Path(args.out).write_text(json.dumps(doc, indent=1))
     print(f"over 1.3x F.linear at M=1: {doc['over_1.3x']}")
     return 0

@@ -134,6 +134,24 @@ def host_us(fn: Callable[[], Any], calls: int = 2000) -> float:
     return (time.perf_counter() - t0) / calls * 1e6
 
 
+def profile_text(fn: Callable[[], Any], calls: int = 500, top: int = 18) -> str:
+    """The top ``top`` functions by own time of ``calls`` back-to-back calls of ``fn`` (cProfile),
+    where a call's host time goes."""
+    import cProfile
+    import io
+    import pstats
+
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(calls):
+        fn()
+    prof.disable()
+    torch.cuda.synchronize()
+    buf = io.StringIO()
+    pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(top)
+    return buf.getvalue()
+
+
 def tinygemm_baseline(canon: Any) -> Callable[[torch.Tensor], torch.Tensor] | None:
     """torch's own int4 op on the same weights, through the registered kernel that wraps it."""
     from .kernels import registry

@@ -26,6 +26,7 @@ slices for cuBLAS, as the integer kernels do.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import torch
@@ -122,7 +123,6 @@ BLOCK32 = {
 }
 #: bit of the kernel's high-bit word for input e of a 32-input run: 4 kt + j at kt + (0, 16, 8, 24)[j]
 HIGH_BIT = [e // 4 + (0, 16, 8, 24)[e % 4] for e in range(32)]
-Q5K_BYTES = 176
 
 
 def _pack_pairs(nib: torch.Tensor) -> torch.Tensor:
@@ -143,120 +143,115 @@ def _block_bits(qh: torch.Tensor) -> torch.Tensor:
     return ((qh.unsqueeze(-1) >> torch.arange(8, device=qh.device)) & 1).flatten(-2)
 
 
-def block32_operands(weight: CanonicalWeight, t: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """Legacy q4_0/q4_1/q5_0/q5_1: (codes uint8 [N, K/2], the low nibbles in the canonical packing;
-    parameters uint8 [blocks over the padded K, Npad, P]: d (and m) as stored, after the block's
-    high-bit word for 5-bit codes; padding 0)."""
-    _, size, qs, qh, head = BLOCK32[t]
-    blocks = _blocks(weight, t, 32, size)
-    N, K = weight.N, weight.K
-    codes = torch.empty(N, K // 2, dtype=torch.uint8, device=blocks.device)
-    fields = []
-    for r0 in range(0, N, ROW_SLICE):
-        b = blocks[r0 : r0 + ROW_SLICE]
+def _f16(b: torch.Tensor, at: int) -> torch.Tensor:
+    """The fp16 field at byte ``at`` of each block [..., T] as fp32 [..., 1]."""
+    return b[..., at : at + 2].contiguous().view(torch.float16).float()
+
+
+def _half_pairs(x: torch.Tensor, act: torch.dtype, runs: int) -> torch.Tensor:
+    """Per-16-input values [rows, nb, 16 per super-block] rounded to ``act``, as the two halves of
+    each 32-input run's word: uint8 [rows, runs, 4]."""
+    return x.to(act).reshape(x.shape[0], runs, 2).view(torch.uint8)
+
+
+def _legacy(t: str) -> RunsFn:
+    """q4_0/q4_1/q5_0/q5_1: a block is a run; d (and m) as stored, after its high-bit word for
+    5-bit codes (padded to 8 bytes)."""
+    _, _, qs, qh, head = BLOCK32[t]
+
+    def runs(b: torch.Tensor, act: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         nib = torch.cat((b[..., qs : qs + 16] & 0xF, b[..., qs : qs + 16] >> 4), dim=-1)
-        codes[r0 : r0 + ROW_SLICE] = _pack_pairs(nib.reshape(-1, K))
         f = b[..., :head]
         if qh is not None:
             pad = torch.zeros(*f.shape[:-1], 4 - head, dtype=torch.uint8, device=f.device)
             f = torch.cat((high_word(_block_bits(b[..., qh : qh + 4])), f, pad), dim=-1)
+        return nib.reshape(b.shape[0], -1), f
+
+    return runs
+
+
+def _q5k(b: torch.Tensor, act: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """q5_k: a run is a sub-block; its high-bit word, then d sc and -dmin m (8 bytes)."""
+    rows, nb = b.shape[:2]
+    qs = b[..., 48:176].reshape(rows, nb, 4, 1, 32)  # sub-block 2i + h: nibble h of run i
+    nib = torch.cat((qs & 0xF, qs >> 4), dim=3)  # [rows, nb, 4, 2, 32] = sub-block, element
+    hb = (b[..., 16:48].unsqueeze(-2) >> torch.arange(8, device=b.device)[:, None]) & 1  # [rows, nb, 8, 32]
+    sc, mn = k_scale_min(b[..., 4:16].reshape(-1, 12))
+    s = (_f16(b, 0).reshape(-1, 1) * sc.float()).to(act).reshape(rows, nb, 8, 1)
+    o = (-(_f16(b, 2).reshape(-1, 1) * mn.float())).to(act).reshape(rows, nb, 8, 1)
+    f = torch.cat((high_word(hb), torch.cat((s, o), dim=-1).view(torch.uint8)), dim=-1)
+    return nib.reshape(rows, -1), f.reshape(rows, nb * 8, 8)
+
+
+def _q6k(b: torch.Tensor, act: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """q6_k: the run's fifth-bit and sixth-bit words, then d sc of its two sub-blocks (16 bytes)."""
+    rows, nb = b.shape[:2]
+    ql = b[..., :128].reshape(rows, nb, 2, 1, 64)  # half n: low nibbles, then high ones
+    qh = b[..., 128:192].reshape(rows, nb, 2, 1, 32)  # half n: 2-bit field f for 32 f + l
+    high = ((qh >> torch.arange(0, 8, 2, device=b.device)[:, None]) & 3).reshape(rows, nb * 8, 32)
+    s = _half_pairs(_f16(b, 208) * b[..., 192:208].contiguous().view(torch.int8).float(), act, nb * 8)
+    pad = torch.zeros(rows, nb * 8, 4, dtype=torch.uint8, device=b.device)
+    f = torch.cat((high_word(high & 1), high_word(high >> 1), s, pad), dim=-1)
+    return torch.cat((ql & 0xF, ql >> 4), dim=3).reshape(rows, -1), f
+
+
+def _q2k(b: torch.Tensor, act: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """q2_k: whole codes; d sc, then -dmin m, of the run's two sub-blocks (8 bytes)."""
+    nb = b.shape[1]
+    sc = b[..., :16]
+    s = _half_pairs(_f16(b, 80) * (sc & 0xF).float(), act, nb * 8)
+    o = _half_pairs(-(_f16(b, 82) * (sc >> 4).float()), act, nb * 8)
+    return _two_bit(b[..., 16:80]), torch.cat((s, o), dim=-1)
+
+
+def _q3k(b: torch.Tensor, act: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """q3_k: whole codes plus 4 (the high bit as bit 2); d (sc - 32) of the run's two sub-blocks."""
+    rows, nb = b.shape[:2]
+    hm = b[..., :32].reshape(rows, nb, 1, 32)  # bit f of byte l: element 32 f + l
+    u = _two_bit(b[..., 32:96]) | (
+        ((hm >> torch.arange(8, device=b.device)[:, None]) & 1).reshape(rows, -1) << 2
+    )
+    sc = q3_k_scales(b[..., 96:108].reshape(-1, 12)).reshape(rows, nb, 16).float()
+    return u, _half_pairs(_f16(b, 108) * sc, act, nb * 8)
+
+
+def _two_bit(qs: torch.Tensor) -> torch.Tensor:
+    """A super-block's 64 bytes of 2-bit codes [rows, nb, 64] -> codes [rows, nb * 256]: half n's
+    field f of byte l is element 128 n + 32 f + l."""
+    rows, nb = qs.shape[:2]
+    q = qs.reshape(rows, nb, 2, 1, 32) >> torch.arange(0, 8, 2, device=qs.device)[:, None]
+    return (q & 3).reshape(rows, -1)
+
+
+#: ``runs(blocks of some rows, act)``: (4-bit codes [rows, K], parameters [rows, K / 32, P])
+RunsFn = Callable[[torch.Tensor, torch.dtype], tuple[torch.Tensor, torch.Tensor]]
+#: type -> (block elements, block bytes, its runs)
+RUNS: dict[str, tuple[int, int, RunsFn]] = {
+    **{t: (32, v[1], _legacy(t)) for t, v in BLOCK32.items()},
+    "q2_k": (SUPER, 84, _q2k),
+    "q3_k": (SUPER, 110, _q3k),
+    "q5_k": (SUPER, 176, _q5k),
+    "q6_k": (SUPER, 210, _q6k),
+}
+
+
+def run_operands(weight: CanonicalWeight, act: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """The operands of ``cuda.mma_gguf_blocks``: (codes uint8 [N, K/2], each weight's low nibble
+    (q2_k, q3_k: the whole code) in the canonical packing; one parameter per 32-input run and
+    column [runs over the padded K, Npad, P], padding 0), built a slice of rows at a time. The
+    K types' scales are rounded once to the activation dtype, as q4_k's decode rounds them; the
+    legacy types keep d and m as stored. q2_k/q3_k's nibbles cost 4 bits per weight against the
+    stored 2.6 and 3.4: these layouts serve batches, where the weight is read once for many rows."""
+    t = weight.scheme.gguf_type
+    B, T, runs = RUNS[t]
+    blocks = _blocks(weight, t, B, T)
+    N, K = weight.N, weight.K
+    codes = torch.empty(N, K // 2, dtype=torch.uint8, device=blocks.device)
+    fields = []
+    for r0 in range(0, N, ROW_SLICE):
+        nib, f = runs(blocks[r0 : r0 + ROW_SLICE], act)
+        codes[r0 : r0 + ROW_SLICE] = _pack_pairs(nib)
         fields.append(f)
-    return codes, _param_layout(torch.cat(fields), -(-K // KC[4]) * KC[4] // 32)
-
-
-def q5k_operands(weight: CanonicalWeight, act: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """q5_k: (codes uint8 [N, K/2], the low nibbles in the canonical packing; one 8-byte parameter
-    per 32-input sub-block [sub-blocks over the padded K, Npad, 8]: the sub-block's high-bit word,
-    then d sc and -dmin m rounded once to the activation dtype, as q4_k's decode rounds them)."""
-    blocks = _blocks(weight, "q5_k", SUPER, Q5K_BYTES)
-    N, K = weight.N, weight.K
-    nb = blocks.shape[1]
-    codes = torch.empty(N, K // 2, dtype=torch.uint8, device=blocks.device)
-    fields = []
-    shifts = torch.arange(8, device=blocks.device)
-    for r0 in range(0, N, ROW_SLICE):
-        b = blocks[r0 : r0 + ROW_SLICE]
-        rows = b.shape[0]
-        qs = b[..., 48:176].reshape(rows, nb, 4, 1, 32)  # sub-block 2i + h: nibble h of run i
-        nib = torch.cat((qs & 0xF, qs >> 4), dim=3)  # [rows, nb, 4, 2, 32] = sub-block, element
-        codes[r0 : r0 + ROW_SLICE] = _pack_pairs(nib.reshape(rows, K))
-        hb = (b[..., 16:48].unsqueeze(-2) >> shifts[:, None]) & 1  # [rows, nb, 8 sub-blocks, 32]
-        sc, mn = k_scale_min(b[..., 4:16].reshape(-1, 12))
-        d = b[..., 0:2].contiguous().view(torch.float16).float().reshape(-1, 1)
-        dmin = b[..., 2:4].contiguous().view(torch.float16).float().reshape(-1, 1)
-        s = (d * sc.float()).to(act).reshape(rows, nb, 8, 1)
-        o = (-(dmin * mn.float())).to(act).reshape(rows, nb, 8, 1)
-        halves = torch.cat((s, o), dim=-1).view(torch.uint8)
-        fields.append(torch.cat((high_word(hb), halves), dim=-1).reshape(rows, nb * 8, 8))
-    return codes, _param_layout(torch.cat(fields), -(-K // KC[4]) * KC[4] // 32)
-
-
-Q6K_BYTES = 210
-
-
-def q6k_operands(weight: CanonicalWeight, act: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """q6_k: (codes uint8 [N, K/2], the low nibbles in the canonical packing; one 16-byte parameter
-    per 32-input run [runs over the padded K, Npad, 16]: the run's fifth-bit and sixth-bit words,
-    then d sc of its two 16-input sub-blocks rounded once to the activation dtype, 4 bytes zero)."""
-    blocks = _blocks(weight, "q6_k", SUPER, Q6K_BYTES)
-    N, K = weight.N, weight.K
-    nb = blocks.shape[1]
-    codes = torch.empty(N, K // 2, dtype=torch.uint8, device=blocks.device)
-    fields = []
-    shifts = torch.arange(0, 8, 2, device=blocks.device)[:, None]
-    for r0 in range(0, N, ROW_SLICE):
-        b = blocks[r0 : r0 + ROW_SLICE]
-        rows = b.shape[0]
-        ql = b[..., :128].reshape(rows, nb, 2, 1, 64)  # half n: low nibbles, then high ones
-        codes[r0 : r0 + ROW_SLICE] = _pack_pairs(torch.cat((ql & 0xF, ql >> 4), dim=3).reshape(rows, K))
-        qh = b[..., 128:192].reshape(rows, nb, 2, 1, 32)  # half n: 2-bit field f for 32 f + l
-        high = ((qh >> shifts) & 3).reshape(rows, K // 32, 32)
-        d = b[..., 208:210].contiguous().view(torch.float16).float()  # [rows, nb, 1]
-        sc = b[..., 192:208].contiguous().view(torch.int8).float()  # [rows, nb, 16]
-        s = (d * sc).to(act).reshape(rows, K // 32, 2).view(torch.uint8)
-        pad = torch.zeros(rows, K // 32, 4, dtype=torch.uint8, device=b.device)
-        fields.append(torch.cat((high_word(high & 1), high_word(high >> 1), s, pad), dim=-1))
-    return codes, _param_layout(torch.cat(fields), -(-K // KC[4]) * KC[4] // 32)
-
-
-Q2K_BYTES = 84
-Q3K_BYTES = 110
-
-
-def low_k_operands(weight: CanonicalWeight, t: str, act: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """q2_k / q3_k: (codes uint8 [N, K/2]: each whole code as a nibble, q3_k's high bit as bit 2 so
-    the nibble is q + 4; one parameter per 32-input run [runs over the padded K, Npad, P]: d sc of
-    its two 16-input sub-blocks (q3_k: d (sc - 32)) in the activation dtype, for q2_k then their
-    -dmin m). The nibbles cost 4 bits per weight against the stored 2.6 and 3.4: these layouts serve
-    batches, where the weight is read once for many rows."""
-    size = Q2K_BYTES if t == "q2_k" else Q3K_BYTES
-    blocks = _blocks(weight, t, SUPER, size)
-    N, K = weight.N, weight.K
-    nb = blocks.shape[1]
-    codes = torch.empty(N, K // 2, dtype=torch.uint8, device=blocks.device)
-    fields = []
-    two = torch.arange(0, 8, 2, device=blocks.device)[:, None]
-    for r0 in range(0, N, ROW_SLICE):
-        b = blocks[r0 : r0 + ROW_SLICE]
-        rows = b.shape[0]
-        q0 = 16 if t == "q2_k" else 32
-        qs = b[..., q0 : q0 + 64].reshape(rows, nb, 2, 1, 32)  # half n: field f for 128 n + 32 f + l
-        u = ((qs >> two) & 3).reshape(rows, nb, 256)
-        if t == "q3_k":
-            hm = b[..., :32].reshape(rows, nb, 1, 32)  # bit f of byte l: element 32 f + l
-            u = u | (((hm >> torch.arange(8, device=b.device)[:, None]) & 1).reshape(rows, nb, 256) << 2)
-        codes[r0 : r0 + ROW_SLICE] = _pack_pairs(u.reshape(rows, K))
-        if t == "q2_k":
-            d = b[..., 80:82].contiguous().view(torch.float16).float()
-            dmin = b[..., 82:84].contiguous().view(torch.float16).float()
-            sc = b[..., :16]
-            s = (d * (sc & 0xF).float()).to(act).reshape(rows, K // 32, 2).view(torch.uint8)
-            o = (-(dmin * (sc >> 4).float())).to(act).reshape(rows, K // 32, 2).view(torch.uint8)
-            fields.append(torch.cat((s, o), dim=-1))
-        else:
-            d = b[..., 108:110].contiguous().view(torch.float16).float()
-            sc = q3_k_scales(b[..., 96:108].reshape(-1, 12)).reshape(rows, nb, 16).float()
-            fields.append((d * sc).to(act).reshape(rows, K // 32, 2).view(torch.uint8))
     return codes, _param_layout(torch.cat(fields), -(-K // KC[4]) * KC[4] // 32)
 
 
@@ -364,15 +359,7 @@ class CudaMmaGGUFBlocks(Kernel):
 
     @classmethod
     def operands(cls, weight: CanonicalWeight, group: int | None, act: torch.dtype) -> Operands:
-        t = weight.scheme.gguf_type
-        if t == "q5_k":
-            codes, params = q5k_operands(weight, act)
-        elif t == "q6_k":
-            codes, params = q6k_operands(weight, act)
-        elif t in ("q2_k", "q3_k"):
-            codes, params = low_k_operands(weight, t, act)
-        else:
-            codes, params = block32_operands(weight, t)
+        codes, params = run_operands(weight, act)
         return codes, params, None, None
 
     @classmethod

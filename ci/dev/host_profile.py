@@ -4,10 +4,7 @@ Triton launch, and the top of a cProfile of the call. Usage: python ci/dev/host_
 from __future__ import annotations
 
 import argparse
-import cProfile
-import io
 import json
-import pstats
 
 import torch
 import triton
@@ -16,7 +13,7 @@ import triton.language as tl
 from quantrt.backends.triton import act_quant
 from quantrt.backends.triton.common import TileConfig
 from quantrt.backends.triton.fp8_mm import fp8_rowwise_matmul
-from quantrt.bench import host_us
+from quantrt.bench import host_us, profile_text
 from quantrt.layers import QuantLinear
 from quantrt.reference import quantize
 
@@ -110,15 +107,7 @@ def main() -> None:
         canon = quantize(torch.randn(N, K, device=dev) * 0.02, scheme)
         layer = QuantLinear.from_canonical(canon, device=dev, act_dtype=torch.bfloat16)
         out[f"{scheme}_layer_us"] = host_us(lambda layer=layer: layer(x))
-        pr = cProfile.Profile()
-        pr.enable()
-        for _ in range(300):
-            layer(x)
-        pr.disable()
-        torch.cuda.synchronize()
-        buf = io.StringIO()
-        pstats.Stats(pr, stream=buf).sort_stats("tottime").print_stats(18)
-        out[f"{scheme}_profile"] = buf.getvalue()
+        out[f"{scheme}_profile"] = profile_text(lambda layer=layer: layer(x), calls=300)
     for k, v in out.items():
         print(k, v if isinstance(v, str) else round(v, 2))
     if args.json:

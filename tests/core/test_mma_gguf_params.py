@@ -351,3 +351,22 @@ def test_block32_kernel_takes_its_types_only() -> None:
         assert v.ok == ok, (t, K, v.reason)
     v = CudaMmaGGUFBlocks.can_implement(LayerSpec(parse_scheme("w4a16-int-g128-sym"), 512, 64), caps)
     assert "GGUF q4_0/q4_1/q5_0/q5_1/q2_k/q3_k/q5_k/q6_k weights" in v.reason
+
+
+def test_code_numbers_are_the_kernels() -> None:
+    """The CODE template arguments Python passes are the values of the kernel's enum, name by name."""
+    import re
+    from pathlib import Path
+
+    from quantrt.backends.cuda import mma_wna16
+
+    src = (Path(mma_wna16.__file__).parent / "kernels" / "wna16_common.cuh").read_text()
+    body = re.search(r"enum : int \{([^}]*)\}", src).group(1)
+    names, value = {}, None
+    for item in (x.strip() for x in body.split(",")):
+        name, _, v = item.partition("=")
+        value = int(v) if v else value + 1
+        names[name.strip()] = value
+    assert len(names) == 12
+    for name, value in names.items():
+        assert getattr(mma_wna16, name) == value, name

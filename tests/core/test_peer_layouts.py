@@ -127,16 +127,6 @@ def test_bnb_matmul_matches_reference() -> None:
     assert float((y.float() - ref).abs().max() / ref.abs().max()) < 1e-2
 
 
-def test_bnb_refusals() -> None:
-    """Reasons, not exceptions, for weights the bnb baseline cannot run (no package needed)."""
-    int4 = random_weight("w4a16-int-g128-sym", 64, 256, device="cpu")
-    assert "not bitsandbytes NF4" in peers.bnb_unsupported_reason(int4)
-    fp4 = random_weight("w4a16-bnbfp4-g64", 64, 256, device="cpu")
-    assert "not bitsandbytes NF4" in peers.bnb_unsupported_reason(fp4)
-    nf4 = random_weight("w4a16-nf4-g64", 64, 256, device="cpu")
-    assert peers.bnb_nf4_baseline(nf4) is None and "CUDA" in peers.last_reason
-
-
 # gemlite ---------------------------------------------------------------------------------------
 
 
@@ -179,13 +169,25 @@ def test_gemlite_pack_matches_reference(scheme: str) -> None:
     assert float(((got - ref).abs() / step).max()) < 0.15
 
 
-def test_gemlite_refusals() -> None:
-    """Reasons, not exceptions, for weights the gemlite baseline cannot run (no package needed)."""
-    nf4 = random_weight("w4a16-nf4-g64", 64, 256, device="cpu")
-    assert "not grouped integer" in peers.gemlite_unsupported_reason(nf4)
-    ch = random_weight("w4a16-int-ch-sym", 64, 256, device="cpu")
-    assert "not grouped integer" in peers.gemlite_unsupported_reason(ch)
-    one_group = random_weight("w4a16-int-g128-sym", 64, 128, device="cpu")
-    assert "K > G" in peers.gemlite_unsupported_reason(one_group)
-    ok = random_weight("w4a16-int-g128-sym", 64, 256, device="cpu")
-    assert peers.gemlite_baseline(ok) is None and "CUDA" in peers.last_reason
+@pytest.mark.parametrize(
+    ("peer", "scheme", "K", "why"),
+    [
+        ("bnb", "w4a16-int-g128-sym", 256, "not bitsandbytes NF4"),
+        ("bnb", "w4a16-bnbfp4-g64", 256, "not bitsandbytes NF4"),
+        ("gemlite", "w4a16-nf4-g64", 256, "not grouped integer"),
+        ("gemlite", "w4a16-int-ch-sym", 256, "not grouped integer"),
+        ("gemlite", "w4a16-int-g128-sym", 128, "K > G"),
+    ],
+)
+def test_refusals_are_reasons(peer: str, scheme: str, K: int, why: str) -> None:
+    """Reasons, not exceptions, for weights a peer baseline cannot run (no package needed)."""
+    reason = getattr(peers, f"{peer}_unsupported_reason")(random_weight(scheme, 64, K, device="cpu"))
+    assert why in reason
+
+
+@pytest.mark.parametrize(
+    ("baseline", "scheme"), [("bnb_nf4", "w4a16-nf4-g64"), ("gemlite", "w4a16-int-g128-sym")]
+)
+def test_no_cuda_is_a_reason(baseline: str, scheme: str) -> None:
+    assert getattr(peers, f"{baseline}_baseline")(random_weight(scheme, 64, 256, device="cpu")) is None
+    assert "CUDA" in peers.last_reason

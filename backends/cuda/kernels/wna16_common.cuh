@@ -14,21 +14,12 @@ typedef unsigned int u32;
 // into a 16-value code book (bitsandbytes NF4/FP4) and Q4K GGUF Q4_K's unsigned nibbles (a 6-bit
 // scale and min per 32 inputs), all packed as 4-bit codes in int4's lane layout (LUT4 in the
 // canonical nibble order); Q80 is GGUF Q8_0's signed bytes plus 128 (an fp16 scale per 32
-// inputs) in int8's lane layout. Q40, Q41, Q50, Q51 and Q5K are GGUF Q4_0, Q4_1, Q5_0, Q5_1 and
-// Q5_K: the low nibble of each code in int4's lane layout and everything else of a 32-input block
-// (the fifth bits, d, m; Q5_K's sub-block scale and min as d sc and -dmin m) as its group parameter.
-constexpr int E2M1 = 41;
-constexpr int LUT4 = 42;
-constexpr int Q4K = 43;
-constexpr int Q80 = 44;
-constexpr int Q40 = 45;
-constexpr int Q41 = 46;
-constexpr int Q50 = 47;
-constexpr int Q51 = 48;
-constexpr int Q5K = 49;
-constexpr int Q6K = 50;
-constexpr int Q2K = 51;
-constexpr int Q3K = 52;
+// inputs) in int8's lane layout. Q40, Q41, Q50, Q51, Q5K and Q6K are GGUF Q4_0, Q4_1, Q5_0, Q5_1,
+// Q5_K and Q6_K: the low nibble of each code in int4's lane layout and everything else of a
+// 32-input run (the fifth and sixth bits, d, m; the K types' sub-block scales as d sc, -dmin m) as
+// its group parameter; Q2K and Q3K are GGUF Q2_K and Q3_K with their whole 2- and 3-bit codes
+// widened to nibbles (Q3_K's high bit as bit 2) and the run's two sub-block scales (and offsets).
+enum : int { E2M1 = 41, LUT4, Q4K, Q80, Q40, Q41, Q50, Q51, Q5K, Q6K, Q2K, Q3K };
 __host__ __device__ constexpr int code_bits(int code) { return code == 8 || code == Q80 ? 8 : 4; }
 
 template <typename T2> __device__ __forceinline__ u32 as_u32(T2 v) { return *reinterpret_cast<u32*>(&v); }
@@ -181,29 +172,20 @@ template <typename T> struct Param<T, Q4K> {
 template <typename T> struct Param<T, Q80> {
   typedef unsigned short type;
 };
-// Q40: a block's fp16 d as stored; Q41: d and m (low, high half); Q50, Q51: the block's fifth
-// bits (see high_bits) then d, or d and m; Q5K: the fifth bits, then d sc and -dmin m in the
-// activation dtype. Four blocks per 128-input chunk, one per lane of a quad.
-template <typename T> struct Param<T, Q40> {
-  typedef unsigned short type;
+// The GGUF codes of one parameter per 32-input run (four per 128-input chunk, one per lane of a
+// quad): Q40 the block's fp16 d as stored; Q41 d and m (low, high half); Q50, Q51 the block's fifth
+// bits (see high_bits), then d, or d and m; Q5K the fifth bits, then d sc and -dmin m in the
+// activation dtype; Q6K the fifth bits, the sixth bits, then d sc of the run's two 16-input
+// sub-blocks in the activation dtype (4 bytes unused).
+template <typename P> struct ParamOf {
+  typedef P type;
 };
-template <typename T> struct Param<T, Q41> {
-  typedef u32 type;
-};
-template <typename T> struct Param<T, Q50> {
-  typedef uint2 type;
-};
-template <typename T> struct Param<T, Q51> {
-  typedef uint2 type;
-};
-template <typename T> struct Param<T, Q5K> {
-  typedef uint2 type;
-};
-// Q6K: the fifth bits, the sixth bits, then d sc of the run's two 16-input sub-blocks in the
-// activation dtype (4 bytes unused).
-template <typename T> struct Param<T, Q6K> {
-  typedef uint4 type;
-};
+template <typename T> struct Param<T, Q40> : ParamOf<unsigned short> {};
+template <typename T> struct Param<T, Q41> : ParamOf<u32> {};
+template <typename T> struct Param<T, Q50> : ParamOf<uint2> {};
+template <typename T> struct Param<T, Q51> : ParamOf<uint2> {};
+template <typename T> struct Param<T, Q5K> : ParamOf<uint2> {};
+template <typename T> struct Param<T, Q6K> : ParamOf<uint4> {};
 
 // LUT4 code books reach the decode as a Book (empty for the other codes), loaded by each block
 // before its first decode: the 256 pairs of mma_codebook.book_pairs (entry b = (book[b & 15],
@@ -426,12 +408,8 @@ template <typename T> struct Deq<T, Q5K> {
 };
 // Q2_K, Q3_K: the d sc (Q3_K: d (sc - 32)) of the run's two 16-input sub-blocks in the activation
 // dtype; Q2_K also their -dmin m.
-template <typename T> struct Param<T, Q3K> {
-  typedef u32 type;
-};
-template <typename T> struct Param<T, Q2K> {
-  typedef uint2 type;
-};
+template <typename T> struct Param<T, Q3K> : ParamOf<u32> {};
+template <typename T> struct Param<T, Q2K> : ParamOf<uint2> {};
 // the half of a pair word for 16-input sub-block kt / 4 of a lane's run, in both halves
 __device__ __forceinline__ u32 run_half(u32 pair, int kt) { return __byte_perm(pair, 0, kt < 4 ? 0x1010 : 0x3232); }
 template <typename T> struct Deq<T, Q3K> {  // (magic + u - (magic + 4)) s, u = q + 4 in 0..7
