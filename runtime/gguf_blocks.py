@@ -1,5 +1,5 @@
-"""Fields of llama.cpp's K-quant blocks packed tighter than a byte: Q4_K/Q5_K's 6-bit sub-block
-scales and mins, Q3_K's 6-bit signed scales.
+"""Fields of llama.cpp's blocks: the fp16 scalars (d, dmin, m) at their byte offsets, Q4_K/Q5_K's
+6-bit sub-block scales and mins, Q3_K's 6-bit signed scales.
 
 A layout of its own, as :mod:`quantrt.packing` is, shared by the reference dequantizers
 (``reference/gguf.py``) and the kernels that lay the fields out for their decode
@@ -9,6 +9,11 @@ A layout of its own, as :mod:`quantrt.packing` is, shared by the reference dequa
 from __future__ import annotations
 
 import torch
+
+
+def f16_field(blocks: torch.Tensor, at: int) -> torch.Tensor:
+    """The little-endian fp16 at byte ``at`` of each block (``blocks`` [..., bytes]) as fp32 [..., 1]."""
+    return blocks[..., at : at + 2].contiguous().view(torch.float16).to(torch.float32)
 
 
 def k_scale_min(s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -32,7 +32,7 @@ from typing import Any, ClassVar
 import torch
 
 from quantrt.canonical import CanonicalWeight
-from quantrt.gguf_blocks import k_scale_min, q3_k_scales
+from quantrt.gguf_blocks import f16_field, k_scale_min, q3_k_scales
 from quantrt.kernels import Kernel, Verdict, check
 from quantrt.prepared import Prepared
 from quantrt.specs import LayerSpec
@@ -143,11 +143,6 @@ def _block_bits(qh: torch.Tensor) -> torch.Tensor:
     return ((qh.unsqueeze(-1) >> torch.arange(8, device=qh.device)) & 1).flatten(-2)
 
 
-def _f16(b: torch.Tensor, at: int) -> torch.Tensor:
-    """The fp16 field at byte ``at`` of each block [..., T] as fp32 [..., 1]."""
-    return b[..., at : at + 2].contiguous().view(torch.float16).float()
-
-
 def _half_pairs(x: torch.Tensor, act: torch.dtype, runs: int) -> torch.Tensor:
     """Per-16-input values [rows, nb, 16 per super-block] rounded to ``act``, as the two halves of
     each 32-input run's word: uint8 [rows, runs, 4]."""
@@ -177,8 +172,8 @@ def _q5k(b: torch.Tensor, act: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]
     nib = torch.cat((qs & 0xF, qs >> 4), dim=3)  # [rows, nb, 4, 2, 32] = sub-block, element
     hb = (b[..., 16:48].unsqueeze(-2) >> torch.arange(8, device=b.device)[:, None]) & 1  # [rows, nb, 8, 32]
     sc, mn = k_scale_min(b[..., 4:16].reshape(-1, 12))
-    s = (_f16(b, 0).reshape(-1, 1) * sc.float()).to(act).reshape(rows, nb, 8, 1)
-    o = (-(_f16(b, 2).reshape(-1, 1) * mn.float())).to(act).reshape(rows, nb, 8, 1)
+    s = (f16_field(b, 0).reshape(-1, 1) * sc.float()).to(act).reshape(rows, nb, 8, 1)
+    o = (-(f16_field(b, 2).reshape(-1, 1) * mn.float())).to(act).reshape(rows, nb, 8, 1)
     f = torch.cat((high_word(hb), torch.cat((s, o), dim=-1).view(torch.uint8)), dim=-1)
     return nib.reshape(rows, -1), f.reshape(rows, nb * 8, 8)
 
@@ -189,7 +184,7 @@ def _q6k(b: torch.Tensor, act: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]
     ql = b[..., :128].reshape(rows, nb, 2, 1, 64)  # half n: low nibbles, then high ones
     qh = b[..., 128:192].reshape(rows, nb, 2, 1, 32)  # half n: 2-bit field f for 32 f + l
     high = ((qh >> torch.arange(0, 8, 2, device=b.device)[:, None]) & 3).reshape(rows, nb * 8, 32)
-    s = _half_pairs(_f16(b, 208) * b[..., 192:208].contiguous().view(torch.int8).float(), act, nb * 8)
+    s = _half_pairs(f16_field(b, 208) * b[..., 192:208].contiguous().view(torch.int8).float(), act, nb * 8)
     pad = torch.zeros(rows, nb * 8, 4, dtype=torch.uint8, device=b.device)
     f = torch.cat((high_word(high & 1), high_word(high >> 1), s, pad), dim=-1)
     return torch.cat((ql & 0xF, ql >> 4), dim=3).reshape(rows, -1), f
@@ -199,8 +194,8 @@ def _q2k(b: torch.Tensor, act: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]
     """q2_k: whole codes; d sc, then -dmin m, of the run's two sub-blocks (8 bytes)."""
     nb = b.shape[1]
     sc = b[..., :16]
-    s = _half_pairs(_f16(b, 80) * (sc & 0xF).float(), act, nb * 8)
-    o = _half_pairs(-(_f16(b, 82) * (sc >> 4).float()), act, nb * 8)
+    s = _half_pairs(f16_field(b, 80) * (sc & 0xF).float(), act, nb * 8)
+    o = _half_pairs(-(f16_field(b, 82) * (sc >> 4).float()), act, nb * 8)
     return _two_bit(b[..., 16:80]), torch.cat((s, o), dim=-1)
 
 
@@ -212,7 +207,7 @@ def _q3k(b: torch.Tensor, act: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]
         ((hm >> torch.arange(8, device=b.device)[:, None]) & 1).reshape(rows, -1) << 2
     )
     sc = q3_k_scales(b[..., 96:108].reshape(-1, 12)).reshape(rows, nb, 16).float()
-    return u, _half_pairs(_f16(b, 108) * sc, act, nb * 8)
+    return u, _half_pairs(f16_field(b, 108) * sc, act, nb * 8)
 
 
 def _two_bit(qs: torch.Tensor) -> torch.Tensor:

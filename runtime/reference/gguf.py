@@ -25,7 +25,7 @@ import torch
 
 from ..canonical import CanonicalWeight
 from ..errors import ReferenceInputError
-from ..gguf_blocks import k_scale_min, q3_k_scales
+from ..gguf_blocks import f16_field, k_scale_min, q3_k_scales
 from ..schemes import GGUF_TYPES, Scheme
 
 #: type -> (elements per block, bytes per block)
@@ -86,11 +86,6 @@ class GGUFBlockError(ReferenceInputError):
 # -- byte helpers ------------------------------------------------------------------------------
 
 
-def _f16(blocks: torch.Tensor, offset: int) -> torch.Tensor:
-    """The little-endian f16 at ``offset`` of each block, as fp32 [M, 1]."""
-    return blocks[:, offset : offset + 2].contiguous().view(torch.float16).to(torch.float32)
-
-
 def _f16_bytes(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``x`` [M, 1] rounded to f16: the rounded value in fp32 and its two bytes [M, 2]."""
     h = x.to(torch.float16).contiguous()
@@ -141,37 +136,37 @@ def _qh32(qh: torch.Tensor) -> torch.Tensor:
 
 
 def _deq_q4_0(b: torch.Tensor) -> torch.Tensor:
-    return _f16(b, 0) * (_nibbles(b[:, 2:18]).to(torch.int16) - 8).to(torch.float32)
+    return f16_field(b, 0) * (_nibbles(b[:, 2:18]).to(torch.int16) - 8).to(torch.float32)
 
 
 def _deq_q4_1(b: torch.Tensor) -> torch.Tensor:
-    return _f16(b, 0) * _nibbles(b[:, 4:20]).to(torch.float32) + _f16(b, 2)
+    return f16_field(b, 0) * _nibbles(b[:, 4:20]).to(torch.float32) + f16_field(b, 2)
 
 
 def _deq_q5_0(b: torch.Tensor) -> torch.Tensor:
     q = _nibbles(b[:, 6:22]) | (_qh32(b[:, 2:6]) << 4)
-    return _f16(b, 0) * (q.to(torch.int16) - 16).to(torch.float32)
+    return f16_field(b, 0) * (q.to(torch.int16) - 16).to(torch.float32)
 
 
 def _deq_q5_1(b: torch.Tensor) -> torch.Tensor:
     q = _nibbles(b[:, 8:24]) | (_qh32(b[:, 4:8]) << 4)
-    return _f16(b, 0) * q.to(torch.float32) + _f16(b, 2)
+    return f16_field(b, 0) * q.to(torch.float32) + f16_field(b, 2)
 
 
 def _deq_q8_0(b: torch.Tensor) -> torch.Tensor:
-    return b[:, 2:34].contiguous().view(torch.int8).to(torch.float32) * _f16(b, 0)
+    return b[:, 2:34].contiguous().view(torch.int8).to(torch.float32) * f16_field(b, 0)
 
 
 def _deq_q2_k(b: torch.Tensor) -> torch.Tensor:
     sc = b[:, :16]
-    dl = _f16(b, 80) * (sc & 0xF).to(torch.float32)
-    ml = _f16(b, 82) * (sc >> 4).to(torch.float32)
+    dl = f16_field(b, 80) * (sc & 0xF).to(torch.float32)
+    ml = f16_field(b, 82) * (sc >> 4).to(torch.float32)
     q = _unpack(b[:, 16:80].reshape(-1, 2, 32), 2, 4).reshape(-1, 16, 16).to(torch.float32)
     return (dl.unsqueeze(-1) * q - ml.unsqueeze(-1)).reshape(-1, 256)
 
 
 def _deq_q3_k(b: torch.Tensor) -> torch.Tensor:
-    dl = _f16(b, 108) * q3_k_scales(b[:, 96:108]).to(torch.float32)
+    dl = f16_field(b, 108) * q3_k_scales(b[:, 96:108]).to(torch.float32)
     low = _unpack(b[:, 32:96].reshape(-1, 2, 32), 2, 4).reshape(-1, 16, 16).to(torch.int16)
     hbit = _unpack(b[:, :32].reshape(-1, 1, 32), 1, 8).reshape(-1, 16, 16).to(torch.int16)
     q = (low - 4 * (1 - hbit)).to(torch.float32)
@@ -181,8 +176,8 @@ def _deq_q3_k(b: torch.Tensor) -> torch.Tensor:
 def _deq_k_asym(b: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     """Q4_K/Q5_K: ``d * sc * q - dmin * m`` per 32-element sub-block, q [M, 8, 32]."""
     sc, mn = k_scale_min(b[:, 4:16])
-    dl = _f16(b, 0) * sc.to(torch.float32)
-    ml = _f16(b, 2) * mn.to(torch.float32)
+    dl = f16_field(b, 0) * sc.to(torch.float32)
+    ml = f16_field(b, 2) * mn.to(torch.float32)
     return (dl.unsqueeze(-1) * q.to(torch.float32) - ml.unsqueeze(-1)).reshape(-1, 256)
 
 
@@ -200,7 +195,7 @@ def _deq_q6_k(b: torch.Tensor) -> torch.Tensor:
     low = _unpack(b[:, :128].reshape(-1, 2, 64), 4, 2).reshape(-1, 256)
     high = _unpack(b[:, 128:192].reshape(-1, 2, 32), 2, 4).reshape(-1, 256)
     q = ((low | (high << 4)).to(torch.int16) - 32).to(torch.float32).reshape(-1, 16, 16)
-    dl = _f16(b, 208) * b[:, 192:208].contiguous().view(torch.int8).to(torch.float32)
+    dl = f16_field(b, 208) * b[:, 192:208].contiguous().view(torch.int8).to(torch.float32)
     return (dl.unsqueeze(-1) * q).reshape(-1, 256)
 
 
@@ -410,7 +405,7 @@ def finite_blocks(qweight: torch.Tensor, gguf_type: str) -> torch.Tensor:
     step = 1 << 20  # blocks per pass: bounds the fp32 temporaries of a large table
     for i in range(0, b.shape[0], step):
         for off in F16_FIELDS[t]:
-            ok[i : i + step] &= torch.isfinite(_f16(b[i : i + step], off)).squeeze(-1)
+            ok[i : i + step] &= torch.isfinite(f16_field(b[i : i + step], off)).squeeze(-1)
     return ok.reshape(*qweight.shape[:-1], qweight.shape[-1] // T)
 
 
