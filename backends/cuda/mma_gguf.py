@@ -133,9 +133,10 @@ def _pack_pairs(nib: torch.Tensor) -> torch.Tensor:
 def high_word(bits: torch.Tensor) -> torch.Tensor:
     """Fifth bits [..., 32] (0/1, input order) -> the kernel's high-bit word as 4 little-endian
     bytes [..., 4] (``high_bits`` in kernels/wna16_common.cuh)."""
-    pos = torch.tensor(HIGH_BIT, dtype=torch.int64, device=bits.device)
-    w = (bits.to(torch.int64) << pos).sum(-1, keepdim=True)
-    return ((w >> torch.arange(0, 32, 8, device=bits.device)) & 0xFF).to(torch.uint8)
+    pos = torch.tensor(HIGH_BIT, dtype=torch.int32, device=bits.device)
+    # distinct bits, so the int32 sum is their OR (bit 31 wraps to the sign, as intended)
+    w = (bits.to(torch.int32) << pos).sum(-1, keepdim=True, dtype=torch.int32)
+    return ((w >> torch.arange(0, 32, 8, dtype=torch.int32, device=bits.device)) & 0xFF).to(torch.uint8)
 
 
 def _block_bits(qh: torch.Tensor) -> torch.Tensor:
