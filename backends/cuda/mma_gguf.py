@@ -112,14 +112,13 @@ def q4k_operands(weight: CanonicalWeight) -> tuple[torch.Tensor, torch.Tensor]:
     return codes, _param_layout(blocks[:, :, :HEAD_BYTES], -(-K // KC[4]) * KC[4] // SUPER)
 
 
-#: GGUF types whose 32-input blocks the kernel reads as low nibbles plus one parameter per block
-#: and column: type -> (CODE, bytes per block, offset of the nibbles, offset of the fifth bits or
-#: None, bytes of d (and m) from offset 0)
+#: legacy GGUF types (32-input blocks): type -> (bytes per block, offset of the nibbles, offset of
+#: the fifth bits or None, bytes of d (and m) from offset 0)
 BLOCK32 = {
-    "q4_0": (Q40, 18, 2, None, 2),
-    "q4_1": (Q41, 20, 4, None, 4),
-    "q5_0": (Q50, 22, 6, 2, 2),
-    "q5_1": (Q51, 24, 8, 4, 4),
+    "q4_0": (18, 2, None, 2),
+    "q4_1": (20, 4, None, 4),
+    "q5_0": (22, 6, 2, 2),
+    "q5_1": (24, 8, 4, 4),
 }
 #: bit of the kernel's high-bit word for input e of a 32-input run: 4 kt + j at kt + (0, 16, 8, 24)[j]
 HIGH_BIT = [e // 4 + (0, 16, 8, 24)[e % 4] for e in range(32)]
@@ -153,7 +152,7 @@ def _half_pairs(x: torch.Tensor, act: torch.dtype, runs: int) -> torch.Tensor:
 def _legacy(t: str) -> RunsFn:
     """q4_0/q4_1/q5_0/q5_1: a block is a run; d (and m) as stored, after its high-bit word for
     5-bit codes (padded to 8 bytes)."""
-    _, _, qs, qh, head = BLOCK32[t]
+    _, qs, qh, head = BLOCK32[t]
 
     def runs(b: torch.Tensor, act: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         nib = torch.cat((b[..., qs : qs + 16] & 0xF, b[..., qs : qs + 16] >> 4), dim=-1)
@@ -221,13 +220,16 @@ def _two_bit(qs: torch.Tensor) -> torch.Tensor:
 
 #: ``runs(blocks of some rows, act)``: (4-bit codes [rows, K], parameters [rows, K / 32, P])
 RunsFn = Callable[[torch.Tensor, torch.dtype], tuple[torch.Tensor, torch.Tensor]]
-#: type -> (block elements, block bytes, its runs)
-RUNS: dict[str, tuple[int, int, RunsFn]] = {
-    **{t: (32, v[1], _legacy(t)) for t, v in BLOCK32.items()},
-    "q2_k": (SUPER, 84, _q2k),
-    "q3_k": (SUPER, 110, _q3k),
-    "q5_k": (SUPER, 176, _q5k),
-    "q6_k": (SUPER, 210, _q6k),
+#: type -> (the kernel's CODE, block elements, block bytes, its runs)
+RUNS: dict[str, tuple[int, int, int, RunsFn]] = {
+    "q4_0": (Q40, 32, BLOCK32["q4_0"][0], _legacy("q4_0")),
+    "q4_1": (Q41, 32, BLOCK32["q4_1"][0], _legacy("q4_1")),
+    "q5_0": (Q50, 32, BLOCK32["q5_0"][0], _legacy("q5_0")),
+    "q5_1": (Q51, 32, BLOCK32["q5_1"][0], _legacy("q5_1")),
+    "q2_k": (Q2K, SUPER, 84, _q2k),
+    "q3_k": (Q3K, SUPER, 110, _q3k),
+    "q5_k": (Q5K, SUPER, 176, _q5k),
+    "q6_k": (Q6K, SUPER, 210, _q6k),
 }
 
 
@@ -239,7 +241,7 @@ def run_operands(weight: CanonicalWeight, act: torch.dtype) -> tuple[torch.Tenso
     legacy types keep d and m as stored. q2_k/q3_k's nibbles cost 4 bits per weight against the
     stored 2.6 and 3.4: these layouts serve batches, where the weight is read once for many rows."""
     t = weight.scheme.gguf_type
-    B, T, runs = RUNS[t]
+    _, B, T, runs = RUNS[t]
     blocks = _blocks(weight, t, B, T)
     N, K = weight.N, weight.K
     codes = torch.empty(N, K // 2, dtype=torch.uint8, device=blocks.device)
@@ -339,13 +341,7 @@ class CudaMmaGGUFBlocks(Kernel):
         "cuBLAS on dequantized slices for large M"
     )
     #: GGUF type -> CODE template argument
-    CODES: ClassVar[dict[str, int]] = {
-        **{t: v[0] for t, v in BLOCK32.items()},
-        "q5_k": Q5K,
-        "q6_k": Q6K,
-        "q2_k": Q2K,
-        "q3_k": Q3K,
-    }
+    CODES: ClassVar[dict[str, int]] = {t: v[0] for t, v in RUNS.items()}
 
     @classmethod
     def can_implement(cls, spec: LayerSpec, caps: Any) -> Verdict:
