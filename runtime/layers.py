@@ -416,6 +416,8 @@ class QuantLinear(nn.Module):
         return self._kernel.name
 
     def forward(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        if x.dim() == 2:  # [tokens, K] as it comes: no reshape and view back (host time per call)
+            return self._state(x, self._bias, out)
         lead = x.shape[:-1]
         x2 = x.reshape(-1, x.shape[-1])
         if x2.shape[0] == 0:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import re
+import struct
 import threading
 from collections.abc import Sequence
 from functools import cache
@@ -70,13 +71,13 @@ class Launch:
     """One compiled kernel, launched through the driver with a reused argument block.
 
     Every argument of our kernels is 8 bytes (a pointer or a ``long long``), so the arguments of
-    a call are written into a ctypes block of int64 slots whose addresses were laid out once;
-    CuPy's generic launch would build a converter object per argument per call, which is most of
-    a small layer's host time. One block per thread keeps concurrent callers apart; the driver
-    copies the arguments at launch, so the block is free again when ``__call__`` returns.
+    a call are packed into a block of int64 slots whose addresses were laid out once; CuPy's
+    generic launch would build a converter object per argument per call, which is most of a small
+    layer's host time. One block per thread keeps concurrent callers apart; the driver copies the
+    arguments at launch, so the block is free again when ``__call__`` returns.
     """
 
-    __slots__ = ("_launch", "_local", "nargs", "ptr")
+    __slots__ = ("_launch", "_local", "_pack", "nargs", "ptr")
 
     def __init__(self, fn: Any, nargs: int) -> None:
         from cupy.cuda import driver
@@ -85,15 +86,14 @@ class Launch:
         self.nargs = nargs
         self._local = threading.local()
         self._launch = driver.launchKernel
+        self._pack = struct.Struct(f"{nargs}q").pack_into
 
     def _block(self) -> tuple[Any, int]:
-        block = getattr(self._local, "block", None)
-        if block is None:
-            vals = (ctypes.c_int64 * self.nargs)()
-            base = ctypes.addressof(vals)
-            ptrs = (ctypes.c_void_p * self.nargs)(*[base + 8 * i for i in range(self.nargs)])
-            block = self._local.block = (vals, ptrs, ctypes.addressof(ptrs))
-        return block[0], block[2]
+        vals = (ctypes.c_int64 * self.nargs)()
+        base = ctypes.addressof(vals)
+        ptrs = (ctypes.c_void_p * self.nargs)(*[base + 8 * i for i in range(self.nargs)])
+        block = self._local.block = (vals, ctypes.addressof(ptrs), ptrs)
+        return block
 
     def __call__(
         self,
@@ -103,14 +103,19 @@ class Launch:
         smem: int,
         stream: int,
     ) -> None:
-        vals, addr = self._block()
-        vals[:] = args
+        try:
+            vals, addr, _ = self._local.block
+        except AttributeError:
+            vals, addr, _ = self._block()
+        self._pack(vals, 0, *args)
         self._launch(self.ptr, *grid, *threads, smem, stream, addr, 0)
+
+
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
 
 def stream(device: int) -> int:
     """torch's current stream on ``device`` as a raw handle (what the driver's launch takes)."""
-    getter = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-    if getter is not None:
-        return int(getter(device))
+    if _raw_stream is not None:
+        return _raw_stream(device)
     return int(torch.cuda.current_stream(device).cuda_stream)
