@@ -119,9 +119,10 @@ def main() -> None:
             x = torch.randn(bucket, K, device="cuda", dtype=torch.bfloat16)
             cublas[(K, N, bucket)] = bench(lambda x=x, dense=dense: torch.nn.functional.linear(x, dense))
             cands = []
-            ints = lay.code == lay.bits  # wgmma and folding: integer codes only
-            for row in candidates(bucket, hopper and ints, lay.gpc == 1 and ints):
-                shape = mk.Shape.of(row, lay.bits, torch.bfloat16, lay.gpc, foldable=lay.code == lay.bits)
+            ints = lay.code == lay.bits  # wgmma: integer codes only
+            fold = mk.folds(lay.code, lay.bits)  # folding: integer and fp8 codes
+            for row in candidates(bucket, hopper and ints, lay.gpc == 1 and fold):
+                shape = mk.Shape.of(row, lay.bits, torch.bfloat16, lay.gpc, foldable=fold)
                 wk = mk.pick_warps(shape, row, lay.n_pad, lay.chunks, sms, limit, lay.gpc, szb, lay.bits)
                 if shape.smem(wk, lay.gpc, szb, lay.bits) <= limit and mk.params_fit(shape.nt, szb):
                     cands.append((row, shape, wk, mk.tile_expr(torch.bfloat16, lay.code, lay.gpc, shape)))

@@ -1,7 +1,8 @@
 """NVIDIA backend: which kernels run on NVIDIA GPUs, in what order, tuned how.
 
 The tensor-core W4A16/W8A16 kernel in CUDA C++ (``mma_wna16.py``, ``kernels/``, compiled through
-CuPy) ranks first where CuPy is importable, and serves NVFP4/MXFP4 and bitsandbytes NF4/FP4 weight-only too (``mma_codebook.py``); the portable Triton kernels
+CuPy) ranks first where CuPy is importable, and serves fp8 weight-only (``mma_fp8.py``), NVFP4/MXFP4 and
+bitsandbytes NF4/FP4 weight-only too (``mma_codebook.py``); the portable Triton kernels
 (``backends/triton``, named and tuned for NVIDIA in ``triton_kernels.py`` with ``policy.py``) next:
 W4A16/W8A16, fp8 (W8A8 per tensor/channel, block fp8, weight-only) and int8 W8A8, the 4-bit
 code-book kernels for NVFP4, MXFP4 and bitsandbytes NF4/FP4 and GGUF's ten block types, with a CUDA GEMV for
@@ -29,6 +30,7 @@ def register(registry: Any) -> None:
 
     from .gguf_gemv import CudaGemvGGUF
     from .mma_codebook import CudaMmaBnb4, CudaMmaFp4
+    from .mma_fp8 import CudaMmaFp8
     from .mma_gguf import CudaMmaGGUF, CudaMmaGGUFBlocks, CudaMmaGGUFQ8
     from .mma_wna16 import CudaMmaW4A16, CudaMmaW8A16
     from .policy import CUDA
@@ -50,6 +52,7 @@ def register(registry: Any) -> None:
     linear = [
         CudaMmaW4A16,  # tensor-core CUDA C++ (CuPy): int4/int8 weight-only, the fastest where it runs
         CudaMmaW8A16,
+        CudaMmaFp8,  # fp8 weight-only (and W8A8 fp8 where the GPU lacks fp8 units) on the same kernel
         CudaScaledMMNvfp4,  # W4A4 NVFP4 on Blackwell's fp4 units
         CudaMmaFp4,  # NVFP4/MXFP4 and bitsandbytes 4-bit weight-only on the tensor-core kernel
         CudaMmaBnb4,

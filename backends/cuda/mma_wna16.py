@@ -13,7 +13,7 @@ it (the way exllama serves prefill). Launch shapes per M bucket and the M where 
 takes over come from ``tunings/wna16_mma_<arch>.json``; ``prepare`` compiles what it needs.
 
 The kernel serves several weight formats, each built with its own ``CODE`` (integer codes here,
-fp4 and code books in ``mma_codebook.py``, GGUF q4_k and q8_0 in ``mma_gguf.py``): each kernel
+fp4 and code books in ``mma_codebook.py``, fp8 in ``mma_fp8.py``, GGUF in ``mma_gguf.py``): each kernel
 class hands its operands and launch rows to :func:`prepare_mma`, which builds one
 :class:`MmaLayout` and its strategies (one per launch shape, then dequant + cuBLAS).
 """
@@ -58,6 +58,8 @@ Q80 = 44  # GGUF Q8_0: signed bytes plus 128, llama.cpp's fp16 block scale as th
 #: GGUF Q4_0, Q4_1, Q5_0, Q5_1, Q5_K, Q6_K: low nibbles, the rest of each 32-input run as its parameter;
 #: Q2_K, Q3_K: whole codes as nibbles, the run's sub-block scales (and offsets) as its parameter
 Q40, Q41, Q50, Q51, Q5K, Q6K, Q2K, Q3K = 45, 46, 47, 48, 49, 50, 51, 52
+#: fp8 weights as stored (e4m3, e5m2), an fp32 scale per group and column
+F8E4, F8E5 = 53, 54
 #: static shared memory the code book takes per code (LUT4: 256 pairs, one copy per bank)
 BOOK_SMEM = {LUT4: 32 * 1024}
 
@@ -71,9 +73,15 @@ RowsFn = Callable[[dict[str, Any]], list[dict[str, Any]]]
 
 
 def code_bits(code: int) -> int:
-    """Bits per stored code: 8 for int8 and GGUF Q8_0, 4 for int4, fp4, code books and GGUF Q4_K
-    (which share the 4-bit lane layout)."""
-    return 8 if code in (8, Q80) else 4
+    """Bits per stored code: 8 for int8, fp8 and GGUF Q8_0, 4 for int4, fp4, code books and the
+    GGUF nibble types (which share the 4-bit lane layout)."""
+    return 8 if code in (8, Q80, F8E4, F8E5) else 4
+
+
+def folds(code: int, bits: int) -> bool:
+    """Codes the kernel can multiply as they are, each group's scale (and zero point) applied to
+    its chunk sums in fp32: integers and fp8."""
+    return code == bits or code in (F8E4, F8E5)
 
 
 def groups_per_chunk(bits: int, group: int | None) -> int:
@@ -114,6 +122,11 @@ class Tile:
     fn: Any  # the compiled kernel
     smem: int  # dynamic shared memory per block
 
+    def __post_init__(self) -> None:  # the launch geometry, computed once rather than per call
+        object.__setattr__(self, "rows", self.xr if self.swap else 16 * self.mt)
+        object.__setattr__(self, "cols", 8 * self.nt * self.wn)
+        object.__setattr__(self, "threads", (32 * self.wk * self.wn, 1, 1))
+
 
 @dataclass(frozen=True)
 class MmaLayout:
@@ -137,6 +150,16 @@ class MmaLayout:
     code: int = 4  # CODE template argument: 4, 8, E2M1, LUT4, Q4K or Q80
     col_scale: torch.Tensor | None = None  # fp32 [N] applied to the sums (fp4, code books), or None
     book: torch.Tensor | None = None  # LUT4: int32 [256], mma_codebook.book_pairs
+
+    @functools.cached_property
+    def pointers(self) -> tuple[int, int, int, int]:
+        """The fixed kernel arguments (w, sz, column factor, code book; 0 for none), read once."""
+        return (
+            self.w.data_ptr(),
+            self.sz.data_ptr(),
+            0 if self.col_scale is None else self.col_scale.data_ptr(),
+            0 if self.book is None else self.book.data_ptr(),
+        )
 
 
 # -- the integer kernels' own parts ---------------------------------------------------------------
@@ -223,7 +246,7 @@ def mma_layout(
     limit = smem_limit(dev) - BOOK_SMEM.get(code, 0)
     szb = sz_bytes(act, code)
     rows = tile_rows(table)
-    shapes = [(Shape.of(row, bits, act, gpc, foldable=code == bits), row) for row in rows]
+    shapes = [(Shape.of(row, bits, act, gpc, foldable=folds(code, bits)), row) for row in rows]
     shapes = [
         (sh, row) for sh, row in shapes if not sh.wgmma or (cap == (9, 0) and code == bits)
     ]  # sm_90a code: Hopper only, integer codes only
@@ -296,6 +319,8 @@ def sz_bytes(act: torch.dtype, code: int) -> int:
         return 16
     if code in (Q80, Q40):
         return 2
+    if code in (F8E4, F8E5):
+        return 4
     if code in (Q50, Q51, Q5K, Q2K):
         return 8
     if code == Q3K:
@@ -429,49 +454,39 @@ def max_groups(shape: Shape) -> int:
 # -- the call: x, bias and out in the activation dtype --------------------------------------------
 
 
-def _operand(lay: MmaLayout, x: torch.Tensor) -> torch.Tensor:
-    """x in the weight's input order, its rows on 16-byte boundaries (x travels in 16-byte pieces)."""
+def _operand(lay: MmaLayout, x: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """x in the weight's input order, its rows on 16-byte boundaries (x travels in 16-byte pieces),
+    and its row stride. A contiguous x with K % 8 == 0 has them already (a single row needs no stride)."""
     if lay.perm is not None:
         x = x.index_select(1, lay.perm)
-    if x.stride(1) != 1 or x.stride(0) % 8 or x.data_ptr() % 16:
-        x = _aligned(x)
-    return x
+    if x.data_ptr() % 16 or lay.K % 8 or not x.is_contiguous():
+        if x.stride(1) != 1 or x.stride(0) % 8 or x.data_ptr() % 16:
+            x = _aligned(x)
+        return x, x.stride(0)
+    return x, lay.K
 
 
 def _mma(
     tile: Tile, lay: MmaLayout, x: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor | None, ws: Any
 ) -> torch.Tensor:
     """``y = x @ W.T (+ bias)`` in one launch of the mma.sync kernel."""
-    x = _operand(lay, x)
+    x, ldx = _operand(lay, x)
     M = x.shape[0]
-    y = torch.empty(M, lay.N, dtype=lay.act, device=x.device) if out is None else out
+    if out is None:
+        y, ldy = torch.empty(M, lay.N, dtype=lay.act, device=lay.w.device), lay.N
+    else:
+        y, ldy = out, out.stride(0)
+    w, sz, cs, book = lay.pointers
     tile.fn(
+        (-(-M // tile.rows), -(-lay.n_pad // tile.cols), 1),
+        tile.threads,
         (
-            -(-M // (tile.xr if tile.swap else 16 * tile.mt)),
-            -(-lay.n_pad // (8 * tile.nt * tile.wn)),
-            1,
-        ),
-        (32 * tile.wk * tile.wn, 1, 1),
-        (
-            x.data_ptr(),
-            lay.w.data_ptr(),
-            lay.sz.data_ptr(),
-            0 if bias is None else bias.data_ptr(),
-            0 if lay.col_scale is None else lay.col_scale.data_ptr(),
-            0 if lay.book is None else lay.book.data_ptr(),
-            y.data_ptr(),
-            M,
-            lay.K,
-            x.stride(0),
-            y.stride(0),
-            lay.N,
-            lay.n_pad,
-            lay.chunks,
-            lay.shift,
+            x.data_ptr(), w, sz, 0 if bias is None else bias.data_ptr(), cs, book, y.data_ptr(),
+            M, lay.K, ldx, ldy, lay.N, lay.n_pad, lay.chunks, lay.shift,
         ),
         tile.smem,
         stream(lay.device),
-    )
+    )  # fmt: skip
     return y
 
 
@@ -479,7 +494,7 @@ def _wgmma(
     tile: Tile, lay: MmaLayout, x: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor | None, ws: Any
 ) -> torch.Tensor:
     """``y = x @ W.T (+ bias)`` in one launch of the warpgroup-MMA kernel (integer codes, Hopper)."""
-    x = _operand(lay, x)
+    x, _ = _operand(lay, x)
     M = x.shape[0]
     y = torch.empty(M, lay.N, dtype=lay.act, device=x.device) if out is None else out
     xw = wgmma_x_order(x[:, : lay.K], lay.bits, lay.chunks)  # _aligned's columns past K are garbage
@@ -519,7 +534,8 @@ def _dense(
 ) -> torch.Tensor:
     """Large M: dequantize K slices into scratch and let cuBLAS multiply each (a per-column
     factor, when the layer has one, scales the sums before the bias is added)."""
-    x = _operand(lay, x)
+    if lay.perm is not None:
+        x = x.index_select(1, lay.perm)
     kc = KC[lay.bits]
     width = lay.slice_chunks * kc
     scratch = torch.empty(lay.N, width, dtype=lay.act, device=x.device)
@@ -570,7 +586,8 @@ def _dense(
 
 
 def tile_expr(act: torch.dtype, code: int, gpc: int, shape: Shape) -> str:
-    """The kernel instance for one launch shape (``code``: 4, 8, E2M1, LUT4, Q4K or Q80; wgmma is integer-only)."""
+    """The kernel instance for one launch shape (``code``: an integer width or a format's CODE; wgmma is
+    integer-only)."""
     if shape.wgmma:
         return f"wna16_wgmma<{CT[act]}, {code}, {shape.xr}, {shape.wn // 4}, {gpc}, {shape.stages}>"
     b = {True: "true", False: "false"}

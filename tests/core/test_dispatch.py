@@ -63,7 +63,7 @@ def test_a100_runs_w8a8_fp8_weight_only_by_arch() -> None:
     sel = select(
         layer_spec("w8a8-fp8-ch", 4096, 4096), "cuda:0", load_preset("a100"), ov(QUANTRT_FALLBACK="allow")
     )
-    assert (sel.kernel.name, sel.label) == ("cuda.triton_fp8_w8a16", "weight-only substitute")
+    assert (sel.kernel.name, sel.label) == ("cuda.mma_fp8", "weight-only substitute")
     assert cands(sel)["cuda.torch_scaled_mm"] == (REJECTED, "sm >= 89 (fp8 tensor cores)", {"sm": 80})
     assert cands(sel)["cuda.triton_fp8"][:2] == (REJECTED, "fp8 matrix units (sm >= 89)")
 

@@ -36,8 +36,9 @@ def test_golden_facts_that_must_hold() -> None:
     """A few plans stated independently of the files: hardware facts, not recorded outputs."""
     plans = {p: json.loads((GOLDEN / f"{p}.json").read_text())["plans"] for p in preset_names()}
     # sm_80 has no fp8 tensor cores: fp8 checkpoints run weight-only there, and say so
-    assert plans["a100"]["w8a8-fp8-ch"] == "cuda.triton_fp8_w8a16 (weight-only substitute)"
-    assert plans["a100"]["w8a16-fp8-ch"] == "cuda.triton_fp8_w8a16"
+    assert plans["a100"]["w8a8-fp8-ch"] == "cuda.mma_fp8 (weight-only substitute)"
+    assert plans["a100"]["w8a16-fp8-ch"] == "cuda.mma_fp8"
+    assert plans["h100"]["w8a16-fp8e5m2-block128"] == "cuda.mma_fp8"
     assert plans["l40s"]["w8a8-fp8-ch"] == "cuda.triton_fp8"  # sm_89 does
     assert plans["h100"]["w8a8-fp8-block128"] == "cuda.triton_block_fp8"  # _scaled_mm takes no blocks
     assert plans["mi300x"]["w8a8-fp8-tensor"] == "rocm.torch_scaled_mm_fnuz"  # gfx942: e4m3fnuz

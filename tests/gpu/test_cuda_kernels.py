@@ -14,6 +14,11 @@ from quantrt.layers import QuantLinear
 TOL = {torch.bfloat16: 1.2e-2, torch.float16: 2e-3}
 
 
+def any_k(scheme: str) -> bool:
+    """Scales that allow any K (odd too): per channel or per tensor."""
+    return "-ch-" in scheme or scheme.endswith(("-ch", "-tensor"))
+
+
 def rel(y: torch.Tensor, ref: torch.Tensor) -> float:
     return float((y.double() - ref.double()).norm() / ref.double().norm())
 
@@ -72,6 +77,13 @@ CASES = [
     ("w8a8-fp8-tensor-static", "cuda.triton_fp8", torch.bfloat16),
     ("w8a8-fp8-block128", "cuda.triton_block_fp8", torch.bfloat16),
     ("w8a8-fp8-block128", "cuda.triton_block_fp8", torch.float16),
+    ("w8a16-fp8-ch", "cuda.mma_fp8", torch.bfloat16),
+    ("w8a16-fp8-tensor", "cuda.mma_fp8", torch.float16),
+    ("w8a16-fp8-block128", "cuda.mma_fp8", torch.bfloat16),
+    ("w8a16-fp8-block128", "cuda.mma_fp8", torch.float16),
+    ("w8a16-fp8e5m2-ch", "cuda.mma_fp8", torch.float16),
+    ("w8a16-fp8e5m2-tensor", "cuda.mma_fp8", torch.bfloat16),
+    ("w8a16-fp8e5m2-block128", "cuda.mma_fp8", torch.bfloat16),
     ("w8a16-fp8-ch", "cuda.triton_fp8_w8a16", torch.bfloat16),
     ("w8a16-fp8-block128", "cuda.triton_fp8_w8a16", torch.float16),
     ("w8a16-fp8e5m2-tensor", "cuda.triton_fp8_w8a16", torch.bfloat16),
@@ -84,7 +96,7 @@ CASES = [
 def test_kernel_matches_reference(scheme: str, kernel: str, dtype: torch.dtype) -> None:
     shapes = [(4096, 4096), (768 if "g256" in scheme else 640, 176)]
     if "mma" in kernel:  # K past the last full chunk, N odd (channel scales allow any K, odd too)
-        tail = 201 if "-ch-" in scheme else 4352 if "g256" in scheme else 4224 if "g128" in scheme else 4160
+        tail = 201 if any_k(scheme) else 4352 if "g256" in scheme else 4224 if "g128" in scheme else 4160
         shapes.append((tail, 77))
     for K, N in shapes:
         layer, canon, bias = build(scheme, K, N, dtype, seed=K + N, kernel=kernel)
@@ -117,6 +129,7 @@ def test_kernel_matches_reference(scheme: str, kernel: str, dtype: torch.dtype) 
         ("w8a8-fp8-ch", None, 300),
         ("w8a8-fp8-block128", None, 16),
         ("w8a16-fp8-ch", None, 1),
+        ("w8a16-fp8-block128", None, 16),
         ("w8a8-int-ch-sym", None, 16),
     ],
 )
@@ -222,6 +235,8 @@ LAUNCH_SHAPES = [  # explicit launch shapes of the mma kernel, beyond what the c
         ("w4a16-nvfp4", torch.bfloat16),
         ("w4a16-mxfp4", torch.float16),
         ("w4a16-nf4-g64", torch.bfloat16),
+        ("w8a16-fp8-block128", torch.bfloat16),
+        ("w8a16-fp8e5m2-ch", torch.float16),
     ],
     ids=str,
 )
@@ -230,7 +245,7 @@ def test_mma_launch_shapes_match_reference(scheme: str, dtype: torch.dtype) -> N
     wgmma kernel) against the reference; N = 328 leaves the last column block partly past the padded weight."""
     from quantrt.backends.cuda import mma_wna16 as mk
 
-    K = 1401 if "-ch-" in scheme else 1408  # channel scales: K odd, rows re-aligned per call
+    K = 1401 if any_k(scheme) else 1408  # channel scales: K odd, rows re-aligned per call
     layer, canon, bias = build(scheme, K, 328, dtype, seed=11)
     assert layer.kernel_name.startswith("cuda.mma_"), layer.selection.explain()
     lay = layer._state.layout
@@ -242,7 +257,7 @@ def test_mma_launch_shapes_match_reference(scheme: str, dtype: torch.dtype) -> N
     for row in LAUNCH_SHAPES:
         if row.get("wgmma") and (not hopper or lay.code != lay.bits):
             continue  # sm_90a code, integer codes only
-        shape = mk.Shape.of(row, lay.bits, dtype, lay.gpc, foldable=lay.code == lay.bits)
+        shape = mk.Shape.of(row, lay.bits, dtype, lay.gpc, foldable=mk.folds(lay.code, lay.bits))
         for wk in (1, 3):
             if shape.smem(wk, lay.gpc, szb, lay.bits) > limit:
                 continue

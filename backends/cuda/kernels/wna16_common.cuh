@@ -19,8 +19,14 @@ typedef unsigned int u32;
 // 32-input run (the fifth and sixth bits, d, m; the K types' sub-block scales as d sc, -dmin m) as
 // its group parameter; Q2K and Q3K are GGUF Q2_K and Q3_K with their whole 2- and 3-bit codes
 // widened to nibbles (Q3_K's high bit as bit 2) and the run's two sub-block scales (and offsets).
-enum : int { E2M1 = 41, LUT4, Q4K, Q80, Q40, Q41, Q50, Q51, Q5K, Q6K, Q2K, Q3K };
-__host__ __device__ constexpr int code_bits(int code) { return code == 8 || code == Q80 ? 8 : 4; }
+// F8E4 and F8E5 are fp8 weights (e4m3, e5m2) as stored, in int8's lane layout (see Fp8Bits), with
+// an fp32 scale per group and column.
+enum : int { E2M1 = 41, LUT4, Q4K, Q80, Q40, Q41, Q50, Q51, Q5K, Q6K, Q2K, Q3K, F8E4, F8E5 };
+__host__ __device__ constexpr int code_bits(int code) {
+  return code == 8 || code == Q80 || code == F8E4 || code == F8E5 ? 8 : 4;
+}
+// codes with a zero point: the folded path subtracts it times the chunk's sum of x
+__host__ __device__ constexpr bool has_zero(int code) { return code != F8E4 && code != F8E5; }
 
 template <typename T2> __device__ __forceinline__ u32 as_u32(T2 v) { return *reinterpret_cast<u32*>(&v); }
 template <typename T2> __device__ __forceinline__ T2 as_t2(u32 v) { return *reinterpret_cast<T2*>(&v); }
@@ -108,6 +114,51 @@ template <> struct Codes<__half, 8> {
     r1 = __byte_perm(w, 0x64646464u, 0x4342);
   }
 };
+// fp8 codes: a byte's exponent and mantissa bits placed just below the activation dtype's sign,
+// the exponent's low bits on the dtype's, give the code's value times 2^-LIFT exactly (subnormal
+// codes become the dtype's subnormals); one multiply by 2^LIFT per pair restores it, so the pairs
+// are the codes' values and a scale stays fp32 (the folded path) or multiplies after (Deq). LIFT:
+// bf16 e4m3 120, e5m2 112; fp16 e4m3 8, e5m2 0 (the byte is fp16's top byte). e5m2's infinities and
+// NaN stay such in fp16 only; checkpoints hold neither.
+template <typename T, int CODE> struct Fp8Bits;
+template <> struct Fp8Bits<__nv_bfloat16, F8E4> {
+  static constexpr int SHIFT = 4;
+  static constexpr u32 LIFT2 = 0x7B807B80u;  // 2^120 per half
+};
+template <> struct Fp8Bits<__nv_bfloat16, F8E5> {
+  static constexpr int SHIFT = 5;
+  static constexpr u32 LIFT2 = 0x77807780u;  // 2^112
+};
+template <> struct Fp8Bits<__half, F8E4> {
+  static constexpr int SHIFT = 7;
+  static constexpr u32 LIFT2 = 0x5C005C00u;  // 2^8
+};
+template <> struct Fp8Bits<__half, F8E5> {
+  static constexpr int SHIFT = 8;
+  static constexpr u32 LIFT2 = 0;  // none: the bits are the value
+};
+template <typename T, int CODE>
+__device__ __forceinline__ u32 fp8_pair(u32 w, u32 sel) {
+  typedef typename Kind<T>::T2 T2;
+  const u32 b = __byte_perm(w, 0, sel);  // the two bytes in the low byte of each half
+  const u32 v = ((b & 0x007F007Fu) << Fp8Bits<T, CODE>::SHIFT) | ((b & 0x00800080u) << 8);
+  if constexpr (Fp8Bits<T, CODE>::LIFT2 == 0) return v;
+  else return as_u32(__hmul2(as_t2<T2>(v), as_t2<T2>(Fp8Bits<T, CODE>::LIFT2)));
+}
+template <typename T> struct Codes<T, F8E4> {
+  static __device__ __forceinline__ void raw(const uint4& v, int kt, u32& r0, u32& r1) {
+    const u32 w = word(v, kt);
+    r0 = fp8_pair<T, F8E4>(w, 0x4140);
+    r1 = fp8_pair<T, F8E4>(w, 0x4342);
+  }
+};
+template <typename T> struct Codes<T, F8E5> {
+  static __device__ __forceinline__ void raw(const uint4& v, int kt, u32& r0, u32& r1) {
+    const u32 w = word(v, kt);
+    r0 = fp8_pair<T, F8E5>(w, 0x4140);
+    r1 = fp8_pair<T, F8E5>(w, 0x4342);
+  }
+};
 
 // Folded path, bf16 8-bit: 2^7 + a byte does not fit bf16's 8-bit significand, so each byte is
 // read as its two nibbles, two "virtual" inputs with the same x: x * (128 + lo) + 16x * (128 + hi)
@@ -186,6 +237,10 @@ template <typename T> struct Param<T, Q50> : ParamOf<uint2> {};
 template <typename T> struct Param<T, Q51> : ParamOf<uint2> {};
 template <typename T> struct Param<T, Q5K> : ParamOf<uint2> {};
 template <typename T> struct Param<T, Q6K> : ParamOf<uint4> {};
+// fp8: the scale per group and column, fp32 as checkpoints store it (block scales, one group per
+// channel for tensor and channel scales)
+template <typename T> struct Param<T, F8E4> : ParamOf<float> {};
+template <typename T> struct Param<T, F8E5> : ParamOf<float> {};
 
 // LUT4 code books reach the decode as a Book (empty for the other codes), loaded by each block
 // before its first decode: the 256 pairs of mma_codebook.book_pairs (entry b = (book[b & 15],
@@ -444,6 +499,27 @@ template <typename T> struct Deq<T, Q6K> {
     b1 = as_u32(__hmul2(__hsub2(as_t2<T2>(and_or(w >> 4, 0x000F000Fu, m1)), zb), s));
   }
 };
+// fp8 codes times the group's scale in fp32, rounded once to the activation dtype (the dense
+// path's dequantization; the mma tiles fold fp8 scales onto the sums instead)
+template <typename T, int CODE> struct Fp8Deq {
+  static __device__ __forceinline__ u32 scaled(u32 r, float p) {
+    typedef typename Kind<T>::T2 T2;
+    const T2 h = as_t2<T2>(r);
+    T2 o;
+    o.x = Kind<T>::from_float(Kind<T>::to_float(h.x) * p);
+    o.y = Kind<T>::from_float(Kind<T>::to_float(h.y) * p);
+    return as_u32(o);
+  }
+  static __device__ __forceinline__ void run(const uint4& v, int kt, float p, int, u32& b0, u32& b1,
+                                             const Book<CODE>&) {
+    u32 r0, r1;
+    Codes<T, CODE>::raw(v, kt, r0, r1);
+    b0 = scaled(r0, p);
+    b1 = scaled(r1, p);
+  }
+};
+template <typename T> struct Deq<T, F8E4> : Fp8Deq<T, F8E4> {};
+template <typename T> struct Deq<T, F8E5> : Fp8Deq<T, F8E5> {};
 // A column's (zb, s) as floats, for the folded path's per-group fix-up.
 template <typename T> __device__ __forceinline__ void zb_s(u32 p, float& zb, float& s) {
   typedef typename Kind<T>::T2 T2;
@@ -454,6 +530,10 @@ template <typename T> __device__ __forceinline__ void zb_s(u32 p, float& zb, flo
 template <typename T> __device__ __forceinline__ void zb_s(float2 p, float& zb, float& s) {
   zb = p.x;
   s = p.y;
+}
+template <typename T> __device__ __forceinline__ void zb_s(float p, float& zb, float& s) {  // fp8: no zero
+  zb = 0.f;
+  s = p;
 }
 
 __device__ __forceinline__ u32 smem_addr(const void* p) { return (u32)__cvta_generic_to_shared(p); }

@@ -50,6 +50,7 @@ __device__ __forceinline__ void mma_block(const T* __restrict__ x, const uint4* 
                                           long long cpg_log2_, const Routing rt) {
   using namespace qrt;
   constexpr int BITS = code_bits(CODE);
+  constexpr bool ZP = has_zero(CODE);
   typedef typename Param<T, CODE>::type P;
   constexpr int KC = BITS == 4 ? 128 : 64;
   constexpr int TILES = KC / 16;       // k16 tiles per chunk
@@ -180,7 +181,13 @@ __device__ __forceinline__ void mma_block(const T* __restrict__ x, const uint4* 
     for (int j = 0; j < NT; j++) wv[j] = st[j * 32 + lane];
 
     float tmp[FOLD ? ACC : 1][4];  // this chunk's sums, before zero point and scale
-    float sx[SXN][4];              // sums of x over the chunk, per row (FOLD)
+    float sx[SXN][4];              // sums of x over the chunk, per row (FOLD, codes with a zero point)
+    if constexpr (!ZP) {
+#pragma unroll
+      for (int i = 0; i < SXN; i++)
+#pragma unroll
+        for (int r = 0; r < 4; r++) sx[i][r] = 0.f;  // zb is 0 too: the fix-up adds nothing
+    }
 
 #pragma unroll
     for (int kp = 0; kp < TILES / 2; kp++) {  // pairs of k16 tiles: one 16-byte piece of x per row
@@ -205,7 +212,7 @@ __device__ __forceinline__ void mma_block(const T* __restrict__ x, const uint4* 
           }
           if constexpr (FOLD) {
 #pragma unroll
-            for (int pi = 0; pi < PARTS; pi++)
+            for (int pi = 0; pi < (ZP ? PARTS : 0); pi++)
               mma<T>(sx[pi], first, Kind<T>::ones2(), Kind<T>::ones2(), Kind<T>::ones2(), Kind<T>::ones2(),
                      xlo[pi], xhi[pi]);
 #pragma unroll
@@ -246,7 +253,7 @@ __device__ __forceinline__ void mma_block(const T* __restrict__ x, const uint4* 
             }
           if constexpr (FOLD) {
 #pragma unroll
-            for (int i = 0; i < MT; i++)
+            for (int i = 0; i < (ZP ? MT : 0); i++)
               mma<T>(sx[i], first, lo[i][0], lo[i][1], hi[i][0], hi[i][1], Kind<T>::ones2(), Kind<T>::ones2());
 #pragma unroll
             for (int v = 0; v < virtual_tiles<T, CODE>(); v++) {
