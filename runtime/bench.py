@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import datetime
 import platform
+import statistics
 import subprocess
 import time
 from collections.abc import Callable, Sequence
@@ -122,16 +123,22 @@ def copy_bandwidth_tbps(nbytes: int = 2 << 30) -> float:
     return 2 * nbytes / t / 1e12
 
 
-def host_us(fn: Callable[[], Any], calls: int = 2000) -> float:
-    """Host time per call: back-to-back calls on a tiny problem, one synchronisation at the end."""
+def host_us(fn: Callable[[], Any], calls: int = 2000, repeats: int = 5) -> float:
+    """Host time per call: back-to-back calls on a tiny problem, one synchronisation at the end of
+    each of ``repeats`` rounds of ``calls // repeats``; the median round (one round caught by a
+    stray pause elsewhere on the machine otherwise reads as a slow kernel)."""
     for _ in range(50):
         fn()
     torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - t0) / calls * 1e6
+    per = max(1, calls // repeats)
+    rounds = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for _ in range(per):
+            fn()
+        torch.cuda.synchronize()
+        rounds.append((time.perf_counter() - t0) / per * 1e6)
+    return statistics.median(rounds)
 
 
 def profile_text(fn: Callable[[], Any], calls: int = 500, top: int = 18) -> str:
