@@ -301,11 +301,14 @@ def _check_x(x: torch.Tensor, what: str) -> tuple[int, int]:
     return x.shape[0], x.shape[1]
 
 
-def codes_meta(kind: str, fp8_dtype: torch.dtype, x: torch.Tensor, what: str = "codes_meta") -> dict:
-    """The constexprs that pick the encoding of ``kind`` ("fp8" in ``fp8_dtype``, or "int8") for
-    activations like ``x`` (the hardware fp8 cast where it is exact on x's device)."""
+def _codes_args(x: torch.Tensor, kind: str, fp8_dtype: torch.dtype, what: str) -> tuple[torch.Tensor, dict]:
+    """The output codes tensor and the constexprs that pick the encoding. Returns the codes tensor
+    the caller hands back (fp8 or int8) together with the kernel arguments."""
+    M, K = x.shape
     if kind == "int8":
-        return dict(INT8=True, HW_FP8=False, FMAX=127.0, MANT=0, EMIN=0, NAN=0, NEG_ZERO=False, QTY=tl.int8)
+        q = torch.empty(M, K, dtype=torch.int8, device=x.device)
+        meta = dict(INT8=True, HW_FP8=False, FMAX=127.0, MANT=0, EMIN=0, NAN=0, NEG_ZERO=False, QTY=tl.int8)
+        return q, meta
     if kind != "fp8":
         raise ValueError(f"{what}: kind must be 'fp8' or 'int8', found {kind!r}")
     fmt = FP8_FORMATS.get(fp8_dtype)
@@ -314,18 +317,12 @@ def codes_meta(kind: str, fp8_dtype: torch.dtype, x: torch.Tensor, what: str = "
             f"{what}: fp8_dtype must be one of "
             f"{', '.join(str(d).replace('torch.', '') for d in FP8_FORMATS)}, found {fp8_dtype}"
         )
-    return dict(
-        INT8=False, HW_FP8=_use_hw_fp8_cast(x, fp8_dtype), FMAX=fmt.fmax, MANT=fmt.mant, EMIN=fmt.emin,
-        NAN=fmt.nan, NEG_ZERO=fmt.neg_zero, QTY=fmt.tl_dtype,
+    q = torch.empty(M, K, dtype=fp8_dtype, device=x.device)
+    hw = _use_hw_fp8_cast(x, fp8_dtype)
+    meta = dict(
+        INT8=False, HW_FP8=hw, FMAX=fmt.fmax, MANT=fmt.mant, EMIN=fmt.emin, NAN=fmt.nan,
+        NEG_ZERO=fmt.neg_zero, QTY=fmt.tl_dtype,
     )  # fmt: skip
-
-
-def _codes_args(x: torch.Tensor, kind: str, fp8_dtype: torch.dtype, what: str) -> tuple[torch.Tensor, dict]:
-    """The output codes tensor and the constexprs that pick the encoding. Returns the codes tensor
-    the caller hands back (fp8 or int8) together with the kernel arguments."""
-    M, K = x.shape
-    meta = codes_meta(kind, fp8_dtype, x, what)
-    q = torch.empty(M, K, dtype=torch.int8 if kind == "int8" else fp8_dtype, device=x.device)
     return q, meta
 
 

@@ -147,8 +147,6 @@ class TritonFp8(TritonKernel):
                 *tile_strategies(BUCKETS, configs, name, w8a8_ops.fp8_triton, upto=start - 1),
                 Strategy(ALL_M, "triton quant + _scaled_mm", w8a8_ops.fp8_scaled_mm),
             ]
-        if gran in ("token", "static"):
-            strategies = w8a8_ops.with_fused(strategies, "fp8")
         return self.prepared(layout, strategies, spec, q.device)
 
 
@@ -320,5 +318,4 @@ class TritonInt8(TritonKernel):
             q, per_channel_scales(weight).contiguous(), _static_scale(weight), spec.output_dtype
         )
         name = lambda c: "triton quant + " + describe(c)  # noqa: E731
-        strategies = w8a8_ops.with_fused(tile_strategies(BUCKETS, configs, name, w8a8_ops.int8), "int8")
-        return self.prepared(layout, strategies, spec, q.device)
+        return self.prepared(layout, tile_strategies(BUCKETS, configs, name, w8a8_ops.int8), spec, q.device)

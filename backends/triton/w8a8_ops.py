@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from quantrt.prepared import Strategy, StrategyFn
+from quantrt.prepared import StrategyFn
 from quantrt.torchops import SCHEME_FP8_MAX
 
 from . import act_quant
@@ -19,7 +19,6 @@ from .common import TileConfig
 from .fp8_mm import fp8_block_matmul, fp8_rowwise_matmul
 from .fp8_weight_only import fp8_weight_only_matmul
 from .int8_mm import int8_matmul
-from .w8a8_fused import FUSED_MAX_M, fused_strategy
 
 
 def quantize(
@@ -99,10 +98,3 @@ def int8(tile: TileConfig) -> StrategyFn:
         return int8_matmul(xq, a_scale, lay.w, lay.w_scale, bias, lay.out_dtype, tile, out)
 
     return fn
-
-
-def with_fused(strategies: list[Strategy], kind: str) -> list[Strategy]:
-    """Batches up to :data:`.w8a8_fused.FUSED_MAX_M` rows on the one-launch fused kernel (activation
-    quantization inside the GEMM), the larger ones on ``strategies`` as they were."""
-    rest = [s for s in strategies if s.max_m > FUSED_MAX_M]
-    return [Strategy(FUSED_MAX_M, "fused quant + GEMM BN32 BK256", fused_strategy(kind)), *rest]

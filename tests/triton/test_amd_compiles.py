@@ -69,7 +69,7 @@ EXPECTED = {
     "_w4a16_kernel", "_w4_gemv_kernel", "_lut4_gemv_kernel", "_lut4_tile_kernel", "_lut4_dequant_kernel",
     "_gguf_gemv_kernel", "_gguf_dequant_kernel", "_per_token_kernel", "_per_group_kernel", "_amax_kernel",
     "_per_tensor_kernel", "_fp8_rowwise_kernel", "_fp8_block_kernel", "_fp8_wo_kernel", "_int8_mm_kernel",
-    "_gguf_gemm_kernel", "_fused_kernel",
+    "_gguf_gemm_kernel",
 }  # fmt: skip
 FP8_GEMMS = ("_fp8_rowwise_kernel", "_fp8_block_kernel")
 #: the kernels built on ``tl.dot``: each compile must reach the matrix cores (MFMA), in the operand
@@ -77,7 +77,7 @@ FP8_GEMMS = ("_fp8_rowwise_kernel", "_fp8_block_kernel")
 DOTS = {
     "_w4a16_kernel": "f16|bf16", "_lut4_tile_kernel": "f16|bf16", "_fp8_wo_kernel": "f16|bf16",
     "_gguf_gemm_kernel": "f16|bf16", "_fp8_rowwise_kernel": "fp8|f8f6f4", "_fp8_block_kernel": "fp8|f8f6f4",
-    "_int8_mm_kernel": "i8", "_fused_kernel": "fp8|f8f6f4|i8",
+    "_int8_mm_kernel": "i8",
 }  # fmt: skip
 #: times the parent runs a child again after the compiler ended it
 RESTARTS = 20

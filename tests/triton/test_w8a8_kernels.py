@@ -56,9 +56,8 @@ def check(kernel, scheme: str, K: int, N: int, ms, act: torch.dtype, tol: float,
 )
 def test_fp8_w8a8_every_strategy(scheme: str) -> None:
     # K, N multiples of 16 and a bf16 output: small M on Triton, M >= 65 on _scaled_mm
-    seen = check(CudaTritonFp8, scheme, 256, 96, (0, 1, 5, 33, 70), torch.bfloat16, 1e-2)
+    seen = check(CudaTritonFp8, scheme, 256, 96, (0, 1, 5, 70), torch.bfloat16, 1e-2)
     assert any("_scaled_mm" in s for s in seen) and any("BM" in s for s in seen), seen
-    assert any(s.startswith("fused") for s in seen), seen  # M <= 16: quantization inside the GEMM
     # K not a multiple of 16, fp16 output: Triton at every M
     seen = check(CudaTritonFp8, scheme, 200, 77, (1, 70), torch.float16, 3e-3)
     assert not any("_scaled_mm" in s for s in seen), seen
@@ -96,8 +95,7 @@ def test_fp8_weight_only_substitutes_w8a8_below_sm89() -> None:
 )
 @pytest.mark.parametrize("act", [torch.float16, torch.float32])
 def test_int8_w8a8(scheme: str, act: torch.dtype) -> None:
-    seen = check(CudaTritonInt8, scheme, 200, 77, (0, 1, 5, 33), act, 3e-3 if act == torch.float16 else 1e-5)
-    assert any(s.startswith("fused") for s in seen) and any("BM" in s for s in seen), seen
+    check(CudaTritonInt8, scheme, 200, 77, (0, 1, 5, 33), act, 3e-3 if act == torch.float16 else 1e-5)
 
 
 def test_supports_on_presets() -> None:
