@@ -124,6 +124,9 @@ class Kernel(ABC):
     #: the kernel quantizes a weight-only scheme's activations to 8-bit blocks (llama.cpp's way for
     #: GGUF): it declares so, and matches the reference within that quantization's error (< 1e-2)
     quantizes_activations: ClassVar[bool] = False
+    #: the kernel keeps activations 16-bit: given a scheme that quantizes them, it runs the weights
+    #: alone as a labelled substitute (:meth:`is_substitute`)
+    weight_only: ClassVar[bool] = False
     description: ClassVar[str] = ""
 
     def __init__(self, caps: DeviceCaps | None = None) -> None:
@@ -153,8 +156,9 @@ class Kernel(ABC):
 
     @classmethod
     def is_substitute(cls, spec: LayerSpec) -> bool:
-        """True when this kernel runs an activation-quantized scheme with 16-bit activations."""
-        return False
+        """True when this kernel runs an activation-quantized scheme with 16-bit activations: a
+        weight-only kernel (``weight_only``) given a scheme that quantizes activations."""
+        return cls.weight_only and spec.scheme.act is not None
 
     @abstractmethod
     def prepare(self, weight: CanonicalWeight, spec: LayerSpec) -> Prepared:

@@ -160,9 +160,7 @@ class CudaMmaFp4(Kernel):
         "bit placement, one multiply per pair); cuBLAS on dequantized slices for large M"
     )
 
-    @classmethod
-    def is_substitute(cls, spec: LayerSpec) -> bool:
-        return spec.scheme.act is not None
+    weight_only = True  # an activation-quantized scheme here is a weight-only substitute
 
     @classmethod
     def can_implement(cls, spec: LayerSpec, caps: Any) -> Verdict:

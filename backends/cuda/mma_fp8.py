@@ -76,9 +76,7 @@ class CudaMmaFp8(Kernel):
     )
     CODES: ClassVar[dict[str, int]] = CODES
 
-    @classmethod
-    def is_substitute(cls, spec: LayerSpec) -> bool:
-        return spec.scheme.act is not None
+    weight_only = True  # an activation-quantized scheme here is a weight-only substitute
 
     @classmethod
     def can_implement(cls, spec: LayerSpec, caps: Any) -> Verdict:

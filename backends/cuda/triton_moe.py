@@ -626,9 +626,7 @@ class CudaTritonMoeFp4(CudaTritonMoe):
         "active experts for a few tokens, a grouped Triton GEMM decoding e2m1 in its K loop beyond"
     )
 
-    @classmethod
-    def is_substitute(cls, spec: LayerSpec) -> bool:
-        return spec.scheme.act is not None
+    weight_only = True  # an activation-quantized scheme here is a weight-only substitute
 
     @classmethod
     def can_implement(cls, spec: LayerSpec, caps: Any) -> Verdict:

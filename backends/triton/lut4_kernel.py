@@ -183,9 +183,7 @@ class TritonFp4(TritonLut4):
         "tiles); dequant + cuBLAS for large M"
     )
 
-    @classmethod
-    def is_substitute(cls, spec: LayerSpec) -> bool:
-        return spec.scheme.act is not None
+    weight_only = True  # an activation-quantized scheme here is a weight-only substitute
 
     @classmethod
     def can_implement(cls, spec: LayerSpec, caps: Any) -> Verdict:

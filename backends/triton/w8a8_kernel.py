@@ -229,9 +229,7 @@ class TritonFp8WeightOnly(TritonKernel):
         "fp8 weight-only: codes decoded to fp16/bf16 by integer bit tricks (no fp8 units needed), Triton GEMM"
     )
 
-    @classmethod
-    def is_substitute(cls, spec: LayerSpec) -> bool:
-        return spec.scheme.act is not None
+    weight_only = True  # an activation-quantized scheme here is a weight-only substitute
 
     @classmethod
     def can_implement(cls, spec: LayerSpec, caps: Any) -> Verdict:
