@@ -32,6 +32,7 @@ def register(registry: Any) -> None:
     from .mma_codebook import CudaMmaBnb4, CudaMmaFp4
     from .mma_fp8 import CudaMmaFp8
     from .mma_gguf import CudaMmaGGUF, CudaMmaGGUFBlocks, CudaMmaGGUFQ8
+    from .mma_narrow import CudaMmaNarrow
     from .mma_wna16 import CudaMmaW4A16, CudaMmaW8A16
     from .policy import CUDA
     from .torch_fp4 import CudaScaledMMNvfp4
@@ -52,6 +53,7 @@ def register(registry: Any) -> None:
     linear = [
         CudaMmaW4A16,  # tensor-core CUDA C++ (CuPy): int4/int8 weight-only, the fastest where it runs
         CudaMmaW8A16,
+        CudaMmaNarrow,  # 2/3-bit integer weight-only, widened to nibbles on the int4 kernel
         CudaMmaFp8,  # fp8 weight-only (and W8A8 fp8 where the GPU lacks fp8 units) on the same kernel
         CudaScaledMMNvfp4,  # W4A4 NVFP4 on Blackwell's fp4 units
         CudaMmaFp4,  # NVFP4/MXFP4 and bitsandbytes 4-bit weight-only on the tensor-core kernel

@@ -73,7 +73,8 @@ def test_explain_all_prints_the_catalog_plan() -> None:
     r = quantrt("explain", "--scheme", "all", "--as", "h100", "--json")
     plans = json.loads(r.stdout)["plans"]
     assert plans["w8a8-fp8-ch"] == "cuda.triton_fp8" and plans["gguf-q4_k"] == "cuda.mma_gguf"
-    assert plans["w3a16-int-g128-asym"] == "no native kernel yet"
+    assert plans["w3a16-int-g128-asym"] == "cuda.mma_w2w3"
+    assert plans["w4a8-int-g128-sym-afp8"] == "no native kernel yet"
 
 
 def test_errors_are_one_clear_line(tmp_path: Path) -> None:

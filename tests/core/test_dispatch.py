@@ -162,16 +162,15 @@ def test_forced_kernel() -> None:
 
 def test_fallback_policy(caplog: pytest.LogCaptureFixture) -> None:
     caps = load_preset("h100")
-    spec = layer_spec("w3a16-int-g128-asym", 4096, 1536)
+    spec = layer_spec("w4a8-int-g128-sym-afp8", 4096, 1536)
     with pytest.raises(DispatchError, match=r"QUANTRT_FALLBACK=strict: .*runs on the reference kernel"):
         select(spec, "cuda:0", caps, ov(QUANTRT_FALLBACK="strict"))
     with caplog.at_level(logging.WARNING, logger="quantrt.dispatch"):
         select(spec, "cuda:0", caps, ov())
         select(spec, "cuda:0", caps, ov())  # logged once per distinct case, not per call
-    warnings = [r for r in caplog.records if "w3a16-int-g128-asym K=4096 N=1536" in r.getMessage()]
+    warnings = [r for r in caplog.records if "w4a8-int-g128-sym-afp8 K=4096 N=1536" in r.getMessage()]
     assert (
-        len(warnings) == 1
-        and "cuda.torch_tinygemm: requires 4-bit integer weights" in warnings[0].getMessage()
+        len(warnings) == 1 and "cuda.torch_tinygemm: requires weight-only scheme" in warnings[0].getMessage()
     )
     with pytest.raises(ConfigError, match="QUANTRT_FALLBACK='loud'"):
         ov(QUANTRT_FALLBACK="loud")

@@ -45,6 +45,7 @@ def test_golden_facts_that_must_hold() -> None:
     assert plans["mi355x"]["w8a8-fp8-tensor"] == "rocm.torch_scaled_mm"  # gfx950: OCP e4m3
     assert plans["h100"]["w4a16-int-g128-asym"] == "cuda.mma_w4a16"  # mma.sync from sm_80
     assert plans["a100"]["w8a16-int-ch-sym"] == "cuda.mma_w8a16"
+    assert plans["h100"]["w3a16-int-g128-asym"] == "cuda.mma_w2w3"  # widened to int4's nibbles
     assert plans["h100"]["w4a16-int-g128-asym-actorder"] == "cuda.mma_w4a16"
     assert plans["zen4"]["w4a16-int-g128-asym"] == "cpu.native_wint"  # AVX-512 BF16: the native kernels
     assert plans["zen4"]["w8a8-int-ch-sym"] == "cpu.native_w8a8_int8"  # VNNI
