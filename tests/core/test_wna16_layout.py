@@ -182,25 +182,42 @@ def folded_x_pairs(lo: np.ndarray, hi: np.ndarray, bits: int, act: torch.dtype, 
 
 
 @pytest.mark.parametrize(
-    "scheme", ["w4a16-int-g128-asym", "w4a16-int-ch-sym", "w8a16-int-ch-sym", "w8a16-int-g128-asym"]
+    "scheme",
+    [
+        "w4a16-int-g128-asym",
+        "w4a16-int-ch-sym",
+        "w8a16-int-ch-sym",
+        "w8a16-int-g128-asym",
+        "w3a16-int-g128-sym",  # cuda.mma_w2w3: codes widened to nibbles, int4's kernel
+        "w2a16-int-g128-asym",
+    ],
 )
 @pytest.mark.parametrize("act", [torch.bfloat16, torch.float16])
 def test_folded_arithmetic_equals_the_reference(scheme: str, act: torch.dtype) -> None:
     """Emulate the folded path from the repacked bytes: per lane and (virtual) k16 tile, build the
     code registers as the kernel does, multiply each half by the x half the mma pairs it with, sum
     in float64, then apply s * (sum - zb * sum x) per group. It must equal x @ dequant(W).T."""
+    from quantrt.backends.cuda.mma_narrow import NARROW_BITS, narrow_operands
+
     g = torch.Generator().manual_seed(len(scheme) + (act == torch.bfloat16))
     N, K = 16, 512
     canon = reference.quantize(torch.randn(N, K, generator=g) * 0.05, scheme)
     bits = canon.scheme.bits
     group = canon.scheme.group_size if canon.scheme.granularity == "group" else None
-    kc, run = KC[bits], KC[bits] // 4
-    packed = repack_codes(canon["qweight"], bits, N, K)
-    gp = group_params(canon["scales"], canon.get("zeros"), bits, K, group, act)
-    if gp.sz.dtype == torch.float32:
-        zb, sc = gp.sz[..., 0].double().numpy(), gp.sz[..., 1].double().numpy()
+    if bits in NARROW_BITS:  # the operands cuda.mma_w2w3 hands the int4 kernel
+        codes, sz = narrow_operands(canon, group, act)[:2]
+        bits = 4
     else:
-        zs = halves(gp.sz.numpy().view(np.uint32), act)
+        codes, sz = (
+            canon["qweight"],
+            group_params(canon["scales"], canon.get("zeros"), bits, K, group, act).sz,
+        )
+    kc, run = KC[bits], KC[bits] // 4
+    packed = repack_codes(codes, bits, N, K)
+    if sz.dtype == torch.float32:
+        zb, sc = sz[..., 0].double().numpy(), sz[..., 1].double().numpy()
+    else:
+        zs = halves(sz.numpy().view(np.uint32), act)
         zb, sc = zs[..., 0], zs[..., 1]
     x = to_act(torch.randn(K, generator=g).double().numpy(), act)
     words = (
