@@ -88,7 +88,9 @@ class Launch:
         self._launch = driver.launchKernel
         self._pack = struct.Struct(f"{nargs}q").pack_into
 
-    def _block(self) -> tuple[Any, int]:
+    def _block(self) -> tuple[Any, int, Any]:
+        """This thread's block: the int64 slots, the address of their pointer array (what the
+        driver takes), and that array itself (kept alive with the slots)."""
         vals = (ctypes.c_int64 * self.nargs)()
         base = ctypes.addressof(vals)
         ptrs = (ctypes.c_void_p * self.nargs)(*[base + 8 * i for i in range(self.nargs)])
