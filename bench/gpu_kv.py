@@ -17,7 +17,8 @@ at the full context, bf16 queries and caches. Timed, per (context, batch):
   names the baseline it was measured against; every candidate's times are kept per (context,
   batch) under ``baselines``.
 
-Medians with the L2 flushed (``triton.testing.do_bench``), eager and CUDA-graph replay; the speedup
+Medians with the L2 flushed (``triton.testing.do_bench``; ``--flush read`` leaves it clean, see
+``quantrt.bench.l2_flush``), eager and CUDA-graph replay; the speedup
 uses graph replay where both sides have it (launch overhead out of the way), eager otherwise.
 ``bytes_per_token`` is one layer's cache per token (keys and values, every KV head). Each quantrt
 cell also records its relative error against fp32 attention over the bf16 cache (the scheme's
@@ -43,7 +44,7 @@ import torch
 import torch.nn.functional as F
 import triton.testing as tt
 
-from quantrt.bench import graph_replay_us
+from quantrt.bench import FLUSH_MODES, graph_replay_us, l2_flush
 
 HQ, HKV, D = 32, 8, 128
 CONTEXTS = (1024, 8192, 32768)
@@ -172,19 +173,12 @@ def _try(fn: Any) -> dict[str, Any]:
 # -- quantrt ---------------------------------------------------------------------------------------
 
 
-def quantrt_cell(
-    scheme_name: str,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    q: torch.Tensor,
-    scale: float,
-    block_size: int,
-    sweep: bool = False,
-) -> dict[str, Any]:
-    """Pages of the scheme filled from the bf16 K/V [B, Hkv, T, D], then decode timed (``sweep``:
-    also every launch shape of :func:`sweep_configs` on the same pages, best time per shape)."""
-    from quantrt.backends.triton.kv import decode_config, device_sms, kv_format
-    from quantrt.kv import KVPages, bytes_per_token, decode_attention
+def build_pages(
+    scheme_name: str, k: torch.Tensor, v: torch.Tensor, block_size: int
+) -> tuple[Any, torch.Tensor, torch.Tensor, dict[str, Any]]:
+    """Pages of the scheme filled from the bf16 K/V [B, Hkv, T, D] by its quantize-on-write kernel,
+    their block table (pages in order) and lengths; (None, ...) with a note where they would not fit."""
+    from quantrt.kv import KVPages, bytes_per_token
     from quantrt.schemes import parse_kv_scheme
 
     scheme = SCHEMES[scheme_name]
@@ -193,22 +187,48 @@ def quantrt_cell(
     per = -(-T // block_size)
     need = B * per * block_size * bytes_per_token(s, HKV, D)
     row: dict[str, Any] = {"bytes_per_token": bytes_per_token(s, HKV, D)}
+    table = torch.arange(B * per, dtype=torch.int32, device=DEVICE).view(B, per)
+    lens = torch.full((B,), T, dtype=torch.int32, device=DEVICE)
     if need + MEMORY_MARGIN > free_bytes():
         row["skipped"] = f"pages need {need >> 20} MiB, {free_bytes() >> 20} MiB free"
-        return row
+        return None, table, lens, row
     pages = KVPages(s, B * per, block_size, HKV, D, dtype=BF16, device=DEVICE)
     row["kernels"] = pages.kernels.name
-    table = torch.arange(B * per, dtype=torch.int32, device=DEVICE).view(B, per)
     t = torch.arange(T, device=DEVICE)
     for b in range(B):  # sequence by sequence: no token-major copy of the whole cache
         slots = table[b].long()[t // block_size] * block_size + t % block_size
         pages.write(k[b].transpose(0, 1), v[b].transpose(0, 1), slots)
-    lens = torch.full((B,), T, dtype=torch.int32, device=DEVICE)
-    cfg = decode_config(B, HKV, T, D, device_sms(q.device), kv_format(s, D))
+    return pages, table, lens, row
+
+
+def decode_fn(q: torch.Tensor, pages: Any, table: torch.Tensor, lens: torch.Tensor, T: int) -> torch.Tensor:
+    """One decode step over the pages, as timed."""
+    from quantrt.kv import decode_attention
+
+    return decode_attention(q, pages, table, lens, T, scale=D**-0.5)
+
+
+def quantrt_cell(
+    scheme_name: str,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    q: torch.Tensor,
+    block_size: int,
+    sweep: bool = False,
+) -> dict[str, Any]:
+    """Pages of the scheme filled from the bf16 K/V [B, Hkv, T, D], then decode timed (``sweep``:
+    also every launch shape of :func:`sweep_configs` on the same pages, best time per shape)."""
+    from quantrt.backends.triton.kv import decode_config, device_sms, kv_format
+
+    pages, table, lens, row = build_pages(scheme_name, k, v, block_size)
+    if pages is None:
+        return row
+    B, _, T, _ = k.shape
+    cfg = decode_config(B, HKV, T, D, device_sms(q.device), kv_format(pages.scheme, D))
     row["config"] = {"block_n": cfg.block_n, "num_splits": cfg.num_splits, "transposed": cfg.transposed}
 
     def fn() -> torch.Tensor:
-        return decode_attention(q, pages, table, lens, T, scale=scale)
+        return decode_fn(q, pages, table, lens, T)
 
     row["out"] = fn()
     row.update(timed(fn))
@@ -321,6 +341,7 @@ def run(args: argparse.Namespace) -> dict:
     doc = header()
     doc["budget_s"] = args.budget_s
     doc["block_size"] = args.block_size
+    doc["flush"] = args.flush
     doc["programs_per_sm"] = args.programs_per_sm
     names = args.schemes.split(",")
     unknown = [n for n in names if n not in SCHEMES]
@@ -364,7 +385,7 @@ def run(args: argparse.Namespace) -> dict:
                     doc["rows"].append(row)
                     continue
                 try:
-                    row.update(quantrt_cell(name, k, v, q, scale, args.block_size, args.sweep))
+                    row.update(quantrt_cell(name, k, v, q, args.block_size, args.sweep))
                 except torch.cuda.OutOfMemoryError as e:
                     torch.cuda.empty_cache()
                     row["skipped"] = f"out of memory: {str(e)[:120]}"
@@ -453,6 +474,12 @@ def main() -> int:
         action="store_true",
         help="also time every launch shape of sweep_configs per cell (row['sweep'])",
     )
+    ap.add_argument(
+        "--flush",
+        choices=FLUSH_MODES,
+        default="write",
+        help="L2 flush between timed runs: write (triton's, leaves dirty lines) or read (leaves it clean)",
+    )
     args = ap.parse_args()
     if args.programs_per_sm is not None:  # a launch-shape experiment: the split rule reads it per call
         import quantrt.backends.triton.kv as tkv
@@ -461,7 +488,8 @@ def main() -> int:
     if not torch.cuda.is_available():
         print("bench/gpu_kv.py needs a CUDA GPU", file=sys.stderr)
         return 2
-    print(table(run(args)))
+    with l2_flush(args.flush):
+        print(table(run(args)))
     return 0
 
 

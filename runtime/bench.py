@@ -12,12 +12,13 @@ memory). Every row records kernel, strategy, git SHA, device and versions.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import platform
 import statistics
 import subprocess
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -88,6 +89,32 @@ def median_us(fn: Callable[[], Any], graph: bool = False) -> float:
     if graph:
         return float(tt.do_bench_cudagraph(fn, rep=60, return_mode="median")) * 1e3
     return float(tt.do_bench(fn, warmup=15, rep=60, return_mode="median")) * 1e3
+
+
+#: how the L2 is flushed between timed runs (:func:`l2_flush`)
+FLUSH_MODES = ("write", "read")
+
+
+@contextlib.contextmanager
+def l2_flush(mode: str = "write") -> Iterator[None]:
+    """Triton's ``do_bench`` flush as ``mode`` inside the block. ``write``: its own, zeroing a
+    256 MB buffer, which leaves the L2 full of dirty lines that the timed kernel's first reads
+    evict and write back (about the L2's size in DRAM writes, charged to a short kernel).
+    ``read``: the same buffer read (a sum), which evicts as much and leaves the L2 clean, as a
+    decode step finds it after the weight-streaming GEMM before it."""
+    if mode not in FLUSH_MODES:
+        raise ValueError(f"l2_flush: mode must be one of {FLUSH_MODES}, found {mode!r}")
+    if mode == "write":
+        yield
+        return
+    import triton
+
+    drv = triton.runtime.driver.active
+    drv.clear_cache = lambda cache: cache.sum()
+    try:
+        yield
+    finally:
+        del drv.clear_cache
 
 
 def graph_replay_us(fn: Callable[[], Any], warmup_ms: int = 10, rep_ms: int = 50) -> tuple[float | None, str]:
