@@ -44,6 +44,13 @@ class CudaPolicy(VendorPolicy):
 
         return DECODERS
 
+    def kv_grid_sync(self, device: torch.device) -> tuple[Any, Any] | None:
+        if torch.cuda.get_device_capability(device) < (9, 0):  # griddepcontrol: sm_90+
+            return None
+        from .triton_grid import GRID_SYNC
+
+        return GRID_SYNC
+
     def runs_on(self, device: torch.device) -> Verdict:
         if device.type != "cuda" or torch.version.hip is not None:
             return Verdict.no("an NVIDIA GPU", device=device.type, hip=torch.version.hip)

@@ -94,6 +94,8 @@ PROGRAMS_PER_SM = 2
 #: the fewest tokens a split is given (below that the merge costs more than the split saves)
 MIN_SPLIT_TOKENS = 128
 MAX_SPLITS = 128
+#: splits the combine reads in one round of loads (an fp32 [splits, head_dim] tile per program)
+MERGE_SPLITS = 64
 #: SMs assumed where the device has none to ask (the interpreter)
 DEFAULT_SMS = 132
 #: (token, head) rows a write program takes: several tokens per program
@@ -879,12 +881,15 @@ def _decode_kernel(
     HAS_MASK: tl.constexpr, SOFTCAP: tl.constexpr, HAS_SINKS: tl.constexpr, DIRECT: tl.constexpr,
     K_TOK: tl.constexpr, V_TOK: tl.constexpr, TRANS: tl.constexpr, KW: tl.constexpr, VW: tl.constexpr,
     KDEC: tl.constexpr, VDEC: tl.constexpr, CBITS: tl.constexpr, VB: tl.constexpr, BDEC: tl.constexpr,
+    LAUNCH: tl.constexpr,
 ):  # fmt: skip
     """Program (KV head h, split sp, sequence b): the G query heads of h over the split's tiles.
     DIRECT (one split): the output itself; else the split's max, sum and accumulator (base 2).
+    ``LAUNCH``: the vendor's signal that the combine may launch (it waits for this grid's end).
     KW / VW: 4-bit key / value codes read as 16-bit words and decoded by KDEC / VDEC; VB: fp8
     values (one scale per token or tensor) read as 16-bit words of two and decoded by BDEC,
     one accumulator per byte, so the words reach the dot through 16-bit transposing loads."""
+    LAUNCH()
     h = tl.program_id(0)
     sp = tl.program_id(1)
     b = tl.program_id(2)
@@ -1069,28 +1074,42 @@ def byte_words(fmt: KVFormat, q_dtype: torch.dtype, vp: torch.Tensor, D: int, de
 
 
 @triton.jit
+def _no_grid_sync():
+    """The portable stand-in for a vendor's grid dependency hooks (:func:`decode_kv`'s
+    ``grid_sync``): nothing to signal or wait for, the combine launching after the decode."""
+    pass
+
+
+@triton.jit
 def _combine_kernel(
     PM, PL, PO, SINKS, OUT, S, sp_b, sp_h, so_b, so_h,
-    D: tl.constexpr, DP: tl.constexpr, SP: tl.constexpr, SC: tl.constexpr, HAS_SINKS: tl.constexpr,
+    D: tl.constexpr, DP: tl.constexpr, SC: tl.constexpr, HAS_SINKS: tl.constexpr, WAIT: tl.constexpr,
 ):  # fmt: skip
-    """Program (query head, sequence): the splits merged by log-sum-exp (SC splits at a time),
-    normalised, stored."""
+    """Program (query head, sequence): the splits merged by log-sum-exp, SC at a time with one
+    round of loads each (an online merge: up to SC splits cost one round trip), normalised, stored.
+    ``WAIT``: the vendor's wait for the decode grid where the combine launched before it ended."""
+    WAIT()
     hq = tl.program_id(0)
     b = tl.program_id(1).to(tl.int64)
     d = tl.arange(0, DP)
     base = b * sp_b + hq * sp_h
-    s = tl.arange(0, SP)
-    mx = tl.max(tl.load(PM + base + s, mask=s < S, other=float("-inf")), axis=0)
-    acc = tl.zeros([1, DP], tl.float32)
+    c = tl.arange(0, SC)
+    mx = tl.full([1], float("-inf"), tl.float32)
     den = tl.zeros([1], tl.float32)
+    acc = tl.zeros([1, DP], tl.float32)
     for c0 in range(0, S, SC):
-        c = c0 + tl.arange(0, SC)
-        w = tl.math.exp2(tl.load(PM + base + c, mask=c < S, other=float("-inf")) - mx)
-        den += tl.sum(w * tl.load(PL + base + c, mask=c < S, other=0.0), axis=0)
-        po = tl.load(PO + (base + c)[:, None] * DP + d[None, :], mask=(c < S)[:, None], other=0.0)
-        acc += tl.sum(po * w[:, None], axis=0)[None, :]
+        ok = c0 + c < S
+        pm = tl.load(PM + base + c0 + c, mask=ok, other=float("-inf"))
+        pl = tl.load(PL + base + c0 + c, mask=ok, other=0.0)
+        po = tl.load(PO + (base + c0 + c)[:, None] * DP + d[None, :], mask=ok[:, None], other=0.0)
+        m_new = tl.maximum(mx, tl.max(pm, axis=0))  # finite: a split's max starts at -1e30
+        a = tl.math.exp2(mx - m_new)
+        w = tl.math.exp2(pm - m_new)
+        den = den * a + tl.sum(w * pl, axis=0)
+        acc = acc * a[:, None] + tl.sum(po * w[:, None], axis=0)[None, :]
+        mx = m_new
     one = tl.arange(0, 1)
-    o = _finish(acc, tl.full([1], 0.0, tl.float32) + mx, den, SINKS, hq + one, one < 1, HAS_SINKS)
+    o = _finish(acc, mx, den, SINKS, hq + one, one < 1, HAS_SINKS)
     dst = OUT + b * so_b + hq * so_h + d[None, :] + one[:, None]
     tl.store(dst, o.to(OUT.dtype.element_ty), mask=(d < D)[None, :])
 
@@ -1117,6 +1136,7 @@ def decode_kv(
     tables: TQTables | None = None,
     config: DecodeConfig | None = None,
     decoders: tuple[Any, Any] | None = None,
+    grid_sync: tuple[Any, Any] | None = None,
 ) -> torch.Tensor:
     """Decode attention, q [B, Hq, D] (fp16/bf16/fp32) -> [B, Hq, D] in q's dtype, over the pages'
     flat ``planes`` ([slots, H, *shape]) through ``block_table`` [B, >= cdiv(max_len, block_size)]
@@ -1168,6 +1188,7 @@ def decode_kv(
     vb = byte_words(fmt, q.dtype, vp, D, decoders)
     kdec, vdec, bdec = PORTABLE_DECODERS if decoders is None or _interpreted() else decoders
     dummy = kp
+    early = grid_sync is not None and not direct and not _interpreted()
     sks = _scale_strides(ks)
     svs = _scale_strides(vs)
     has_cap = bool(softcap)
@@ -1193,13 +1214,14 @@ def decode_kv(
         V_TOK=2 if fmt.v_scale == AFFINE else int(fmt.v_scale == DYNAMIC and fmt.v_group == D),
         TRANS=cfg.transposed,
         HAS_MASK=mask is not None, SOFTCAP=has_cap, HAS_SINKS=sinks is not None, DIRECT=direct,
+        LAUNCH=grid_sync[0] if early else _no_grid_sync,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
     if not direct:
         _combine_launch((Hq, B),
             pm, pl, po, sinks if sinks is not None else q, out, S, pm.stride(0), pm.stride(1),
             out.stride(0), out.stride(1),
-            D=D, DP=DP, SP=next_power_of_2(S), SC=min(32, next_power_of_2(S)), HAS_SINKS=sinks is not None,
-            num_warps=4,
+            D=D, DP=DP, SC=min(MERGE_SPLITS, next_power_of_2(S)), HAS_SINKS=sinks is not None,
+            WAIT=grid_sync[1] if early else _no_grid_sync, num_warps=4, **({"launch_pdl": True} if early else {}),
         )  # fmt: skip
     return out

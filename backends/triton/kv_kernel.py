@@ -40,6 +40,7 @@ class TritonKV(KVKernels):
         self._tables: dict[tuple[Any, ...], Any] = {}
         self._decoders: Any = None  # the vendor's, asked at the first decode (it imports Triton)
         self._asked = False
+        self._sync: tuple[torch.device, Any] | None = None  # (device, the vendor's grid sync there)
 
     def supports(
         self, scheme: KVScheme | None, head_dim: int, dtype: torch.dtype, device: torch.device
@@ -106,8 +107,13 @@ class TritonKV(KVKernels):
             q, pages.scheme, pages.flat(), pages.block_size, block_table, seq_lens, max_len,
             scale=scale, window=window, softcap=softcap, sinks=sinks, mask=mask,
             k_scale=pages.k_scale, v_scale=pages.v_scale, tables=self.tables(pages),
-            decoders=self._vendor_decoders(),
+            decoders=self._vendor_decoders(), grid_sync=self._grid_sync(q.device),
         )  # fmt: skip
+
+    def _grid_sync(self, device: torch.device) -> Any:
+        if self._sync is None or self._sync[0] != device:
+            self._sync = (device, self.policy.kv_grid_sync(device) if device.type != "cpu" else None)
+        return self._sync[1]
 
     def _vendor_decoders(self) -> Any:
         if not self._asked:

@@ -78,6 +78,11 @@ class VendorPolicy(ABC):
         ``backends/triton/kv.py``'s word path), or None for the portable pair tables."""
         return None
 
+    def kv_grid_sync(self, device: torch.device) -> tuple[Any, Any] | None:
+        """The vendor's (signal, wait) jit functions that let the KV decode's split combine launch
+        before the decode grid ends (``decode_kv(grid_sync=...)``), or None: launched after it."""
+        return None
+
     def table(self, name: str, target: Target) -> dict[str, Any]:
         """The tile table ``name`` for the target's architecture (the folder's default otherwise)."""
         return tile_table.load(self.package, name, target.arch)

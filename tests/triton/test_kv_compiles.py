@@ -131,7 +131,10 @@ def _compile_all() -> dict[str, Any]:
     kv._decode_launch = lambda grid, *a, **meta: compiled.append(
         kv._decode_kernel.run(*a, grid=grid, warmup=True, **meta)
     )
-    kv._combine_launch = lambda grid, *a, **meta: None
+    combined: list[Any] = []
+    kv._combine_launch = lambda grid, *a, **meta: combined.append(
+        kv._combine_kernel.run(*a, grid=grid, warmup=True, **meta)
+    )
     B, H, G, D, T = 1, 8, 4, 128, 32768
     out: dict[str, Any] = {}
     decoders = {None: None, "portable": kv.PORTABLE_DECODERS, "ptx": DECODERS}
@@ -155,7 +158,39 @@ def _compile_all() -> dict[str, Any]:
             while root.__cause__ is not None:
                 root = root.__cause__
             out[name] = {"error": f"{type(root).__name__}: {str(root)[:1500]}"}
+    out["grid-sync"] = _grid_sync_compile(kv, compiled, combined, (B, H, G, D, T))
     return out
+
+
+def _grid_sync_compile(kv: Any, compiled: list, combined: list, shape: tuple) -> dict[str, Any]:
+    """An fp8 decode with NVIDIA's grid sync: the decode signals, the combine waits and is
+    compiled for a programmatic dependent launch."""
+    import torch
+
+    from quantrt.backends.cuda.triton_grid import GRID_SYNC
+    from quantrt.kv.pages import KVPages
+    from quantrt.schemes import parse_kv_scheme
+
+    B, H, G, D, T = shape
+    compiled.clear()
+    combined.clear()
+    scheme = parse_kv_scheme("kv-fp8")
+    pages = KVPages(scheme, 4, 16, H, D, dtype=torch.bfloat16)
+    try:
+        kv.decode_kv(
+            torch.zeros(B, H * G, D, dtype=torch.bfloat16), scheme, pages.flat(), 16,
+            torch.zeros(B, T // 16, dtype=torch.int32), torch.full((B,), T, dtype=torch.int32), T,
+            scale=D**-0.5, k_scale=torch.ones(1), v_scale=torch.ones(1), grid_sync=GRID_SYNC,
+        )  # fmt: skip
+    except Exception as e:  # reported; the test names the failure
+        return {"error": f"{type(e).__name__}: {str(e)[:1500]}"}
+    if not (compiled and combined):
+        return {"error": "the decode and the combine were not both launched"}
+    return {
+        "signal": "griddepcontrol.launch_dependents" in compiled[-1].asm["ptx"],
+        "wait": "griddepcontrol.wait" in combined[-1].asm["ptx"],
+        "launch_pdl": bool(combined[-1].metadata.launch_pdl),
+    }
 
 
 @pytest.fixture(scope="module")
@@ -201,6 +236,14 @@ def test_byte_words_reach_the_dot_through_wide_loads(compiled: dict, name: str) 
     figures = {k: got[k] for k in ("lds", "instructions")}
     assert got["lds"] <= lds and got["instructions"] <= n, figures
     assert compiled["fp8-bytes"]["lds"] > lds, "the byte-per-element loop is the one these replace"
+
+
+def test_combine_launches_before_the_decode_ends(compiled: dict) -> None:
+    """With NVIDIA's grid sync the decode signals at its start and the split combine, compiled
+    for a programmatic dependent launch, waits for the decode grid before it reads the splits."""
+    got = compiled["grid-sync"]
+    assert "error" not in got, got.get("error")
+    assert got["signal"] and got["wait"] and got["launch_pdl"], got
 
 
 # -- the PTX decodes under an emulator of the instructions they use --------------------------------
