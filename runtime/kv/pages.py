@@ -181,6 +181,7 @@ class KVPages:
             )
             for p in kv_planes(scheme, head_dim, dtype)
         }
+        self._flat: dict[str, torch.Tensor] | None = None
         self.k_scale = self._scale(k_scale, "k")
         self.v_scale = self._scale(v_scale, "v")
         from .kernels import select_kv
@@ -214,8 +215,11 @@ class KVPages:
             self.v_scale = kv_ref.kv_scales(v, self.scheme).to(self.device)  # type: ignore[arg-type]
 
     def flat(self) -> dict[str, torch.Tensor]:
-        """The planes viewed as [num_blocks * block_size, H, *shape] (slot-major)."""
-        return {n: p.flatten(0, 1) for n, p in self.planes.items()}
+        """The planes viewed as [num_blocks * block_size, H, *shape] (slot-major): views made once
+        (the planes are allocated once), as every decode and write asks for them."""
+        if self._flat is None:
+            self._flat = {n: p.flatten(0, 1) for n, p in self.planes.items()}
+        return self._flat
 
     def write(self, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor) -> None:
         """Quantize keys and values [N, H, D] into their slots [N] (a negative slot is skipped)."""
