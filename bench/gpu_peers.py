@@ -1,13 +1,14 @@
-"""quantrt's int4 kernels beside vLLM's Marlin, torch's tinygemm, gemlite, bitsandbytes and cuBLAS bf16.
+"""quantrt's int4 kernels beside vLLM's Marlin and Machete, tinygemm, gemlite, bitsandbytes, cuBLAS bf16.
 
     python3 bench/gpu_peers.py --out FILE.json [--schemes w4a16-int-g128-sym,w4a16-nf4-g64]
         [--shapes 8192x57344,...] [--ms 1,16,64,256,4096]
 
 One random weight per scheme and shape (``quantrt.bench.random_weight``), the same bf16 x for
 every kernel. The peers timed depend on the scheme: int4 with groups of 128 gets Marlin (as built
-by ``ci/build-peers.sh``: symmetric only), tinygemm and gemlite (``GemLiteLinear``, asymmetric or
-symmetric); bitsandbytes NF4 (``w4a16-nf4-g64``) gets ``bnb.matmul_4bit`` on the same packed
-weight and absmax. gemlite and bitsandbytes are the wheels in ``.peers/wheels`` (see
+by ``ci/build-peers.sh``: symmetric only), Machete (as built by ``ci/build-peers-machete.sh``:
+symmetric only, Hopper only; the row's ``machete_schedule`` is vLLM's heuristic pick), tinygemm
+and gemlite (``GemLiteLinear``, asymmetric or symmetric); bitsandbytes NF4 (``w4a16-nf4-g64``)
+gets ``bnb.matmul_4bit`` on the same packed weight and absmax. gemlite and bitsandbytes are the wheels in ``.peers/wheels`` (see
 ``bench/peers.py``). Each cell checks every kernel's output against the fp32
 dequantize-then-matmul reference first (max error over max |ref|), then times each (medians, L2
 flushed, ``quantrt.bench.median_us``), eager and under CUDA-graph replay; ratios are cuBLAS bf16's
@@ -37,7 +38,7 @@ def max_rel(y: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 # The peers that take each scheme family; quantrt and cuBLAS bf16 run on every row.
-PEERS = {"int": ("marlin", "tinygemm", "gemlite"), "bnb4": ("bnb_nf4",)}
+PEERS = {"int": ("marlin", "machete", "tinygemm", "gemlite"), "bnb4": ("bnb_nf4",)}
 
 
 def peer(name: str, canon: Any) -> tuple[Any, str]:
@@ -48,6 +49,7 @@ def peer(name: str, canon: Any) -> tuple[Any, str]:
 
     make = {
         "marlin": peers.marlin_baseline,
+        "machete": peers.machete_baseline,
         "tinygemm": tinygemm_baseline,
         "gemlite": peers.gemlite_baseline,
         "bnb_nf4": peers.bnb_nf4_baseline,
@@ -89,14 +91,16 @@ def main() -> int:
         return 2
     sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+    import peers
+
     from quantrt.bench import graph_replay_us, median_us, random_weight, run_header
     from quantrt.reference import dequantize
 
     schemes = args.schemes.split(",")
     what = (
-        "int4 g128 sym: quantrt vs Marlin, tinygemm, gemlite, cuBLAS bf16"
+        "int4 g128 sym: quantrt vs Marlin, Machete, tinygemm, gemlite, cuBLAS bf16"
         if schemes == [SCHEME]
-        else f"{args.schemes}: quantrt vs Marlin, tinygemm, gemlite (int4), bitsandbytes (NF4), cuBLAS bf16"
+        else f"{args.schemes}: quantrt vs Marlin, Machete, tinygemm, gemlite (int4), bitsandbytes (NF4), cuBLAS bf16"
     )
     doc = {**run_header(what, "bench/gpu_peers.py", args), "scheme": args.schemes, "rows": []}
     for scheme in schemes:
@@ -121,6 +125,8 @@ def main() -> int:
                     "graph_us": {},
                 }
                 row["quantrt_path"] = fns["quantrt"]._kernel.strategy(fns["quantrt"]._state, M)
+                if "machete" in fns:
+                    row["machete_schedule"] = peers.machete_schedule(M, N, K)
                 for name, fn in fns.items():
                     try:
                         row["err"][name] = round(max_rel(fn(x), ref), 5)

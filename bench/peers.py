@@ -1,19 +1,21 @@
 """Peer kernels as benchmark baselines: vLLM's Marlin int4 GEMM (gptq_marlin, bf16 x uint4b8 x g128),
-bitsandbytes' NF4 matmul and gemlite's Triton int4 GEMM/GEMV.
+vLLM's Machete (Hopper CUTLASS mixed-input GEMM, same types), bitsandbytes' NF4 matmul and
+gemlite's Triton int4 GEMM/GEMV.
 
-Peer code is never committed: ``ci/build-peers.sh`` builds ``libmarlin_peer.so`` from a vLLM
-source into the git-ignored ``.peers/`` (or ``$QUANTRT_PEERS_DIR``), and this module drives it
-through ctypes with raw device pointers, so no torch extension has to be built on the GPU
-machine. What is ours here: the canonical -> GPTQ word layout, the Marlin scale order, the
-buffer sizes, and the calls, each following what vLLM's Python does before its own op.
+Peer code is never committed: ``ci/build-peers.sh`` builds ``libmarlin_peer.so`` and
+``ci/build-peers-machete.sh`` builds ``libmachete_peer.so`` from a vLLM (and CUTLASS) source into
+the git-ignored ``.peers/`` (or ``$QUANTRT_PEERS_DIR``), and this module drives them through
+ctypes with raw device pointers, so no torch extension has to be built on the GPU machine. What
+is ours here: the canonical -> GPTQ word layout, the Marlin scale order, the buffer sizes, and the
+calls, each following what vLLM's Python does before its own op.
 
 bitsandbytes and gemlite are Python packages that travel as wheels (``.peers/wheels``, never in
 the requirements); each is imported only when its baseline is asked for. What is ours: the
 canonical -> bnb ``QuantState`` mapping (bnb's 4-bit layout *is* the canonical bnb4 layout) and
 the canonical int codes/scales/zeros handed to gemlite's documented ``GemLiteLinear.pack``.
 
-``marlin_baseline``, ``bnb_nf4_baseline`` and ``gemlite_baseline`` each take a canonical weight
-and return ``x -> y`` or None; ``last_reason`` then says why.
+``marlin_baseline``, ``machete_baseline``, ``bnb_nf4_baseline`` and ``gemlite_baseline`` each take
+a canonical weight and return ``x -> y`` or None; ``last_reason`` then says why.
 """
 
 from __future__ import annotations
@@ -179,6 +181,159 @@ def marlin_baseline(canon: Any) -> Callable[[torch.Tensor], torch.Tensor] | None
                 torch.cuda.current_stream(dev).cuda_stream,
             )
             _check(lib, rc, "gemm")
+        return y.reshape(*x.shape[:-1], N)
+
+    return run
+
+
+# vLLM's Machete -----------------------------------------------------------------------------------
+
+MACHETE_LIB_NAME = "libmachete_peer.so"
+MACHETE_ABI_VERSION = 1
+# Machete's prepacked blocks are 128 (N) x 64 (K): PPBlockShape_NK, vLLM's check_machete_supports_shape.
+MACHETE_BLOCK_N = 128
+MACHETE_BLOCK_K = 64
+
+
+@functools.cache
+def load_machete_library() -> tuple[ctypes.CDLL | None, str]:
+    """The Machete peer library with typed entry points, or None and why (missing, unloadable, other ABI)."""
+    path = peers_dir() / MACHETE_LIB_NAME
+    if not path.is_file():
+        return None, f"{path} is missing: run ci/build-peers-machete.sh VLLM_SRC CUTLASS_SRC"
+    try:
+        lib = ctypes.CDLL(str(path))
+    except OSError as e:
+        return None, f"{path} does not load: {e}"
+    lib.machete_peer_abi_version.restype = ctypes.c_int
+    if lib.machete_peer_abi_version() != MACHETE_ABI_VERSION:
+        abi = lib.machete_peer_abi_version()
+        return None, f"{path} has ABI {abi}, expected {MACHETE_ABI_VERSION}: rebuild it"
+    p, i64, i32, s = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_char_p
+    lib.machete_peer_last_error.restype = s
+    lib.machete_peer_schedules.restype = s
+    lib.machete_peer_heuristic.argtypes = [i64, i64, i64]
+    lib.machete_peer_heuristic.restype = s
+    lib.machete_peer_prepack_B_u4b8.argtypes = [p, p, i64, i64, p]
+    lib.machete_peer_prepack_B_u4b8.restype = i32
+    size = ctypes.POINTER(ctypes.c_size_t)
+    lib.machete_peer_workspace_bf16_u4b8.argtypes = [p, p, p, p, i64, i64, i64, i64, i64, s, size]
+    lib.machete_peer_workspace_bf16_u4b8.restype = i32
+    lib.machete_peer_gemm_bf16_u4b8.argtypes = [p, p, p, p, p, ctypes.c_size_t, i64, i64, i64, i64, i64, s, p]
+    lib.machete_peer_gemm_bf16_u4b8.restype = i32
+    return lib, ""
+
+
+def machete_unsupported_reason(canon: Any) -> str | None:
+    """Why Machete as built cannot take this weight: int4 symmetric (uint4b8) with groups of 128
+    along K, bf16 activations, no act-order (what the library instantiates), its prepacked block
+    (K % 64, N % 128), and a Hopper GPU (sm_90a code only)."""
+    s = canon.scheme
+    if (s.weight, s.bits, s.symmetric, s.granularity, s.group_size) != ("int", 4, True, "group", GROUP):
+        return f"{s} is not int4 symmetric with groups of {GROUP}"
+    if s.act is not None or s.act_order:
+        return f"{s}: Machete here takes bf16 activations and no act-order"
+    if canon.K % GROUP or canon.K % MACHETE_BLOCK_K:
+        return f"K={canon.K}: Machete needs K divisible by {MACHETE_BLOCK_K} and the group ({GROUP})"
+    if canon.N % MACHETE_BLOCK_N:
+        return f"N={canon.N}: Machete's prepacked blocks need N divisible by {MACHETE_BLOCK_N}"
+    if canon.device.type != "cuda":
+        return f"the weight is on {canon.device}, Machete runs on CUDA"
+    cap = torch.cuda.get_device_capability(canon.device)
+    if cap != (9, 0):
+        return f"Machete is built for sm_90a (Hopper) only; this GPU is sm_{cap[0]}{cap[1]}"
+    return None
+
+
+def machete_schedule(M: int, N: int, K: int) -> str | None:
+    """The schedule vLLM's heuristic picks for this problem (None without the library)."""
+    lib, _ = load_machete_library()
+    return None if lib is None else lib.machete_peer_heuristic(M, N, K).decode()
+
+
+def _machete_check(lib: ctypes.CDLL, rc: int, what: str) -> None:
+    if rc:
+        raise RuntimeError(f"machete peer {what}: {lib.machete_peer_last_error().decode(errors='replace')}")
+
+
+def machete_baseline(
+    canon: Any, schedule: str | None = None
+) -> Callable[[torch.Tensor], torch.Tensor] | None:
+    """vLLM's Machete on this weight: prepacked once here, then ``x -> y`` (bf16 [..., K] -> [..., N]).
+
+    What vLLM's ``MacheteLinearKernel`` does: ``machete_prepack_B`` on the GPTQ words [K/8, N]
+    held column-major (``w.t().contiguous().t()``), whose memory is exactly the canonical
+    ``qweight`` bytes [N, K/2] read as int32 [N, K/8] (one LSB-first code stream per row), so no
+    copy; scales bf16 [K/G, N] row-major (for bf16 activations vLLM keeps them in bf16; quantrt's
+    int scales are fp16-exact, so this rounds each by at most 2^-8 relative, as for Marlin); then
+    ``machete_mm(a, b_q, uint4b8, b_group_scales=s, b_group_size=128)`` per call. ``schedule``:
+    one of vLLM's schedule names, else vLLM's heuristic picks per M (a pick not built into the
+    library raises when called). The stream-K workspace vLLM allocates per call is sized once per
+    M here and kept.
+
+    None when the library is missing or the scheme/GPU is not what it was built for (``last_reason``).
+    """
+    global last_reason
+    reason = machete_unsupported_reason(canon)
+    lib, why = load_machete_library()
+    if reason is None and lib is None:
+        reason = why
+    if reason is not None or lib is None:
+        last_reason = reason or why
+        return None
+    last_reason = ""
+    K, N = canon.K, canon.N
+    dev = canon.device
+    sched = schedule.encode() if schedule else None
+    with torch.cuda.device(dev):
+        stream = torch.cuda.current_stream(dev).cuda_stream
+        q = canon["qweight"]
+        if q.dtype != torch.uint8 or tuple(q.shape) != (N, K // 2):
+            raise ValueError(f"qweight must be uint8 [{N}, {K // 2}], found {q.dtype} {list(q.shape)}")
+        words = q.contiguous().view(torch.int32)  # [N, K/8]: vLLM's B [K/8, N], strides (1, K/8)
+        packed = torch.empty(K // 8, N, dtype=torch.int32, device=dev)
+        rc = lib.machete_peer_prepack_B_u4b8(words.data_ptr(), packed.data_ptr(), K, N, stream)
+        _machete_check(lib, rc, "prepack")
+        scales = canon["scales"].t().to(torch.bfloat16).contiguous()  # [K/G, N]
+        torch.cuda.current_stream(dev).synchronize()  # once, so `words` outlives the prepack
+    workspace_bytes: dict[int, int] = {}
+    workspace = [torch.empty(0, dtype=torch.uint8, device=dev)]
+
+    def run(x: torch.Tensor) -> torch.Tensor:
+        if x.dtype != torch.bfloat16 or x.shape[-1] != K or x.device != dev:
+            raise ValueError(
+                f"expected bf16 [..., {K}] on {dev}, found {x.dtype} {list(x.shape)} on {x.device}"
+            )
+        a = x.reshape(-1, K)
+        if a.stride(1) != 1 or a.stride(0) % 8 or a.data_ptr() % 16:
+            a = a.contiguous()
+        M = a.shape[0]
+        y = torch.empty(M, N, dtype=torch.bfloat16, device=dev)
+        if M:
+            args = (a.data_ptr(), packed.data_ptr(), scales.data_ptr(), y.data_ptr())
+            need = workspace_bytes.get(M)
+            if need is None:
+                n = ctypes.c_size_t(0)
+                rc = lib.machete_peer_workspace_bf16_u4b8(
+                    *args, M, N, K, a.stride(0), GROUP, sched, ctypes.byref(n)
+                )
+                _machete_check(lib, rc, "workspace")
+                need = workspace_bytes[M] = n.value
+            if workspace[0].numel() < need:
+                workspace[0] = torch.empty(need, dtype=torch.uint8, device=dev)
+            rc = lib.machete_peer_gemm_bf16_u4b8(
+                *args,
+                workspace[0].data_ptr(),
+                workspace[0].numel(),
+                M,
+                N,
+                K,
+                a.stride(0),
+                GROUP,
+                sched,
+                torch.cuda.current_stream(dev).cuda_stream,
+            )
+            _machete_check(lib, rc, "gemm")
         return y.reshape(*x.shape[:-1], N)
 
     return run
