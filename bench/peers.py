@@ -52,20 +52,53 @@ def peers_dir() -> Path:
     return Path(env) if env else Path(__file__).resolve().parents[1] / ".peers"
 
 
-@functools.cache
-def load_library() -> tuple[ctypes.CDLL | None, str]:
-    """The peer library with typed entry points, or None and why (missing, unloadable, other ABI)."""
-    path = peers_dir() / LIB_NAME
+def _open_library(name: str, prefix: str, abi: int, build: str) -> tuple[ctypes.CDLL | None, str]:
+    """A peer library from :func:`peers_dir` whose ``<prefix>_abi_version()`` is ``abi``, its
+    ``<prefix>_last_error`` typed, or None and why (missing: run ``build``; unloadable; other ABI)."""
+    path = peers_dir() / name
     if not path.is_file():
-        return None, f"{path} is missing: run ci/build-peers.sh VLLM_SRC"
+        return None, f"{path} is missing: run {build}"
     try:
         lib = ctypes.CDLL(str(path))
     except OSError as e:
         return None, f"{path} does not load: {e}"
-    lib.marlin_peer_abi_version.restype = ctypes.c_int
-    if lib.marlin_peer_abi_version() != ABI_VERSION:
-        return None, f"{path} has ABI {lib.marlin_peer_abi_version()}, expected {ABI_VERSION}: rebuild it"
-    lib.marlin_peer_last_error.restype = ctypes.c_char_p
+    version = getattr(lib, f"{prefix}_abi_version")
+    version.restype = ctypes.c_int
+    if version() != abi:
+        return None, f"{path} has ABI {version()}, expected {abi}: rebuild it"
+    getattr(lib, f"{prefix}_last_error").restype = ctypes.c_char_p
+    return lib, ""
+
+
+def _usable(reason: str | None, load: Callable[[], tuple[ctypes.CDLL | None, str]]) -> ctypes.CDLL | None:
+    """The library ``load`` gives where the weight suits it (``reason`` None), else None with
+    ``last_reason`` saying why (the weight's reason first, then the library's)."""
+    global last_reason
+    lib, why = load()
+    if reason is not None or lib is None:
+        last_reason = reason or why
+        return None
+    last_reason = ""
+    return lib
+
+
+def _bf16_rows(x: torch.Tensor, K: int, N: int, dev: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """x as the [M, K] bf16 rows a CUTLASS-style peer reads (unit stride along K, rows 16-byte
+    aligned, copied where not) and its [M, N] bf16 output."""
+    if x.dtype != torch.bfloat16 or x.shape[-1] != K or x.device != dev:
+        raise ValueError(f"expected bf16 [..., {K}] on {dev}, found {x.dtype} {list(x.shape)} on {x.device}")
+    a = x.reshape(-1, K)
+    if a.stride(1) != 1 or a.stride(0) % 8 or a.data_ptr() % 16:
+        a = a.contiguous()
+    return a, torch.empty(a.shape[0], N, dtype=torch.bfloat16, device=dev)
+
+
+@functools.cache
+def load_library() -> tuple[ctypes.CDLL | None, str]:
+    """The Marlin peer library with typed entry points, or None and why (missing, unloadable, other ABI)."""
+    lib, why = _open_library(LIB_NAME, "marlin_peer", ABI_VERSION, "ci/build-peers.sh VLLM_SRC")
+    if lib is None:
+        return None, why
     p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
     lib.marlin_peer_repack_u4.argtypes = [p, p, i64, i64, p]
     lib.marlin_peer_repack_u4.restype = i32
@@ -119,9 +152,11 @@ def marlin_scale_order(scales: torch.Tensor, K: int) -> torch.Tensor:
     return out.reshape(groups, N).contiguous()
 
 
-def _check(lib: ctypes.CDLL, rc: int, what: str) -> None:
+def _check(lib: ctypes.CDLL, rc: int, what: str, prefix: str = "marlin_peer") -> None:
+    """Raise with the library's own message where a call returned non-zero."""
     if rc:
-        raise RuntimeError(f"marlin peer {what}: {lib.marlin_peer_last_error().decode(errors='replace')}")
+        msg = getattr(lib, f"{prefix}_last_error")().decode(errors="replace")
+        raise RuntimeError(f"{prefix.replace('_', ' ')} {what}: {msg}")
 
 
 def marlin_baseline(canon: Any) -> Callable[[torch.Tensor], torch.Tensor] | None:
@@ -131,15 +166,9 @@ def marlin_baseline(canon: Any) -> Callable[[torch.Tensor], torch.Tensor] | None
     Scales go to bf16 as vLLM keeps them for bf16 activations; quantrt's int scales are
     fp16-exact, so this rounds each by at most 2^-8 relative.
     """
-    global last_reason
-    reason = unsupported_reason(canon)
-    lib, why = load_library()
-    if reason is None and lib is None:
-        reason = why
-    if reason is not None or lib is None:
-        last_reason = reason or why
+    lib = _usable(unsupported_reason(canon), load_library)
+    if lib is None:
         return None
-    last_reason = ""
     K, N = canon.K, canon.N
     dev = canon.device
     with torch.cuda.device(dev):
@@ -154,15 +183,8 @@ def marlin_baseline(canon: Any) -> Callable[[torch.Tensor], torch.Tensor] | None
         torch.cuda.current_stream(dev).synchronize()  # once, so `words` is not freed under the repack
 
     def run(x: torch.Tensor) -> torch.Tensor:
-        if x.dtype != torch.bfloat16 or x.shape[-1] != K or x.device != dev:
-            raise ValueError(
-                f"expected bf16 [..., {K}] on {dev}, found {x.dtype} {list(x.shape)} on {x.device}"
-            )
-        a = x.reshape(-1, K)
-        if a.stride(1) != 1 or a.stride(0) % 8 or a.data_ptr() % 16:
-            a = a.contiguous()
+        a, y = _bf16_rows(x, K, N, dev)
         M = a.shape[0]
-        y = torch.empty(M, N, dtype=torch.bfloat16, device=dev)
         if M:
             rc = lib.marlin_peer_gemm_bf16_u4b8(
                 a.data_ptr(),
@@ -198,19 +220,11 @@ MACHETE_BLOCK_K = 64
 @functools.cache
 def load_machete_library() -> tuple[ctypes.CDLL | None, str]:
     """The Machete peer library with typed entry points, or None and why (missing, unloadable, other ABI)."""
-    path = peers_dir() / MACHETE_LIB_NAME
-    if not path.is_file():
-        return None, f"{path} is missing: run ci/build-peers-machete.sh VLLM_SRC CUTLASS_SRC"
-    try:
-        lib = ctypes.CDLL(str(path))
-    except OSError as e:
-        return None, f"{path} does not load: {e}"
-    lib.machete_peer_abi_version.restype = ctypes.c_int
-    if lib.machete_peer_abi_version() != MACHETE_ABI_VERSION:
-        abi = lib.machete_peer_abi_version()
-        return None, f"{path} has ABI {abi}, expected {MACHETE_ABI_VERSION}: rebuild it"
+    build = "ci/build-peers-machete.sh VLLM_SRC CUTLASS_SRC"
+    lib, why = _open_library(MACHETE_LIB_NAME, "machete_peer", MACHETE_ABI_VERSION, build)
+    if lib is None:
+        return None, why
     p, i64, i32, s = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_char_p
-    lib.machete_peer_last_error.restype = s
     lib.machete_peer_schedules.restype = s
     lib.machete_peer_heuristic.argtypes = [i64, i64, i64]
     lib.machete_peer_heuristic.restype = s
@@ -251,11 +265,6 @@ def machete_schedule(M: int, N: int, K: int) -> str | None:
     return None if lib is None else lib.machete_peer_heuristic(M, N, K).decode()
 
 
-def _machete_check(lib: ctypes.CDLL, rc: int, what: str) -> None:
-    if rc:
-        raise RuntimeError(f"machete peer {what}: {lib.machete_peer_last_error().decode(errors='replace')}")
-
-
 def machete_baseline(
     canon: Any, schedule: str | None = None
 ) -> Callable[[torch.Tensor], torch.Tensor] | None:
@@ -273,15 +282,9 @@ def machete_baseline(
 
     None when the library is missing or the scheme/GPU is not what it was built for (``last_reason``).
     """
-    global last_reason
-    reason = machete_unsupported_reason(canon)
-    lib, why = load_machete_library()
-    if reason is None and lib is None:
-        reason = why
-    if reason is not None or lib is None:
-        last_reason = reason or why
+    lib = _usable(machete_unsupported_reason(canon), load_machete_library)
+    if lib is None:
         return None
-    last_reason = ""
     K, N = canon.K, canon.N
     dev = canon.device
     sched = schedule.encode() if schedule else None
@@ -293,22 +296,15 @@ def machete_baseline(
         words = q.contiguous().view(torch.int32)  # [N, K/8]: vLLM's B [K/8, N], strides (1, K/8)
         packed = torch.empty(K // 8, N, dtype=torch.int32, device=dev)
         rc = lib.machete_peer_prepack_B_u4b8(words.data_ptr(), packed.data_ptr(), K, N, stream)
-        _machete_check(lib, rc, "prepack")
+        _check(lib, rc, "prepack", "machete_peer")
         scales = canon["scales"].t().to(torch.bfloat16).contiguous()  # [K/G, N]
         torch.cuda.current_stream(dev).synchronize()  # once, so `words` outlives the prepack
     workspace_bytes: dict[int, int] = {}
     workspace = [torch.empty(0, dtype=torch.uint8, device=dev)]
 
     def run(x: torch.Tensor) -> torch.Tensor:
-        if x.dtype != torch.bfloat16 or x.shape[-1] != K or x.device != dev:
-            raise ValueError(
-                f"expected bf16 [..., {K}] on {dev}, found {x.dtype} {list(x.shape)} on {x.device}"
-            )
-        a = x.reshape(-1, K)
-        if a.stride(1) != 1 or a.stride(0) % 8 or a.data_ptr() % 16:
-            a = a.contiguous()
+        a, y = _bf16_rows(x, K, N, dev)
         M = a.shape[0]
-        y = torch.empty(M, N, dtype=torch.bfloat16, device=dev)
         if M:
             args = (a.data_ptr(), packed.data_ptr(), scales.data_ptr(), y.data_ptr())
             need = workspace_bytes.get(M)
@@ -317,7 +313,7 @@ def machete_baseline(
                 rc = lib.machete_peer_workspace_bf16_u4b8(
                     *args, M, N, K, a.stride(0), GROUP, sched, ctypes.byref(n)
                 )
-                _machete_check(lib, rc, "workspace")
+                _check(lib, rc, "workspace", "machete_peer")
                 need = workspace_bytes[M] = n.value
             if workspace[0].numel() < need:
                 workspace[0] = torch.empty(need, dtype=torch.uint8, device=dev)
@@ -333,7 +329,7 @@ def machete_baseline(
                 sched,
                 torch.cuda.current_stream(dev).cuda_stream,
             )
-            _machete_check(lib, rc, "gemm")
+            _check(lib, rc, "gemm", "machete_peer")
         return y.reshape(*x.shape[:-1], N)
 
     return run

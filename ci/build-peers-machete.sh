@@ -45,42 +45,8 @@ CUTLASS_SRC=$2
 NEEDED=(LICENSE CMakeLists.txt csrc/quantization/machete csrc/cutlass_extensions)
 
 # -- 1. the vLLM sources, copied once per source (a matching SOURCE skips the copy) ---------------
-if [ -d "$VLLM_SRC/csrc" ]; then
-  kind=tree
-  if [ -f "$VLLM_SRC/PKG-INFO" ]; then
-    origin="sdist $(sed -n 's/^Version: //p' "$VLLM_SRC/PKG-INFO" | head -1)"
-  elif [ -e "$VLLM_SRC/.git" ]; then
-    origin="git $(git -C "$VLLM_SRC" rev-parse HEAD)"
-  else
-    origin="tree $(cd "$VLLM_SRC" && pwd)"
-  fi
-elif git --git-dir="$VLLM_SRC" rev-parse "${VLLM_REV:-HEAD}" >/dev/null 2>&1; then
-  kind=git
-  origin="git $(git --git-dir="$VLLM_SRC" rev-parse "${VLLM_REV:-HEAD}")"
-elif [ -f "$VLLM_SRC" ] && [[ "$VLLM_SRC" == *.tar.gz ]]; then
-  kind=tar
-  origin="sdist $(basename "$VLLM_SRC" .tar.gz | sed 's/^vllm-//')"
-else
-  echo "build-peers-machete: $VLLM_SRC is neither a vLLM tree, a git dir nor an sdist" >&2
-  exit 2
-fi
-if [ "$(realpath "$VLLM_SRC")" = "$(realpath -m "$SRC_OUT")" ]; then
-  origin=$(cat "$SRC_OUT/SOURCE" 2>/dev/null || echo "$origin")
-elif [ "$(cat "$SRC_OUT/SOURCE" 2>/dev/null)" != "$origin" ]; then
-  rm -rf "$SRC_OUT"
-  mkdir -p "$SRC_OUT"
-  case $kind in
-    tree) for p in "${NEEDED[@]}"; do mkdir -p "$SRC_OUT/$(dirname "$p")"; cp -r "$VLLM_SRC/$p" "$SRC_OUT/$p"; done ;;
-    git) git --git-dir="$VLLM_SRC" archive "${origin#git }" "${NEEDED[@]}" | tar -x -C "$SRC_OUT" ;;
-    tar)
-      top=$(tar -tzf "$VLLM_SRC" | awk -F/ 'NR == 1 {print $1}')
-      tar -xzf "$VLLM_SRC" -C "$SRC_OUT" --strip-components=1 "${NEEDED[@]/#/$top/}"
-      ;;
-  esac
-  echo "$origin" >"$SRC_OUT/SOURCE"
-fi
-digest=$(cd "$SRC_OUT" && find LICENSE csrc -type f | LC_ALL=C sort | xargs sha256sum | sha256sum | cut -c1-16)
-echo "build-peers-machete: vLLM source: $origin (sources sha256 $digest)"
+. "$ROOT/ci/peers-lib.sh"
+copy_vllm_sources build-peers-machete "$VLLM_SRC" "$SRC_OUT" "${NEEDED[@]}"
 MACHETE="$SRC_OUT/csrc/quantization/machete"
 pin=$(sed -n 's/^ *set(CUTLASS_REVISION "\([^"]*\)".*/\1/p' "$SRC_OUT/CMakeLists.txt" | head -1)
 echo "build-peers-machete: vLLM pins CUTLASS ${pin:-(no CUTLASS_REVISION found)}"
@@ -118,36 +84,7 @@ echo "build-peers-machete: CUTLASS $cver: $cutlass_origin (headers sha256 $cdige
 # -- 3. the shim: the few torch headers vLLM's kernel headers include, without torch ---------------
 rm -rf "$BUILD" "$SHIM"
 mkdir -p "$BUILD" "$SHIM/torch/headeronly/util" "$SHIM/torch/headeronly/core" "$SHIM/torch/csrc/stable"
-cat >"$SHIM/torch/headeronly/util/Exception.h" <<'EOF'
-// quantrt peer shim: STD_TORCH_CHECK without torch. Host failures throw (the C API catches them and
-// reports through machete_peer_last_error); device code traps.
-#pragma once
-#include <sstream>
-#include <stdexcept>
-#include <string>
-
-namespace quantrt_peer {
-template <typename... Args>
-__host__ __device__ inline void check_failed(const char* cond, const char* file, int line,
-                                             const Args&... args) {
-#ifdef __CUDA_ARCH__
-  __trap();
-#else
-  std::ostringstream os;
-  os << file << ":" << line << ": check failed: " << cond;
-  if (sizeof...(args)) os << ": ";
-  (void)(os << ... << args);
-  throw std::runtime_error(os.str());
-#endif
-}
-}  // namespace quantrt_peer
-
-#define STD_TORCH_CHECK(cond, ...)                                                       \
-  do {                                                                                   \
-    if (!(cond)) ::quantrt_peer::check_failed(#cond, __FILE__, __LINE__, ##__VA_ARGS__); \
-  } while (0)
-#define STD_TORCH_CHECK_NOT_IMPLEMENTED(cond, ...) STD_TORCH_CHECK(cond, ##__VA_ARGS__)
-EOF
+write_check_shim "$SHIM" machete_peer
 
 cat >"$SHIM/torch/headeronly/core/ScalarType.h" <<'EOF'
 // quantrt peer shim: the dtype names torch_utils.hpp maps CUTLASS types to (names only).

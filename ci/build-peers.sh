@@ -35,43 +35,8 @@ VLLM_SRC=$1
 NEEDED=(LICENSE csrc/core/scalar_type.hpp csrc/quantization/marlin)
 
 # -- 1. the vLLM sources, copied once per source (idempotent: a matching SOURCE skips the copy) --
-if [ -d "$VLLM_SRC/csrc" ]; then
-  kind=tree
-  if [ -f "$VLLM_SRC/PKG-INFO" ]; then
-    origin="sdist $(sed -n 's/^Version: //p' "$VLLM_SRC/PKG-INFO" | head -1)"
-  elif [ -e "$VLLM_SRC/.git" ]; then
-    origin="git $(git -C "$VLLM_SRC" rev-parse HEAD)"
-  else
-    origin="tree $(cd "$VLLM_SRC" && pwd)"
-  fi
-elif git --git-dir="$VLLM_SRC" rev-parse "${VLLM_REV:-HEAD}" >/dev/null 2>&1; then
-  kind=git
-  origin="git $(git --git-dir="$VLLM_SRC" rev-parse "${VLLM_REV:-HEAD}")"
-elif [ -f "$VLLM_SRC" ] && [[ "$VLLM_SRC" == *.tar.gz ]]; then
-  kind=tar
-  origin="sdist $(basename "$VLLM_SRC" .tar.gz | sed 's/^vllm-//')"
-else
-  echo "build-peers: $VLLM_SRC is neither a vLLM tree, a git dir nor an sdist" >&2
-  exit 2
-fi
-
-if [ "$(realpath "$VLLM_SRC")" = "$(realpath -m "$SRC_OUT")" ]; then
-  origin=$(cat "$SRC_OUT/SOURCE" 2>/dev/null || echo "$origin")  # rebuilding from the extracted copy
-elif [ "$(cat "$SRC_OUT/SOURCE" 2>/dev/null)" != "$origin" ]; then
-  rm -rf "$SRC_OUT"
-  mkdir -p "$SRC_OUT"
-  case $kind in
-    tree) for p in "${NEEDED[@]}"; do mkdir -p "$SRC_OUT/$(dirname "$p")"; cp -r "$VLLM_SRC/$p" "$SRC_OUT/$p"; done ;;
-    git) git --git-dir="$VLLM_SRC" archive "${origin#git }" "${NEEDED[@]}" | tar -x -C "$SRC_OUT" ;;
-    tar)
-      top=$(tar -tzf "$VLLM_SRC" | awk -F/ 'NR == 1 {print $1}')  # awk reads to the end: no SIGPIPE
-      tar -xzf "$VLLM_SRC" -C "$SRC_OUT" --strip-components=1 "${NEEDED[@]/#/$top/}"
-      ;;
-  esac
-  echo "$origin" >"$SRC_OUT/SOURCE"
-fi
-digest=$(cd "$SRC_OUT" && find LICENSE csrc -type f | LC_ALL=C sort | xargs sha256sum | sha256sum | cut -c1-16)
-echo "build-peers: vLLM source: $origin (sources sha256 $digest)"
+. "$ROOT/ci/peers-lib.sh"
+copy_vllm_sources build-peers "$VLLM_SRC" "$SRC_OUT" "${NEEDED[@]}"
 MARLIN="$SRC_OUT/csrc/quantization/marlin"
 
 # -- 2. generated instantiations and torch-free copies of the two host files ----------------------
@@ -120,36 +85,7 @@ assert "gptq_marlin_repack_kernel" in rep, "gptq_marlin_repack.cu: layout change
 EOF
 
 # -- 3. the shim: STD_TORCH_CHECK without torch, and our extern "C" API -------------------------
-cat >"$SHIM/torch/headeronly/util/Exception.h" <<'EOF'
-// quantrt peer shim: STD_TORCH_CHECK without torch. Host failures throw (the API catches and
-// reports through marlin_peer_last_error); device code traps.
-#pragma once
-#include <sstream>
-#include <stdexcept>
-#include <string>
-
-namespace quantrt_peer {
-template <typename... Args>
-__host__ __device__ inline void check_failed(const char* cond, const char* file, int line,
-                                             const Args&... args) {
-#ifdef __CUDA_ARCH__
-  __trap();
-#else
-  std::ostringstream os;
-  os << file << ":" << line << ": check failed: " << cond;
-  if (sizeof...(args)) os << ": ";
-  (void)(os << ... << args);
-  throw std::runtime_error(os.str());
-#endif
-}
-}  // namespace quantrt_peer
-
-#define STD_TORCH_CHECK(cond, ...)                                                    \
-  do {                                                                                \
-    if (!(cond)) ::quantrt_peer::check_failed(#cond, __FILE__, __LINE__, ##__VA_ARGS__); \
-  } while (0)
-#define STD_TORCH_CHECK_NOT_IMPLEMENTED(cond, ...) STD_TORCH_CHECK(cond, ##__VA_ARGS__)
-EOF
+write_check_shim "$SHIM" marlin_peer
 
 cat >"$BUILD/peer_api.cu" <<'EOF'
 // quantrt's C API over vLLM's Marlin (bf16 x uint4b8 x group 128): raw device pointers and a
