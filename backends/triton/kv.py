@@ -20,10 +20,10 @@ in tiles of ``block_n`` tokens (token ``t`` at slot ``block_table[b, t // block_
 t % block_size``, so a tile spans pages), dequantizes each tile in registers and keeps an fp32 online
 softmax (base 2); a second kernel merges the splits by log-sum-exp (one split: the first kernel
 finishes itself), launched before the first ends where the vendor gives a grid sync
-(``decode_kv(grid_sync=...)``: NVIDIA's programmatic dependent launch). A split's share is cut from its sequence's own length, read on the device, so
-the grid depends only on (B, H, max_len) and a call captures into a CUDA graph. The slots and
-per-token scales of the next tile are loaded one iteration ahead; the pipeliner keeps two tiles of
-codes in flight. The sums of the probabilities (and of probability x zero-point) are kept per
+(``decode_kv(grid_sync=...)``: NVIDIA's programmatic dependent launch). A split's share is cut
+from its sequence's own length, read on the device, so the grid depends only on (B, H, max_len)
+and a call captures into a CUDA graph. The slots and per-token scales of the next tile are loaded
+one iteration ahead; the pipeliner keeps two tiles of codes in flight. The sums of the probabilities (and of probability x zero-point) are kept per
 score element and reduced once after the loop, so only the running max is exchanged between
 threads per tile. Per scheme:
 
