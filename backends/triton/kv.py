@@ -23,9 +23,9 @@ finishes itself), launched before the first ends where the vendor gives a grid s
 (``decode_kv(grid_sync=...)``: NVIDIA's programmatic dependent launch). A split's share is cut
 from its sequence's own length, read on the device, so the grid depends only on (B, H, max_len)
 and a call captures into a CUDA graph. The slots and per-token scales of the next tile are loaded
-one iteration ahead; the pipeliner keeps two tiles of codes in flight. The sums of the probabilities (and of probability x zero-point) are kept per
-score element and reduced once after the loop, so only the running max is exchanged between
-threads per tile. Per scheme:
+one iteration ahead; the pipeliner keeps two tiles of codes in flight. The sums of the
+probabilities (and of probability x zero-point) are kept per score element and reduced once after
+the loop, so only the running max is exchanged between threads per tile. Per scheme:
 
 * unquantized: the 16/32-bit rows in their own dtype;
 * fp8 / int8: codes in the dots (exact in fp16: e4m3 by the hardware conversion on NVIDIA sm_89+
