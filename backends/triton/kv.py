@@ -1052,6 +1052,9 @@ _TQ_WORDS = os.environ.get("QUANTRT_KV_TQ_DECODE", "words").strip().lower() != "
 #: ``QUANTRT_KV_BYTE_WORDS=0``: 8-bit values read as single bytes into the dot (the path before the
 #: byte-pair words; for side-by-side timings)
 _BYTE_WORDS = os.environ.get("QUANTRT_KV_BYTE_WORDS", "1").strip() != "0"
+#: ``QUANTRT_KV_EARLY_COMBINE=0``: the split combine launched after the decode even where the
+#: vendor gives a grid sync (for side-by-side timings and for ruling it out)
+_EARLY = os.environ.get("QUANTRT_KV_EARLY_COMBINE", "1").strip() != "0"
 
 
 def _words(plane: torch.Tensor, D: int, per_word: int = 4) -> bool:
@@ -1147,7 +1150,9 @@ def decode_kv(
     4-bit TurboQuant codes read as 16-bit words, exact ones a backend makes fast for its GPU
     (``backends/cuda/triton_kv_decode.py``; :data:`PORTABLE_DECODERS` run anywhere, and stand in
     for any under the interpreter, which runs no inline assembly), None for the shared-memory pair
-    tables. No host synchronisation."""
+    tables; ``grid_sync``: a vendor's (signal, wait) that let the split combine launch before the
+    decode grid ends (NVIDIA's programmatic dependent launch, ``backends/cuda/triton_grid.py``;
+    ``QUANTRT_KV_EARLY_COMBINE=0`` ignores it), None to launch it after. No host synchronisation."""
     B, Hq, D = q.shape
     kp, vp = planes["k"], planes["v"]
     H = kp.shape[1]
@@ -1189,7 +1194,7 @@ def decode_kv(
     vb = byte_words(fmt, q.dtype, vp, D, decoders)
     kdec, vdec, bdec = PORTABLE_DECODERS if decoders is None or _interpreted() else decoders
     dummy = kp
-    early = grid_sync is not None and not direct and not _interpreted()
+    early = _EARLY and grid_sync is not None and not direct and not _interpreted()
     sks = _scale_strides(ks)
     svs = _scale_strides(vs)
     has_cap = bool(softcap)
