@@ -2,7 +2,10 @@
 captured instead of run: the decode signals and the combine waits, compiled for a programmatic
 dependent launch, only where there is a combine, a grid sync given, and no
 ``QUANTRT_KV_EARLY_COMBINE=0``. (That the compiled kernels hold the instructions is
-tests/triton/test_kv_compiles.py's; that the pair runs right, tests/gpu/test_kv_cuda.py's.)"""
+tests/triton/test_kv_compiles.py's; that the pair runs right, tests/gpu/test_kv_cuda.py's. Here,
+beside the other Triton tests, so this module's import of Triton comes after tests/triton's
+conftest has chosen the interpreter for the process: an import from elsewhere first would leave
+every later Triton test of the process compiling for a GPU that is not there.)"""
 
 from __future__ import annotations
 
