@@ -47,6 +47,7 @@ import triton.testing as tt
 from quantrt.bench import FLUSH_MODES, graph_replay_us, l2_flush
 
 HQ, HKV, D = 32, 8, 128
+SCALE = D**-0.5  # the softmax scale of every side
 CONTEXTS = (1024, 8192, 32768)
 BATCHES = (1, 16, 64)
 #: bench name -> quantrt KV scheme (None: the unquantized bf16 pages)
@@ -205,7 +206,7 @@ def decode_fn(q: torch.Tensor, pages: Any, table: torch.Tensor, lens: torch.Tens
     """One decode step over the pages, as timed."""
     from quantrt.kv import decode_attention
 
-    return decode_attention(q, pages, table, lens, T, scale=D**-0.5)
+    return decode_attention(q, pages, table, lens, T, scale=SCALE)
 
 
 def quantrt_cell(
@@ -347,7 +348,7 @@ def run(args: argparse.Namespace) -> dict:
     unknown = [n for n in names if n not in SCHEMES]
     if unknown:
         raise SystemExit(f"unknown schemes {unknown}; known: {', '.join(SCHEMES)}")
-    scale = D**-0.5
+    scale = SCALE
     # the targets' context first, so a run cut short by the budget still has its verdicts
     contexts = sorted((int(x) for x in args.contexts.split(",")), key=lambda t: t != TARGET_CONTEXT)
     for T in contexts:

@@ -133,7 +133,10 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         "decode attention taken apart: step, decode kernel, combine kernel against tiles per program"
     )
     x = torch.zeros(1, device=g.DEVICE)
-    programs = g.HKV * args.batch * 33
+    import quantrt.backends.triton.kv as tkv
+
+    sms = tkv.device_sms(torch.device(g.DEVICE))
+    programs = g.HKV * args.batch * tkv.decode_config(args.batch, g.HKV, args.splits_at, g.D, sms).num_splits
     doc["empty_us"] = round(graph_replay_us(lambda: _empty_kernel[(programs,)](x))[0], 2)
     contexts = [int(c) for c in args.contexts.split(",")]
     for name in args.schemes.split(","):
