@@ -29,6 +29,7 @@ def register(registry: Any) -> None:
     from quantrt.moe import experts_loop
 
     from .gguf_gemv import CudaGemvGGUF
+    from .kv_mma import CudaKV
     from .mma_codebook import CudaMmaBnb4, CudaMmaFp4
     from .mma_fp8 import CudaMmaFp8
     from .mma_gguf import CudaMmaGGUF, CudaMmaGGUFBlocks, CudaMmaGGUFQ8
@@ -78,4 +79,8 @@ def register(registry: Any) -> None:
     fused_moe_kernels = list(FUSED_MOE_KERNELS)  # MoE experts: one fused grouped GEMM per projection
     # then every linear kernel looped over the experts, for the schemes no fused kernel takes
     registry.register_ordered([*linear, *fused_moe_kernels, *(experts_loop(k) for k in linear)])
-    registry.register_kv("cuda", TritonKV(CUDA, "triton"))  # the KV cache: quantize-on-write, split-K decode
+    # the KV cache: quantize-on-write and split-K decode in Triton for every scheme; 4-bit
+    # TurboQuant decodes on a CUDA C++ kernel first
+    triton_kv = TritonKV(CUDA, "triton")
+    registry.register_kv("cuda", CudaKV(triton_kv))
+    registry.register_kv("cuda", triton_kv)

@@ -1224,10 +1224,27 @@ def decode_kv(
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
     if not direct:
-        _combine_launch((Hq, B),
-            pm, pl, po, sinks if sinks is not None else q, out, S, pm.stride(0), pm.stride(1),
-            out.stride(0), out.stride(1),
-            D=D, DP=DP, SC=min(MERGE_SPLITS, next_power_of_2(S)), HAS_SINKS=sinks is not None,
-            WAIT=grid_sync[1] if early else _no_grid_sync, num_warps=4, **({"launch_pdl": True} if early else {}),
-        )  # fmt: skip
+        combine_splits(pm, pl, po, out, sinks, grid_sync if early else None)
     return out
+
+
+def combine_splits(
+    pm: torch.Tensor,
+    pl: torch.Tensor,
+    po: torch.Tensor,
+    out: torch.Tensor,
+    sinks: torch.Tensor | None,
+    grid_sync: tuple[Any, Any] | None,
+) -> None:
+    """Merge the splits of a decode into ``out`` [B, Hq, D]: each split's max (log2 units) and
+    sum ``pm``/``pl`` [B, Hq, S] and unnormalised rows ``po`` [B, Hq, S, DP] (fp32, contiguous);
+    ``sinks`` join the denominators. ``grid_sync``: the vendor's (signal, wait) when the decode
+    that fills them signalled early (the combine then launches before it ends), else None."""
+    B, Hq, S = pm.shape
+    _combine_launch((Hq, B),
+        pm, pl, po, sinks if sinks is not None else pm, out, S, pm.stride(0), pm.stride(1),
+        out.stride(0), out.stride(1),
+        D=out.shape[-1], DP=po.shape[-1], SC=min(MERGE_SPLITS, next_power_of_2(S)), HAS_SINKS=sinks is not None,
+        WAIT=grid_sync[1] if grid_sync is not None else _no_grid_sync, num_warps=4,
+        **({"launch_pdl": True} if grid_sync is not None else {}),
+    )  # fmt: skip

@@ -107,10 +107,12 @@ class TritonKV(KVKernels):
             q, pages.scheme, pages.flat(), pages.block_size, block_table, seq_lens, max_len,
             scale=scale, window=window, softcap=softcap, sinks=sinks, mask=mask,
             k_scale=pages.k_scale, v_scale=pages.v_scale, tables=self.tables(pages),
-            decoders=self._vendor_decoders(), grid_sync=self._grid_sync(q.device),
+            decoders=self._vendor_decoders(), grid_sync=self.grid_sync(q.device),
         )  # fmt: skip
 
-    def _grid_sync(self, device: torch.device) -> Any:
+    def grid_sync(self, device: torch.device) -> Any:
+        """The vendor's (signal, wait) that let a split combine launch before its decode ends on
+        ``device`` (asked once per device), or None."""
         if self._sync is None or self._sync[0] != device:
             self._sync = (device, self.policy.kv_grid_sync(device) if device.type != "cpu" else None)
         return self._sync[1]

@@ -99,10 +99,13 @@ def assert_norms(want: torch.Tensor, got: torch.Tensor, same_codes: torch.Tensor
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("name", SCHEMES, ids=str)
-def test_cuda_cache_picks_triton(name: str | None, dtype: torch.dtype) -> None:
+def test_cuda_cache_picks_its_kernels(name: str | None, dtype: torch.dtype) -> None:
+    """4-bit TurboQuant on the CUDA C++ decode (tests/gpu/test_kv_mma.py), every other scheme on
+    Triton's kernels."""
     pages = KVPages(scheme_of(name), 4, BS, H, D, dtype=dtype, device=DEV)
-    assert pages.kernels.name == "triton", pages.verdicts
-    assert pages.verdicts[0][0] == "triton" and pages.verdicts[0][1].ok
+    want = "cuda.mma" if name == "kv-tq-4bit-nc" else "triton"
+    assert pages.kernels.name == want, pages.verdicts
+    assert dict(pages.verdicts)["triton"].ok
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)

@@ -1,0 +1,470 @@
+// Decode attention over a paged TurboQuant cache with 4-bit rotated keys and 4-bit values
+// (kv-tq-4bit-nc), one query token per sequence, for NVIDIA sm_80+ (mma.sync, movmatrix).
+//
+// Program (KV head h, split sp, sequence b), four warps. Each warp walks its own 16-token steps
+// of the split (steps w, w + 4, ...) with its own online softmax, so the token loop has no barrier
+// and no exchange between warps; the warps merge once at the end through shared memory. A step:
+//
+//   scores  S[16 tokens x 8 heads] = K[16 x D] . Q^T[D x 8]        (D/16 mma m16n8k16)
+//   values  O^T[D x 8 heads]      += V^T[D x 16 tokens] . P'[16 x 8] (D/16 mma, P' = p * value scale)
+//
+// Keys are the A operand: a thread decodes the codes of its own two tokens (g, g + 8) and its own
+// quarter of the channels straight into A fragments. The score is a sum over channels, so which
+// physical channel a fragment column stands for is free as long as q's B fragment (built once,
+// per thread, from the same channels) agrees: a thread's slice is D/4 contiguous channels, one
+// wide load per token. Centroids come from byte tables by prmt (symmetric code book: eight
+// magnitudes, the sign ORed in), eight codes per 32-bit word.
+//
+// Values are the A operand of the transposed product: a fragment pairs two tokens of one channel,
+// so a thread loads its D/8 channels of four tokens (2t, 2t+1, 2t+8, 2t+9) and gathers byte j of
+// two tokens with one prmt; each nibble masked in place is an fp16 subnormal, code * 2^-24 (low
+// nibble) or code * 2^-20 (high nibble), exact, and the accumulators are scaled back at the end.
+// Output rows of a fragment map to physical channels the same way (row g: low nibble, row g + 8:
+// high nibble), so no channel order is imposed on the cache. P' comes from the score accumulators
+// by one movmatrix per 8 tokens. Per-token factors (key norm, value scale and zero) ride along;
+// the zero-point term is a per-thread sum of p * zero.
+//
+// Out: DIRECT, the normalised rows; else per split the max (log2 units), the sum of p and the
+// unnormalised rows, the layout backends/triton/kv.py's combine merges.
+
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+
+namespace tqkv {
+
+typedef unsigned int u32;
+typedef long long i64;
+
+constexpr float LOG2E = 1.4426950408889634f;
+constexpr int WARPS = 4;
+constexpr int MAX_G = 8;
+#define NEG_INF __int_as_float(0xff800000)
+
+__device__ __forceinline__ u32 prmt(u32 a, u32 b, u32 c) {
+  u32 d;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  return d;
+}
+
+template <int LUT>
+__device__ __forceinline__ u32 lop3(u32 a, u32 b, u32 c) {
+  u32 d;
+  asm("lop3.b32 %0, %1, %2, %3, %4;" : "=r"(d) : "r"(a), "r"(b), "r"(c), "n"(LUT));
+  return d;
+}
+
+__device__ __forceinline__ void mma(float c[4], u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ u32 transpose8x8(u32 x) {
+  u32 d;
+  asm("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(d) : "r"(x));
+  return d;
+}
+
+// 2^x in one instruction (the special-function unit; exact enough for softmax weights, as
+// FlashAttention uses it), 0 for -inf
+__device__ __forceinline__ float ex2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// ``base`` advanced by ``i`` rows of ``stride`` elements; both non-negative and below 2^32, so one
+// 32 x 32 -> 64-bit multiply-add
+template <typename T>
+__device__ __forceinline__ const T* row(const T* base, int i, unsigned stride) {
+  return base + static_cast<unsigned long long>(static_cast<unsigned>(i)) * stride;
+}
+
+// A value the compiler must keep rather than recompute inside the loop (it rematerialises
+// loop-invariant address arithmetic under register pressure, in every step)
+template <typename T>
+__device__ __forceinline__ T kept(T x) {
+  static_assert(sizeof(T) == 8, "64-bit values");
+  asm volatile("" : "+l"(x));
+  return x;
+}
+
+__device__ __forceinline__ u32 half2_bits(float lo, float hi) {
+  __half2 h = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<u32*>(&h);
+}
+
+__device__ __forceinline__ float half_bits(unsigned short x) {
+  return __half2float(__ushort_as_half(x));
+}
+
+// The centroids of the eight codes of one 32-bit word (channels 0..7 of it, code k in bits 4k..)
+// as four fp16 pairs: (0, 1), (2, 3), (4, 5), (6, 7). Tables: the low and high bytes of the
+// magnitudes c[8..15], four per register. Code i >= 8 is c[8 + (i & 7)], code i < 8 is
+// -c[8 + (~i & 7)]: f is 7 in the nibbles of codes >= 8 (their top bits times 7/8, the high word
+// of a product), lop3 0x82 is (a ^ ~b) & c, 0xF2 is a | (~b & c).
+__device__ __forceinline__ void key8(u32 r, u32 l0, u32 l1, u32 h0, u32 h1, u32 out[4]) {
+  const u32 f = __umulhi(r & 0x88888888u, 0xE0000000u);
+  const u32 i = lop3<0x82>(r, f, 0x77777777u);
+  const u32 t = r << 4;
+  const u32 ma = prmt(t, r, 0xD9C8u);  // byte k: the sign of code k replicated (codes 0..3)
+  const u32 mb = prmt(t, r, 0xFBEAu);  // codes 4..7
+  const u32 ib = i >> 16;
+  const u32 la = prmt(l0, l1, i);
+  const u32 lb = prmt(l0, l1, ib);
+  const u32 ha = lop3<0xF2>(prmt(h0, h1, i), ma, 0x80808080u);
+  const u32 hb = lop3<0xF2>(prmt(h0, h1, ib), mb, 0x80808080u);
+  out[0] = prmt(la, ha, 0x5140u);
+  out[1] = prmt(la, ha, 0x7362u);
+  out[2] = prmt(lb, hb, 0x5140u);
+  out[3] = prmt(lb, hb, 0x7362u);
+}
+
+// Byte j of two tokens' value words (a: token 2t, b: token 2t + 1) as two fp16 pairs, the low
+// nibbles and the high nibbles of the byte: each masked nibble is an fp16 subnormal, code * 2^-24
+// and code * 2^-20, exact.
+__device__ __forceinline__ void value2(u32 a, u32 b, int j, u32 out[2]) {
+  const u32 x = prmt(a, b, j | (j << 4) | ((4 + j) << 8) | ((4 + j) << 12));
+  out[0] = x & 0x000F000Fu;
+  out[1] = x & 0x00F000F0u;
+}
+
+template <int N>
+struct Words {
+  u32 w[N];
+};
+
+template <int N>
+__device__ __forceinline__ Words<N> load_words(const unsigned char* p) {
+  Words<N> r;
+  if constexpr (N == 1) {
+    r.w[0] = __ldg(reinterpret_cast<const unsigned int*>(p));
+  } else if constexpr (N == 2) {
+    const uint2 x = __ldg(reinterpret_cast<const uint2*>(p));
+    r.w[0] = x.x;
+    r.w[1] = x.y;
+  } else {
+#pragma unroll
+    for (int j = 0; j < N / 4; ++j) {
+      const uint4 x = __ldg(reinterpret_cast<const uint4*>(p) + j);
+      r.w[4 * j] = x.x;
+      r.w[4 * j + 1] = x.y;
+      r.w[4 * j + 2] = x.z;
+      r.w[4 * j + 3] = x.w;
+    }
+  }
+  return r;
+}
+
+template <bool BF16>
+__device__ __forceinline__ float load_act(const void* p, i64 i) {
+  if constexpr (BF16) {
+    return __bfloat162float(reinterpret_cast<const __nv_bfloat16*>(p)[i]);
+  } else {
+    return __half2float(reinterpret_cast<const __half*>(p)[i]);
+  }
+}
+
+template <bool BF16>
+__device__ __forceinline__ void store_act(void* p, i64 i, float x) {
+  if constexpr (BF16) {
+    reinterpret_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16(x);
+  } else {
+    reinterpret_cast<__half*>(p)[i] = __float2half(x);
+  }
+}
+
+// One step's data for one thread, loaded a step ahead of its use.
+template <int D>
+struct Step {
+  Words<D / 32> k[2];  // tokens g, g + 8: this thread's D/4 key channels
+  Words<D / 64> v[4];  // tokens 2t, 2t + 1, 2t + 8, 2t + 9: this thread's D/8 value channels
+  unsigned short kn[2], vs[2], vz[2];  // tokens g, g + 8
+};
+
+}  // namespace tqkv
+
+using namespace tqkv;
+
+// Arguments are 8 bytes each (quantrt's launcher packs int64): floats travel as fp32 bits.
+template <int D, bool QBF16, bool BT64, bool PAGED>
+__global__ void __launch_bounds__(128, D <= 128 ? 4 : 2) tq4_decode(
+    const void* q, const float* signs, const unsigned char* kp, const unsigned short* kn,
+    const unsigned char* vp, const unsigned short* vs, const unsigned short* vz, const void* bt,
+    const int* lens, float* pm, float* pl, float* po, void* out, i64 key_lo, i64 key_hi,
+    i64 q_scale_bits, i64 cap_in_bits, i64 cap_out_bits, i64 sq_b, i64 sq_h, i64 skp_slot,
+    i64 skp_h, i64 sn_slot, i64 sn_h, i64 svp_slot, i64 svp_h,
+    i64 sbt_b, i64 sbt_t, i64 slen, i64 sp_b, i64 sp_h, i64 so_b, i64 so_h, i64 G_, i64 BS_,
+    i64 log2_bs, i64 max_len, i64 window, i64 direct) {
+  constexpr int KR = D / 32;  // key words per token per thread
+  constexpr int VR = D / 64;  // value words per token per thread
+  constexpr int KSTEPS = D / 16;
+  const int h = blockIdx.x, sp = blockIdx.y, b = blockIdx.z, S = gridDim.y;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+  const int G = static_cast<int>(G_), BS = static_cast<int>(BS_);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;");
+#endif
+  __shared__ float qs[MAX_G][D];
+  // each warp's rows, lane-minor (a thread's stores hit 32 banks), summed after a barrier
+  __shared__ float part[WARPS][D / 4][32];
+  __shared__ float wm[WARPS][MAX_G], wl[WARPS][MAX_G];
+
+  // q of the G heads times the signs, every load issued at once (the rotation waits for them)
+  constexpr int QN = MAX_G * D / 128;
+  float qx[QN];
+#pragma unroll
+  for (int j = 0; j < QN; ++j) {
+    const int i = tid + 128 * j, r = i / D, d = i % D;
+    qx[j] = r < G ? load_act<QBF16>(q, b * sq_b + (static_cast<i64>(h) * G + r) * sq_h + d) * signs[d] : 0.f;
+  }
+  const int pos = lens[b * slen] - 1;
+  const int L = min(pos + 1, static_cast<int>(max_len));
+  const int lo = window > 0 ? max(pos + 1 - static_cast<int>(window), 0) : 0;
+  const int t0 = (lo / 16) * 16;
+  const int steps = (max(L - t0, 0) + 15) / 16;
+  const int per = ((steps + S - 1) / S) * 16;
+  const int start = t0 + sp * per;
+  const int end = min(start + per, L);
+
+  const u32 l0 = static_cast<u32>(key_lo), l1 = static_cast<u32>(key_lo >> 32);
+  const u32 h0 = static_cast<u32>(key_hi), h1 = static_cast<u32>(key_hi >> 32);
+  const bool capped = cap_in_bits != 0;
+  const float cap_in = __int_as_float(static_cast<int>(cap_in_bits));
+  const float cap_out = __int_as_float(static_cast<int>(cap_out_bits));
+  const float logit_mult = capped ? 1.f : LOG2E;
+  const i64 bt_row = b * sbt_b;
+  // this thread's rows at slot 0: key codes and per-token scalars of token g, value codes of
+  // token 2t (the scalar planes share one layout: their offsets from the key norms are fixed)
+  typedef unsigned long long u64;
+  const unsigned ksl = static_cast<unsigned>(skp_slot), vsl = static_cast<unsigned>(svp_slot);
+  const unsigned ssl = static_cast<unsigned>(sn_slot);
+  const unsigned char* pk = kept(kp + h * skp_h + t * (D / 8) + static_cast<u64>(g) * ksl);
+  const unsigned char* pv = kept(vp + h * svp_h + g * (D / 16) + static_cast<u64>(2 * t) * vsl);
+  const unsigned short* pn = kept(kn + h * sn_h + static_cast<u64>(g) * ssl);
+  const i64 dvs = kept(vs - kn), dvz = kept(vz - kn);
+  const int lg = static_cast<int>(log2_bs);
+
+  auto page_of = [&](int blk) -> int {
+    const i64 e = static_cast<i64>(blk) * sbt_t + bt_row;
+    const i64 p = BT64 ? reinterpret_cast<const long long*>(bt)[e] : reinterpret_cast<const int*>(bt)[e];
+    return p > 0 ? static_cast<int>(p) : 0;
+  };
+  // this thread's tokens of the step at n0: keys and scalars of g and g + 8, value codes of 2t,
+  // 2t + 1, 2t + 8, 2t + 9. PAGED: a page holds whole 16-token steps, its slots consecutive,
+  // so one lookup gives every row (the slot of token n0 + i is base + i); else each token is
+  // looked up, those past the sequence reading its last.
+  auto load = [&](int n0, Step<D>& st) {
+    if constexpr (PAGED) {
+      const u64 base = static_cast<unsigned>((page_of(n0 >> lg) << lg) + (n0 & ((1 << lg) - 1)));
+      const unsigned char* k = pk + base * ksl;
+      const unsigned short* n = pn + base * ssl;
+      const unsigned char* v = pv + base * vsl;
+      st.k[0] = load_words<KR>(k);
+      st.k[1] = load_words<KR>(k + 8 * ksl);
+      st.kn[0] = __ldg(n);
+      st.kn[1] = __ldg(n + 8 * ssl);
+      st.vs[0] = __ldg(n + dvs);
+      st.vs[1] = __ldg(n + 8 * ssl + dvs);
+      st.vz[0] = __ldg(n + dvz);
+      st.vz[1] = __ldg(n + 8 * ssl + dvz);
+      st.v[0] = load_words<VR>(v);
+      st.v[1] = load_words<VR>(v + vsl);
+      st.v[2] = load_words<VR>(v + 8 * vsl);
+      st.v[3] = load_words<VR>(v + 9 * vsl);
+    } else {
+      const int tok[6] = {g, g + 8, 2 * t, 2 * t + 1, 2 * t + 8, 2 * t + 9};
+      u64 slot[6];
+#pragma unroll
+      for (int j = 0; j < 6; ++j) {
+        const int x = min(n0 + tok[j], L - 1);
+        slot[j] = static_cast<unsigned>(page_of(x / BS) * BS + x % BS);
+      }
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const unsigned short* n = pn + (slot[j] - g) * ssl;
+        st.k[j] = load_words<KR>(pk + (slot[j] - g) * ksl);
+        st.kn[j] = __ldg(n);
+        st.vs[j] = __ldg(n + dvs);
+        st.vz[j] = __ldg(n + dvz);
+      }
+#pragma unroll
+      for (int j = 0; j < 4; ++j) st.v[j] = load_words<VR>(pv + (slot[2 + j] - 2 * t) * vsl);
+    }
+  };
+
+  float m0 = -1.0e30f, m1 = -1.0e30f;  // running max of heads 2t, 2t + 1 (log2 units)
+  float den0 = 0.f, den1 = 0.f, z0 = 0.f, z1 = 0.f;  // this thread's tokens only
+  float acc[KSTEPS][4];
+#pragma unroll
+  for (int i = 0; i < KSTEPS; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
+
+  u32 qf[KSTEPS][2];  // B fragments: head g, this thread's channels in the keys' pairing (below)
+  // one step: the scores, the online softmax, the values; ``cur`` holds the step's data
+  auto step = [&](int n0, const Step<D>& cur) {
+    float c[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int m = 0; m < KR; ++m) {
+      u32 A[4], B[4];
+      key8(cur.k[0].w[m], l0, l1, h0, h1, A);
+      key8(cur.k[1].w[m], l0, l1, h0, h1, B);
+      mma(c, A[0], B[0], A[1], B[1], qf[2 * m][0], qf[2 * m][1]);
+      mma(c, A[2], B[2], A[3], B[3], qf[2 * m + 1][0], qf[2 * m + 1][1]);
+    }
+    const int ta = n0 + g, tb = ta + 8;
+    const bool oka = ta < L && ta >= lo, okb = tb < L && tb >= lo;
+    const float ka = half_bits(cur.kn[0]) * logit_mult, kb = half_bits(cur.kn[1]) * logit_mult;
+    float s[4] = {c[0] * ka, c[1] * ka, c[2] * kb, c[3] * kb};
+    if (capped) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const float e = ex2((2.f * LOG2E) * (s[j] * cap_in));
+        s[j] = (1.f - __fdividef(2.f, e + 1.f)) * cap_out;
+      }
+    }
+    s[0] = oka ? s[0] : NEG_INF;
+    s[1] = oka ? s[1] : NEG_INF;
+    s[2] = okb ? s[2] : NEG_INF;
+    s[3] = okb ? s[3] : NEG_INF;
+    float x0 = fmaxf(s[0], s[2]), x1 = fmaxf(s[1], s[3]);
+#pragma unroll
+    for (int o = 4; o < 32; o <<= 1) {
+      x0 = fmaxf(x0, __shfl_xor_sync(0xffffffffu, x0, o));
+      x1 = fmaxf(x1, __shfl_xor_sync(0xffffffffu, x1, o));
+    }
+    const float n0max = fmaxf(m0, x0), n1max = fmaxf(m1, x1);
+    if (__any_sync(0xffffffffu, n0max > m0 || n1max > m1)) {
+      const float a0 = ex2(m0 - n0max), a1 = ex2(m1 - n1max);
+#pragma unroll
+      for (int i = 0; i < KSTEPS; ++i) {
+        acc[i][0] *= a0;
+        acc[i][1] *= a1;
+        acc[i][2] *= a0;
+        acc[i][3] *= a1;
+      }
+      den0 *= a0;
+      den1 *= a1;
+      z0 *= a0;
+      z1 *= a1;
+      m0 = n0max;
+      m1 = n1max;
+    }
+    const float p0 = ex2(s[0] - m0), p1 = ex2(s[1] - m1);
+    const float p2 = ex2(s[2] - m0), p3 = ex2(s[3] - m1);
+    den0 += p0 + p2;
+    den1 += p1 + p3;
+    const float va = oka ? half_bits(cur.vs[0]) : 0.f, vb = okb ? half_bits(cur.vs[1]) : 0.f;
+    const float za = oka ? half_bits(cur.vz[0]) : 0.f, zb = okb ? half_bits(cur.vz[1]) : 0.f;
+    z0 += p0 * za + p2 * zb;
+    z1 += p1 * za + p3 * zb;
+    const u32 pb0 = transpose8x8(half2_bits(p0 * va, p1 * va));
+    const u32 pb1 = transpose8x8(half2_bits(p2 * vb, p3 * vb));
+#pragma unroll
+    for (int k = 0; k < VR; ++k) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        u32 lo[2], hi[2];  // tokens 2t, 2t + 1 and 2t + 8, 2t + 9
+        value2(cur.v[0].w[k], cur.v[1].w[k], j, lo);
+        value2(cur.v[2].w[k], cur.v[3].w[k], j, hi);
+        mma(acc[4 * k + j], lo[0], lo[1], hi[0], hi[1], pb0, pb1);
+      }
+    }
+  };
+  // the first step's loads go out before q is rotated; each step then loads the next
+  Step<D> cur;
+  int n0 = start + warp * 16;
+  if (n0 < end) load(n0, cur);
+#pragma unroll
+  for (int j = 0; j < QN; ++j) {
+    const int i = tid + 128 * j;
+    qs[i / D][i % D] = qx[j];
+  }
+  __syncthreads();
+  for (int len = 1; len < D; len <<= 1) {
+    for (int i = tid; i < G * (D / 2); i += 128) {
+      const int r = i / (D / 2), j = i % (D / 2);
+      const int a = (j / len) * 2 * len + j % len;
+      const float x = qs[r][a], y = qs[r][a + len];
+      qs[r][a] = x + y;
+      qs[r][a + len] = x - y;
+    }
+    __syncthreads();
+  }
+  const float q_scale = __int_as_float(static_cast<int>(q_scale_bits));
+#pragma unroll
+  for (int s = 0; s < KSTEPS; ++s) {
+    const int c = t * (D / 4) + (s >> 1) * 8 + (s & 1) * 4;
+    qf[s][0] = half2_bits(qs[g][c] * q_scale, qs[g][c + 1] * q_scale);
+    qf[s][1] = half2_bits(qs[g][c + 2] * q_scale, qs[g][c + 3] * q_scale);
+  }
+
+
+#pragma unroll 1
+  for (; n0 < end; n0 += 16 * WARPS) {
+    Step<D> nxt;
+    if (n0 + 16 * WARPS < end) load(n0 + 16 * WARPS, nxt);
+    step(n0, cur);
+    cur = nxt;
+  }
+
+  // this warp's sums over its tokens: reduce over the eight lanes of each head pair
+#pragma unroll
+  for (int o = 4; o < 32; o <<= 1) {
+    den0 += __shfl_xor_sync(0xffffffffu, den0, o);
+    den1 += __shfl_xor_sync(0xffffffffu, den1, o);
+    z0 += __shfl_xor_sync(0xffffffffu, z0, o);
+    z1 += __shfl_xor_sync(0xffffffffu, z1, o);
+  }
+  const int ha = 2 * t, hb = 2 * t + 1;
+  if (g == 0) {
+    wm[warp][ha] = m0;
+    wm[warp][hb] = m1;
+    wl[warp][ha] = den0;
+    wl[warp][hb] = den1;
+  }
+  __syncthreads();
+  float M0 = wm[0][ha], M1 = wm[0][hb];
+#pragma unroll
+  for (int w = 1; w < WARPS; ++w) {
+    M0 = fmaxf(M0, wm[w][ha]);
+    M1 = fmaxf(M1, wm[w][hb]);
+  }
+  const float f0 = ex2(m0 - M0), f1 = ex2(m1 - M1);
+  // element e of m-tile i: row g (low nibbles, codes * 2^-24) or g + 8 (high nibbles, * 2^-20),
+  // head 2t or 2t + 1; the rows are channels g D/8 + 8k + 2j and the one after (i = 4k + j)
+  constexpr float LO = 16777216.f, HI = 1048576.f;
+#pragma unroll
+  for (int i = 0; i < KSTEPS; ++i) {
+    part[warp][4 * i][lane] = (acc[i][0] * LO + z0) * f0;
+    part[warp][4 * i + 1][lane] = (acc[i][1] * LO + z1) * f1;
+    part[warp][4 * i + 2][lane] = (acc[i][2] * HI + z0) * f0;
+    part[warp][4 * i + 3][lane] = (acc[i][3] * HI + z1) * f1;
+  }
+  __syncthreads();
+  for (int i = tid; i < G * D; i += 128) {
+    const int r = i / D, d = i % D;
+    float M = wm[0][r];
+#pragma unroll
+    for (int w = 1; w < WARPS; ++w) M = fmaxf(M, wm[w][r]);
+    float l = 0.f;
+#pragma unroll
+    for (int w = 0; w < WARPS; ++w) l += wl[w][r] * ex2(wm[w][r] - M);
+    const int c = d % (D / 8), e = 4 * (4 * (c >> 3) + ((c & 7) >> 1)) + 2 * (c & 1) + (r & 1);
+    const int from = (d / (D / 8)) * 4 + (r >> 1);  // the lane holding (head r, channel d)
+    float o = 0.f;
+#pragma unroll
+    for (int w = 0; w < WARPS; ++w) o += part[w][e][from];
+    const i64 hq = static_cast<i64>(h) * G + r;
+    if (direct) {
+      store_act<QBF16>(out, b * so_b + hq * so_h + d, l > 0.f ? o / l : 0.f);
+    } else {
+      const i64 at = b * sp_b + hq * sp_h + sp;
+      po[at * D + d] = o;
+      if (d == 0) {
+        pm[at] = M;
+        pl[at] = l;
+      }
+    }
+  }
+}
