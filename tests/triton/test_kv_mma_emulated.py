@@ -15,7 +15,7 @@ import pytest
 import torch
 from ptx_emulator import lop3, prmt
 
-from quantrt.backends.cuda.kv_mma import MAX_SPLITS, key_tables, num_splits, takes
+from quantrt.backends.cuda.kv_mma import ARGS, MAX_SPLITS, key_tables, num_splits, takes
 from quantrt.reference.turboquant import codebook
 
 M32 = 0xFFFFFFFF
@@ -100,3 +100,13 @@ def test_small_calls_go_to_triton_and_splits_fill_the_gpu() -> None:
     assert num_splits(64, 8, 32768, 128, 132) == 1
     assert num_splits(1, 8, 1024, 128, 132) == 8
     assert num_splits(1, 1, 32768, 256, 132) == MAX_SPLITS
+
+
+def test_the_launcher_packs_as_many_arguments_as_the_kernel_takes() -> None:
+    """``ARGS`` (the int64 slots the launcher packs) against the kernel's parameter list in the
+    source: a parameter added on one side only would shift every later argument."""
+    src = (resources.files("quantrt.backends.cuda") / "kernels" / "kv_tq_decode.cu").read_text()
+    m = re.search(r"tq4_decode\((.*?)\)\s*\{", src, re.S)
+    assert m
+    params = [p for p in m.group(1).split(",") if p.strip()]
+    assert len(params) == ARGS
