@@ -18,8 +18,8 @@ combine kernel, launched early on sm_90 (the decode signals at its start).
 from __future__ import annotations
 
 import importlib.util
-import os
 import struct
+import weakref
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -100,6 +100,7 @@ class CudaKV(KVKernels):
         self.portable = portable
         self._launch: dict[tuple[int, str], Any] = {}
         self._books: dict[tuple[Any, ...], tuple[int, int] | None] = {}
+        self._fit: weakref.WeakKeyDictionary[KVPages, bool] = weakref.WeakKeyDictionary()
 
     def supports(
         self, scheme: KVScheme | None, head_dim: int, dtype: torch.dtype, device: torch.device
@@ -138,7 +139,6 @@ class CudaKV(KVKernels):
         mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
         book = self._book(pages)
-        flat = pages.flat()
         B, Hq = q.shape[0], q.shape[1]
         H = pages.num_kv_heads
         if (
@@ -148,15 +148,24 @@ class CudaKV(KVKernels):
             or q.dtype not in _DTYPES
             or Hq % H
             or Hq // H > MAX_GROUP
-            or not _fits(flat, block_table, seq_lens)
+            or block_table.dtype not in (torch.int32, torch.int64)
+            or seq_lens.dtype != torch.int32
+            or not self._planes_fit(pages)
         ):
             return self.portable.decode(
                 q, pages, block_table, seq_lens, max_len,
                 scale=scale, window=window, softcap=softcap, sinks=sinks, mask=mask,
             )  # fmt: skip
         return self._decode(
-            q, pages, flat, book, block_table, seq_lens, max_len, scale, window, softcap, sinks
+            q, pages, pages.flat(), book, block_table, seq_lens, max_len, scale, window, softcap, sinks
         )
+
+    def _planes_fit(self, pages: KVPages) -> bool:
+        """:func:`planes_fit` of the pages, asked once per cache (its planes never move)."""
+        ok = self._fit.get(pages)
+        if ok is None:
+            ok = self._fit[pages] = planes_fit(pages.flat())
+        return ok
 
     def _book(self, pages: KVPages) -> tuple[int, int] | None:
         key = (pages.device, pages.head_dim)
@@ -186,7 +195,7 @@ class CudaKV(KVKernels):
         softcap: float | None,
         sinks: torch.Tensor | None,
     ) -> torch.Tensor:
-        from quantrt.backends.triton.kv import combine_splits, device_sms
+        from quantrt.backends.triton.kv import combine_splits, device_sms, early_sync
 
         from .cupy_kernels import stream
 
@@ -226,13 +235,8 @@ class CudaKV(KVKernels):
         )  # fmt: skip
         launch((H, S, B), (128, 1, 1), args, 0, stream(dev))
         if not direct:
-            sync = self.portable.grid_sync(q.device) if _EARLY else None
-            combine_splits(pm, pl, po, out, sinks, sync)
+            combine_splits(pm, pl, po, out, sinks, early_sync(self.portable.grid_sync(q.device)))
         return out
-
-
-#: ``QUANTRT_KV_EARLY_COMBINE=0``: the combine launches after the decode (read at import)
-_EARLY = os.environ.get("QUANTRT_KV_EARLY_COMBINE", "1").strip() != "0"
 
 
 def _signed(x: int) -> int:
@@ -240,20 +244,17 @@ def _signed(x: int) -> int:
     return x - (1 << 64) if x >= 1 << 63 else x
 
 
-def _fits(flat: dict[str, torch.Tensor], block_table: torch.Tensor, seq_lens: torch.Tensor) -> bool:
-    """The layout the kernel assumes: the three per-token scalar planes share their strides, rows
-    are aligned for wide loads, slots and offsets fit 32 bits, the table is int32 or int64."""
+def planes_fit(flat: dict[str, torch.Tensor]) -> bool:
+    """Whether a cache's planes have the layout the kernel assumes: the three per-token scalar
+    planes share their strides, code rows are contiguous and aligned for the wide loads (a
+    thread's quarter of a row), slots and byte offsets fit 32 bits."""
     kp, kn, vs, vz, vp = flat["k"], flat["k_norm"], flat["v_scale"], flat["v_zero"], flat["v"]
     if not (kn.stride() == vs.stride() == vz.stride()):
         return False
-    if block_table.dtype not in (torch.int32, torch.int64) or seq_lens.dtype != torch.int32:
-        return False
     row = kp.shape[-1]
-    if (
-        kp.stride(-1) != 1
-        or vp.stride(-1) != 1
-        or any(x % (row // 4) for x in (*kp.stride()[:2], *vp.stride()[:2]))
-    ):
+    if kp.stride(-1) != 1 or vp.stride(-1) != 1:
+        return False
+    if any(x % (row // 4) for x in (*kp.stride()[:2], *vp.stride()[:2])):
         return False
     if kp.data_ptr() % 16 or vp.data_ptr() % 16:
         return False

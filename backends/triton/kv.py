@@ -1194,7 +1194,7 @@ def decode_kv(
     vb = byte_words(fmt, q.dtype, vp, D, decoders)
     kdec, vdec, bdec = PORTABLE_DECODERS if decoders is None or _interpreted() else decoders
     dummy = kp
-    early = _EARLY and grid_sync is not None and not direct and not _interpreted()
+    early = not direct and early_sync(grid_sync) is not None
     sks = _scale_strides(ks)
     svs = _scale_strides(vs)
     has_cap = bool(softcap)
@@ -1226,6 +1226,13 @@ def decode_kv(
     if not direct:
         combine_splits(pm, pl, po, out, sinks, grid_sync if early else None)
     return out
+
+
+def early_sync(grid_sync: tuple[Any, Any] | None) -> tuple[Any, Any] | None:
+    """``grid_sync`` where the split combine may launch before its decode ends: a vendor gave one,
+    ``QUANTRT_KV_EARLY_COMBINE`` is not 0 and the kernels are compiled (not interpreted); else
+    None. Every decode that feeds :func:`combine_splits` asks here."""
+    return grid_sync if _EARLY and grid_sync is not None and not _interpreted() else None
 
 
 def combine_splits(

@@ -15,8 +15,10 @@ import pytest
 import torch
 from ptx_emulator import lop3, prmt
 
-from quantrt.backends.cuda.kv_mma import ARGS, MAX_SPLITS, key_tables, num_splits, takes
+from quantrt.backends.cuda.kv_mma import ARGS, MAX_SPLITS, key_tables, num_splits, planes_fit, takes
+from quantrt.kv.pages import KVPages
 from quantrt.reference.turboquant import codebook
+from quantrt.schemes import parse_kv_scheme
 
 M32 = 0xFFFFFFFF
 
@@ -110,3 +112,17 @@ def test_the_launcher_packs_as_many_arguments_as_the_kernel_takes() -> None:
     assert m
     params = [p for p in m.group(1).split(",") if p.strip()]
     assert len(params) == ARGS
+
+
+def test_planes_fit_takes_the_caches_layout_and_refuses_others() -> None:
+    """Every cache's own planes fit; a misaligned key plane, code rows that are not contiguous
+    and scalar planes of different strides do not (those calls go to the Triton kernel)."""
+    scheme = parse_kv_scheme("kv-tq-4bit-nc")
+    for d, heads in ((64, 1), (128, 8), (256, 2)):
+        assert planes_fit(KVPages(scheme, 3, 16, heads, d).flat())
+    flat = dict(KVPages(scheme, 3, 16, 2, 128).flat())
+    assert planes_fit(flat)
+    raw = torch.zeros(48 * 2 * 64 + 8, dtype=torch.uint8)
+    assert not planes_fit({**flat, "k": raw[8:].view(48, 2, 64)})
+    assert not planes_fit({**flat, "v": torch.zeros(48, 2, 128, dtype=torch.uint8)[..., ::2]})
+    assert not planes_fit({**flat, "v_zero": torch.zeros(2, 48, dtype=torch.float16).t()})

@@ -399,7 +399,6 @@ __global__ void __launch_bounds__(128, D <= 128 ? 4 : 2) tq4_decode(
     qf[s][1] = half2_bits(qs[g][c + 2] * q_scale, qs[g][c + 3] * q_scale);
   }
 
-
 #pragma unroll 1
   for (; n0 < end; n0 += 16 * WARPS) {
     Step<D> nxt;
