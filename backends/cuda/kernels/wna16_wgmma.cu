@@ -12,6 +12,13 @@
 // passes x with each chunk's inputs in that order (wna16_layout.wgmma_x_order), zero-padded to
 // whole chunks. Codes, group parameters and x slices stream through a cp.async ring per K group
 // as in wna16_mma.cu; K groups reduce through shared memory; one launch, no workspace.
+//
+// Each warpgroup keeps one chunk's wgmmas in flight while it dequantizes the next (wait_group 1),
+// so the tensor cores run during the dequantization. The chunk loop is unrolled by two over two
+// fragment buffers, each written only by its own chunk's dequantization, after the wait that
+// retired the wgmmas that last read it; the accumulators are fenced around each chunk's wgmmas.
+// A ring slot is refilled only once every warpgroup of the K group retired the wgmmas reading it,
+// which costs the ring one slot of lead (see the main loop).
 #include "wna16_common.cuh"
 
 namespace qrt {
@@ -121,6 +128,12 @@ template <int N> __device__ __forceinline__ void wgmma_wait() {
 }
 // shared memory written by cp.async (the generic proxy) and read next by wgmma (the async proxy)
 __device__ __forceinline__ void fence_async_smem() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+// Pins the accumulators at this point (as CUTLASS's warpgroup_fence_operand): no instruction that
+// reads or writes them moves into a stretch where wgmmas are in flight.
+template <int N> __device__ __forceinline__ void fence_acc(float (&acc)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; i++) asm volatile("" : "+f"(acc[i])::"memory");
+}
 
 }  // namespace qrt
 
@@ -172,18 +185,17 @@ __global__ void wna16_wgmma(const T* __restrict__ x, const uint4* __restrict__ w
   const int c1 = min(chunks, c0 + per);
 
   const uint4* wsrc = w + tile_base(src0, chunks) + c0 * (TG * 32) + lane;
+  // x: thread gl copies piece xl of rows xr0 + XRU u; XRU is a multiple of 8, so the pieces' slots
+  // are a constant apart and one pointer with one stride stands for all of them (registers are
+  // short with two fragment buffers beside the accumulators).
   constexpr int XU = (SX + 32 * WN - 1) / (32 * WN);
-  const T* xsrc[XU];
-  int xdst[XU];
-  bool xok[XU];
-#pragma unroll
-  for (int u = 0; u < XU; u++) {
-    const int p = gl + 32 * WN * u, r = p / XP, L = p % XP;
-    xok[u] = r < rows;
-    xsrc[u] = x + (long long)(m0 + (xok[u] ? r : 0)) * ldx + c0 * KC + L * 8;
-    // tile L/2, k half L%2, 8-row group r/8, row r%8: the canonical no-swizzle K-major layout
-    xdst[u] = (L >> 1) * (XR * 2) + (r >> 3) * 16 + (L & 1) * 8 + (r & 7);
-  }
+  constexpr int XRU = 32 * WN / XP;
+  static_assert(XRU % 8 == 0, "rows xr0 + XRU u share xr0's place in its 8-row group");
+  const int xr0 = gl / XP, xl = gl % XP;
+  const T* xsrc = x + (long long)(m0 + (xr0 < rows ? xr0 : 0)) * ldx + c0 * KC + xl * 8;
+  const long long xstep = (long long)XRU * ldx;
+  // tile L/2, k half L%2, 8-row group r/8, row r%8: the canonical no-swizzle K-major layout
+  const int xdst = (xl >> 1) * (XR * 2) + (xr0 >> 3) * 16 + (xl & 1) * 8 + (xr0 & 7);
   constexpr int PG = NT * 8 * (int)sizeof(P) / 16;
   static_assert(32 % PG == 0, "lane p and p + 32 copy the same column piece");
   constexpr int PU = (SP + 31) / 32;
@@ -198,10 +210,9 @@ __global__ void wna16_wgmma(const T* __restrict__ x, const uint4* __restrict__ w
     for (int j = 0; j < NT; j++) cp_async16(mine + j * 32 + lane, wsrc + j * 32);
     wsrc += TG * 32;
 #pragma unroll
-    for (int u = 0; u < XU; u++) {
-      if (xok[u]) cp_async16(st + xdst[u], xsrc[u]);
-      xsrc[u] += KC;
-    }
+    for (int u = 0; u < XU; u++)
+      if (xr0 + XRU * u < rows) cp_async16(st + xdst + u * (XRU / 8) * 16, xsrc + u * xstep);
+    xsrc += KC;
 #pragma unroll
     for (int u = 0; u < PU; u++) {
       const int p = lane + 32 * u;
@@ -211,41 +222,69 @@ __global__ void wna16_wgmma(const T* __restrict__ x, const uint4* __restrict__ w
     cnext++;
   };
 
+  // Chunk j sits in ring slot (j - c0) % STAGES. One chunk's wgmmas stay in flight while the
+  // next is dequantized, so at the top of chunk c (past the barrier, which every warp reaches
+  // after chunk c - 1's wait_group 1) chunk c - 1's slot is still being read and chunk c - 2's is
+  // the one free: it takes chunk c + STAGES - 2, so copies run STAGES - 2 chunks ahead. A ring of
+  // two has no slot to spare there; it refills chunk c - 1's slot with chunk c + 1 after chunk c's
+  // wait_group 1 and a second barrier (chunk c + 1's copies then overlap chunk c's wgmmas only).
+  constexpr int AHEAD = STAGES > 2 ? STAGES - 2 : 1;
 #pragma unroll
-  for (int s = 0; s < STAGES - 1; s++) {
+  for (int s = 0; s < AHEAD; s++) {
     if (c0 + s < c1) issue(s);
     cp_async_commit();
   }
   int slot = 0;
-  for (int c = c0; c < c1; c++) {
-    cp_async_wait<STAGES - 2>();
+  // One chunk into fragments a, last read by the wgmmas of two chunks ago (retired by the previous
+  // chunk's wait). Two buffers, never copied into each other: fragments moved between buffers are
+  // non-wgmma writes to registers of wgmmas in flight, which ptxas serializes (C7513), and one
+  // buffer rewritten by a rolled loop is a race that ptxas compiles without a word.
+  auto chunk = [&](int c, u32(&a)[TILES][4]) {
+    cp_async_wait<AHEAD - 1>();
     fence_async_smem();
-    group_sync<WN>(wk);  // chunk c visible to the group (and to wgmma); chunk c - 1's slot is free
-    {
-      int ns = slot + STAGES - 1;
+    group_sync<WN>(wk);  // chunk c visible to the group (and to wgmma); chunk c - 2's slot is free
+    if constexpr (STAGES > 2) {
+      int ns = slot + STAGES - 2;
       if (ns >= STAGES) ns -= STAGES;
-      if (c + STAGES - 1 < c1) issue(ns);
+      if (c + AHEAD < c1) issue(ns);
       cp_async_commit();
     }
     const uint4* xs = ring + slot * STAGE;
     const uint4* st = xs + SX + wn * WST;
     const P* prm = reinterpret_cast<const P*>(st + SW);
     const uint4 w0 = st[lane], w1 = st[32 + lane];
-    u32 a[TILES][4];
 #pragma unroll
     for (int kt = 0; kt < TILES; kt++) {
       const int q = GPC == 1 ? 0 : (t * LK + kt * 4) / GL;
       Deq<T, BITS>::run(w0, kt, prm[q * NT * 8 + g], c, a[kt][0], a[kt][2], Book<BITS>{});
       Deq<T, BITS>::run(w1, kt, prm[q * NT * 8 + 8 + g], c, a[kt][1], a[kt][3], Book<BITS>{});
     }
+    // tile kt's descriptor: the address field (low bits, 16-byte units) moved by the tile's offset
+    const unsigned long long xd = kmajor_desc(xs);
+    fence_acc(acc);
     wgmma_fence();
 #pragma unroll
     for (int kt = 0; kt < TILES; kt++)
-      Wgmma<T, XR>::run(acc, a[kt][0], a[kt][1], a[kt][2], a[kt][3], kmajor_desc(xs + kt * XR * 2));
+      Wgmma<T, XR>::run(acc, a[kt][0], a[kt][1], a[kt][2], a[kt][3], xd + kt * XR * 2);
     wgmma_commit();
-    wgmma_wait<0>();  // before the slot is refilled and before a[] is rewritten
+    wgmma_wait<1>();  // chunk c - 1's wgmmas retired: its fragments and its ring slot are free
+    fence_acc(acc);
+    if constexpr (STAGES == 2) {
+      group_sync<WN>(wk);  // every warp of the group past chunk c - 1's wgmmas
+      if (c + 1 < c1) issue(slot ^ 1);
+      cp_async_commit();
+    }
     if (++slot == STAGES) slot = 0;
+  };
+  u32 aA[TILES][4], aB[TILES][4];
+  int c = c0;
+  for (; c + 1 < c1; c += 2) {
+    chunk(c, aA);
+    chunk(c + 1, aB);
   }
+  if (c < c1) chunk(c, aA);  // an odd count: chunk c - 1 (in aB) may still be in flight
+  wgmma_wait<0>();
+  fence_acc(acc);
   cp_async_wait<0>();
 
   // d[4j + r]: A row (column of y) 16w + g + 8(r >> 1), B column (row of x) 8j + 2t + (r & 1)
