@@ -37,7 +37,8 @@ def wg(xr: int, wgn: int) -> dict:
 
 # Launch geometries per bucket. mma.sync: swapped shapes cover the bucket's rows as n8 parts; wn
 # warps side by side share x, so blocks of 8*nt*wn columns read it once. wgmma (sm_90a only): xr
-# rows of x per block as the instruction's n, wgn warpgroups of 64 columns side by side.
+# rows of x per block as the instruction's n, wgn warpgroups of 64 columns side by side. Past 64
+# rows, swapped mma.sync shapes keep 64 rows per block (xr) and launch more row blocks.
 GEOMETRY = {
     1: [mma(True, 1, nt, wn) for nt in (4, 8) for wn in (1, 2, 4)],
     8: [mma(True, 1, nt, wn) for nt in (4, 8) for wn in (1, 2, 4)],
@@ -45,10 +46,10 @@ GEOMETRY = {
     + [wg(16, wgn) for wgn in (1, 2)],
     32: [mma(True, 1, 4, wn) for wn in (2, 4)] + [wg(32, wgn) for wgn in (1, 2)],
     64: [mma(True, 1, 2, wn) for wn in (4, 8)] + [wg(64, wgn) for wgn in (1, 2)],
-    128: [wg(128, wgn) for wgn in (1, 2)] + [wg(64, 1)],
-    256: [wg(256, 1), wg(128, 1), wg(128, 2)],
+    128: [wg(128, wgn) for wgn in (1, 2)] + [wg(64, 1)] + [mma(True, 1, 2, wn) | {"xr": 64} for wn in (4, 8)],
+    256: [wg(256, 1), wg(128, 1), wg(128, 2)] + [mma(True, 1, 2, wn) | {"xr": 64} for wn in (4, 8)],
 }
-STAGES = {1: (2, 3, 4), 8: (2, 3, 4), 16: (2, 3, 4), 32: (2, 3), 64: (2, 3), 128: (2, 3), 256: (2, 3)}
+STAGES = dict.fromkeys(BUCKETS, (2, 3, 4))
 FOLD = (True, False)  # mma.sync only; wgmma is unfolded
 # K groups per block follow from this, per layer shape (mk.pick_warps)
 WARPS_PER_SM = {
@@ -73,7 +74,8 @@ def candidates(bucket: int, hopper: bool, foldable: bool = True) -> list[dict]:
             if not hopper or fold:
                 continue
         else:
-            acc_tiles = geo["nt"] // 2 * -(-bucket // 8) if geo["swap"] else geo["mt"] * geo["nt"]
+            xr = geo.get("xr", bucket)  # a swapped shape's rows per block
+            acc_tiles = geo["nt"] // 2 * -(-xr // 8) if geo["swap"] else geo["mt"] * geo["nt"]
             if fold and acc_tiles > 8:  # 4 fp32 per tile and lane; the fold keeps a second set
                 continue
             if foldable and not fold and bucket <= 16:  # measured slower at every shape (earlier sweeps)

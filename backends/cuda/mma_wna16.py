@@ -374,10 +374,17 @@ class Shape:
             wn = 4 * max(1, min(int(row.get("wgn", 1)), MAX_WN // 4))
             return cls(max_m, 1, 2, int(row.get("stages", 3)), True, False, xr, wn, True)
         mt, nt = int(row["mt"]), int(row["nt"])
-        swap = max_m <= MAX_SWAP_M and nt % 2 == 0 and bool(row.get("swap", max_m <= 16))
+        # "xr": rows per block of a swapped shape below max_m (more row blocks, which read each
+        # weight tile close together in time, so mostly from the L2)
+        xr_row = int(row.get("xr", 0))
+        if xr_row and (xr_row % 8 or not 8 <= xr_row <= min(max_m, MAX_SWAP_M)):
+            raise ValueError(
+                f"swapped rows per block {xr_row}: a multiple of 8 in 8..{min(max_m, MAX_SWAP_M)}"
+            )
+        swap = (max_m <= MAX_SWAP_M or xr_row > 0) and nt % 2 == 0 and bool(row.get("swap", max_m <= 16))
         if swap:
             mt = 1
-            xr = 1 << (max_m - 1).bit_length() if max_m <= 8 else -(-max_m // 8) * 8
+            xr = xr_row or (1 << (max_m - 1).bit_length() if max_m <= 8 else -(-max_m // 8) * 8)
         else:
             xr = 16 * mt
         fold = foldable and gpc == 1 and bool(row.get("fold", True))

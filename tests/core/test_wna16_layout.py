@@ -273,3 +273,18 @@ def test_wgmma_x_order_feeds_each_fragment_its_inputs(bits: int, K: int) -> None
                 w = torch.from_numpy(view[:, k]).double()  # past K: padding codes, times x = 0
                 y += xw[:, c * kc + kt * 16 + j, None] * w[None, :]
     assert torch.allclose(y, x @ codes.double().T)
+
+
+def test_swapped_rows_per_block_below_the_bucket() -> None:
+    """A tuning row past 64 rows keeps a swapped 64-row tile and launches more row blocks; rows
+    per block that the swapped kernel cannot hold are refused at load."""
+    from quantrt.backends.cuda.mma_wna16 import Shape
+
+    row = {"max_m": 256, "mt": 1, "nt": 2, "wn": 4, "swap": True, "xr": 64, "stages": 3, "fold": False}
+    sh = Shape.of(row, 4, torch.bfloat16, 1)
+    assert (sh.swap, sh.xr, sh.rows, sh.mt) == (True, 64, 64, 1)
+    plain = Shape.of({k: v for k, v in row.items() if k != "xr"}, 4, torch.bfloat16, 1)
+    assert (plain.swap, plain.rows) == (False, 16)  # past 64 rows without xr: the unswapped tiles
+    for bad in (12, 72, -8):
+        with pytest.raises(ValueError, match="rows per block"):
+            Shape.of(row | {"xr": bad}, 4, torch.bfloat16, 1)
