@@ -206,9 +206,16 @@ __global__ void __launch_bounds__(128, D <= 128 ? 4 : 2) tq4_decode(
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;");
 #endif
-  __shared__ float qs[MAX_G][D];
-  // each warp's rows, lane-minor (a thread's stores hit 32 banks), summed after a barrier
-  __shared__ float part[WARPS][D / 4][32];
+  // q rows, each quarter of a row 4 floats past the last: a thread reads its head's quarter as
+  // float4s (QROW / 4 = 4 mod 8 and QUART / 4 odd put the eight threads of each phase of the read
+  // on distinct banks; unpadded, every thread of a warp would hit one bank)
+  constexpr int QUART = D / 4 + 4, QROW = 4 * QUART;
+  static_assert(QROW / 4 % 8 == 4 && QUART / 4 % 2 == 1, "q padding: banks");
+  __shared__ __align__(16) float qs[MAX_G * QROW];
+  auto qat = [](int r, int d) { return r * QROW + (d / (D / 4)) * QUART + d % (D / 4); };
+  // each warp's rows, lane-minor (a thread's stores hit 32 banks), one float of padding per row so
+  // the merge's reads (16 channels of a head from two lanes) spread over the banks
+  __shared__ float part[WARPS][D / 4][33];
   __shared__ float wm[WARPS][MAX_G], wl[WARPS][MAX_G];
 
   // q of the G heads times the signs, every load issued at once (the rotation waits for them)
@@ -378,16 +385,17 @@ __global__ void __launch_bounds__(128, D <= 128 ? 4 : 2) tq4_decode(
 #pragma unroll
   for (int j = 0; j < QN; ++j) {
     const int i = tid + 128 * j;
-    qs[i / D][i % D] = qx[j];
+    qs[qat(i / D, i % D)] = qx[j];
   }
   __syncthreads();
   for (int len = 1; len < D; len <<= 1) {
     for (int i = tid; i < G * (D / 2); i += 128) {
       const int r = i / (D / 2), j = i % (D / 2);
       const int a = (j / len) * 2 * len + j % len;
-      const float x = qs[r][a], y = qs[r][a + len];
-      qs[r][a] = x + y;
-      qs[r][a + len] = x - y;
+      const int ia = qat(r, a), ib = qat(r, a + len);
+      const float x = qs[ia], y = qs[ib];
+      qs[ia] = x + y;
+      qs[ib] = x - y;
     }
     __syncthreads();
   }
@@ -395,8 +403,9 @@ __global__ void __launch_bounds__(128, D <= 128 ? 4 : 2) tq4_decode(
 #pragma unroll
   for (int s = 0; s < KSTEPS; ++s) {
     const int c = t * (D / 4) + (s >> 1) * 8 + (s & 1) * 4;
-    qf[s][0] = half2_bits(qs[g][c] * q_scale, qs[g][c + 1] * q_scale);
-    qf[s][1] = half2_bits(qs[g][c + 2] * q_scale, qs[g][c + 3] * q_scale);
+    const float4 x = *reinterpret_cast<const float4*>(qs + qat(g, c));
+    qf[s][0] = half2_bits(x.x * q_scale, x.y * q_scale);
+    qf[s][1] = half2_bits(x.z * q_scale, x.w * q_scale);
   }
 
 #pragma unroll 1
