@@ -32,12 +32,11 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-import triton.testing as tt
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import gpu_kv as g
 
-from quantrt.bench import FLUSH_MODES, l2_flush
+from quantrt.bench import FLUSH_MODES, graph_replay_us, l2_flush
 
 WARMUP_MS, REP_MS = 10, 60
 MAX_LAYERS = 256
@@ -50,23 +49,14 @@ def layers_for(bytes_per_layer: int, chain_bytes: int) -> int:
 
 def chain_us(calls: list[Callable[[], Any]]) -> float:
     """Per-call median of the calls captured in one graph, one after another."""
-    for c in calls:
-        c()
-    torch.cuda.synchronize()
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
+
+    def run() -> None:
         for c in calls:
             c()
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for c in calls:
-            c()
-    torch.cuda.synchronize()
-    total = float(tt.do_bench(graph.replay, warmup=WARMUP_MS, rep=REP_MS, return_mode="median")) * 1e3
-    del graph
+
+    total, err = graph_replay_us(run, WARMUP_MS, REP_MS)
+    if total is None:
+        raise RuntimeError(f"the chain of {len(calls)} calls could not be replayed: {err}")
     return total / len(calls)
 
 
