@@ -45,8 +45,8 @@ MAX_SPLITS = 64
 #: a split walks at least this many tokens (four warps, two 16-token steps each)
 MIN_SPLIT_TOKENS = 128
 #: calls over fewer (sequence, KV head, token) triples than this go to the Triton kernel: its fixed
-#: cost per launch is lower, so it is faster on short contexts at small batches (H100, 2026-12-07:
-#: equal at 2^18, 32k tokens x 8 heads at batch 1; docs/performance.md)
+#: cost per launch is lower, so it is faster on short contexts at small batches (measured on the
+#: H100 before the shared-memory padding, when the two tied at 2^18; docs/performance.md)
 MIN_TOKEN_HEADS = 1 << 18
 ARGS = 39
 _LOG2E = 1.4426950408889634
