@@ -49,6 +49,8 @@ MIN_SPLIT_TOKENS = 128
 #: H100 before the shared-memory padding, when the two tied at 2^18; docs/performance.md)
 MIN_TOKEN_HEADS = 1 << 18
 ARGS = 39
+#: the kernel's WARPS and STEPS_AHEAD (tests read them from the source)
+WARPS, STEPS_AHEAD = 4, 2
 _LOG2E = 1.4426950408889634
 _DTYPES = (torch.float16, torch.bfloat16)
 
@@ -78,6 +80,15 @@ def num_splits(batch: int, num_kv_heads: int, max_len: int, head_dim: int, sms: 
     least ``MIN_SPLIT_TOKENS`` long, at most the combine's one round."""
     fit = (PROGRAMS_PER_SM[head_dim] * sms) // max(1, batch * num_kv_heads)
     return max(1, min(MAX_SPLITS, fit, -(-max(max_len, 1) // MIN_SPLIT_TOKENS)))
+
+
+def shared_bytes(head_dim: int) -> int:
+    """A program's dynamic shared memory: each warp's ring of STEPS_AHEAD + 1 stages (a stage holds
+    each lane's two key rows and four value rows, head_dim / 2 bytes a lane), or the merge's rows
+    that reuse it after the loop, whichever is larger."""
+    rings = WARPS * (STEPS_AHEAD + 1) * 32 * (head_dim // 2)
+    rows = WARPS * (head_dim // 4) * 33 * 4
+    return max(rings, rows)
 
 
 def takes(batch: int, num_kv_heads: int, max_len: int) -> bool:
@@ -204,8 +215,8 @@ class CudaKV(KVKernels):
         out = torch.empty_like(q)
         if B == 0:
             return out
-        if q.stride(-1) != 1:
-            q = q.contiguous()
+        if not rows_aligned(q):
+            q = q.clone(memory_format=torch.contiguous_format)
         dev = q.device.index if q.device.index is not None else torch.cuda.current_device()
         S = num_splits(B, H, max_len, D, device_sms(q.device))
         direct = S == 1 and sinks is None
@@ -233,10 +244,16 @@ class CudaKV(KVKernels):
             0 if direct else pm.stride(0), 0 if direct else pm.stride(1), out.stride(0), out.stride(1),
             Hq // H, bs, bs.bit_length() - 1, int(max_len), int(window or 0), int(direct),
         )  # fmt: skip
-        launch((H, S, B), (128, 1, 1), args, 0, stream(dev))
+        launch((H, S, B), (32 * WARPS, 1, 1), args, shared_bytes(D), stream(dev))
         if not direct:
             combine_splits(pm, pl, po, out, sinks, early_sync(self.portable.grid_sync(q.device)))
         return out
+
+
+def rows_aligned(q: torch.Tensor) -> bool:
+    """Whether the kernel can read q [B, Hq, D] in place: contiguous rows at 16-byte boundaries (a
+    thread reads its quarter of a row in 16-byte loads)."""
+    return q.stride(-1) == 1 and q.data_ptr() % 16 == 0 and q.stride(0) % 8 == 0 and q.stride(1) % 8 == 0
 
 
 def _signed(x: int) -> int:

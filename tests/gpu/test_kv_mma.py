@@ -2,8 +2,9 @@
 ``kernels/kv_tq_decode.cu``) on a real GPU, against ``attention_reference`` over the cache read
 back by the torch codec: head_dim 64/128/256, GQA groups 1..8, page sizes that hold whole 16-token
 steps (16, 32) and those that do not (8, 48: one block-table lookup per token), ragged lengths
-(1, 15, 17, a page and a step off), int64 block tables, non-contiguous queries, a window, a
+(1, 15, 17, a page and a step off), int64 block tables, strided and misaligned queries, a window, a
 softcap and sinks, one split (the output written directly) and up to 64 (merged by the combine);
+warps walking 79 steps (the ring of loads wrapping many times);
 and beside the portable Triton kernel on the same pages; every call forced onto the kernel (the
 size rule off). What it cannot take (a mask, fp32 queries, more than 8 query heads per KV head,
 a call under the size rule) goes to the Triton kernel."""
@@ -94,12 +95,15 @@ def test_decode_matches_oracle(case, dtype) -> None:  # type: ignore[no-untyped-
     g = torch.Generator().manual_seed(sum(lens) + D)
     pages, table, len_t, kd, vd = build(lens, H, D, bs, dtype, g)
     T = max(lens)
-    for opts in ({}, {"window": 200}, {"softcap": 20.0}, {"sinks": True}):
+    # queries: channels strided, rows 2 bytes off 16-byte alignment (both copied first), rows
+    # strided but aligned (read in place)
+    views = (lambda w: w[:, :, ::2], lambda w: w[:, :, 1 : D + 1], lambda w: w[:, :, D:])
+    for i, opts in enumerate(({}, {"window": 200}, {"softcap": 20.0}, {"sinks": True})):
         kw = dict(scale=D**-0.5, **opts)
         if opts.get("sinks"):
             kw["sinks"] = torch.randn(H * G, generator=g).to(DEV)
         wide = torch.randn(len(lens), H * G, 2 * D, generator=g).to(DEV, dtype)
-        q = wide[:, :, ::2]  # non-contiguous
+        q = views[i % 3](wide)
         out = decode_attention(q, pages, table, len_t, T, **kw)
         assert out.dtype == dtype and out.shape == q.shape
         err = rel(out.float(), oracle(q, kd, vd, len_t, **kw))
@@ -119,6 +123,22 @@ def test_splits_and_direct_agree_with_triton(batch: int, monkeypatch: pytest.Mon
     ref = oracle(q, kd, vd, len_t, scale=0.09)
     assert rel(out.float(), ref) <= TOL[torch.bfloat16]
     triton = pages.kernels.portable.decode(q, pages, table, len_t, 6000, scale=0.09)
+    assert rel(out.float(), triton.float()) <= TOL[torch.bfloat16]
+
+
+def test_long_walks_read_their_pages_ahead() -> None:
+    """Batch 40 x 8 KV heads runs one split per sequence, so a warp walks up to 79 steps, its ring of
+    loads wrapping around many times; pages of 32 slots hold two steps."""
+    g = torch.Generator().manual_seed(40)
+    lens = [int(x) for x in torch.randint(1, 5000, (40,), generator=g)]
+    lens[0] = 5000
+    pages, table, len_t, kd, vd = build(lens, 8, 128, 32, torch.bfloat16, g)
+    q = torch.randn(40, 8, 128, generator=g).to(DEV, torch.bfloat16)
+    sms = torch.cuda.get_device_properties(DEV).multi_processor_count
+    assert kv_mma.num_splits(40, 8, 5000, 128, sms) == 1
+    out = decode_attention(q, pages, table, len_t, 5000, scale=0.09)
+    assert rel(out.float(), oracle(q, kd, vd, len_t, scale=0.09)) <= TOL[torch.bfloat16]
+    triton = pages.kernels.portable.decode(q, pages, table, len_t, 5000, scale=0.09)
     assert rel(out.float(), triton.float()) <= TOL[torch.bfloat16]
 
 

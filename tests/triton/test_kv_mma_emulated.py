@@ -15,7 +15,17 @@ import pytest
 import torch
 from ptx_emulator import lop3, prmt
 
-from quantrt.backends.cuda.kv_mma import ARGS, MAX_SPLITS, key_tables, num_splits, planes_fit, takes
+from quantrt.backends.cuda.kv_mma import (
+    ARGS,
+    MAX_SPLITS,
+    STEPS_AHEAD,
+    WARPS,
+    key_tables,
+    num_splits,
+    planes_fit,
+    shared_bytes,
+    takes,
+)
 from quantrt.kv.pages import KVPages
 from quantrt.reference.turboquant import codebook
 from quantrt.schemes import parse_kv_scheme
@@ -112,6 +122,16 @@ def test_the_launcher_packs_as_many_arguments_as_the_kernel_takes() -> None:
     assert m
     params = [p for p in m.group(1).split(",") if p.strip()]
     assert len(params) == ARGS
+
+
+def test_the_launch_reserves_the_rings_the_kernel_lays_out() -> None:
+    """``shared_bytes`` is computed from the kernel's WARPS and STEPS_AHEAD, read here from the
+    source: a deeper ring on one side only would overrun the launch's shared memory."""
+    src = (resources.files("quantrt.backends.cuda") / "kernels" / "kv_tq_decode.cu").read_text()
+    for name, value in (("WARPS", WARPS), ("STEPS_AHEAD", STEPS_AHEAD)):
+        m = re.search(rf"constexpr int {name} = (\d+);", src)
+        assert m and int(m.group(1)) == value, name
+    assert shared_bytes(128) == 4 * 3 * 32 * 64  # the rings outgrow the merge's 4 x 32 x 33 floats
 
 
 def test_planes_fit_takes_the_caches_layout_and_refuses_others() -> None:

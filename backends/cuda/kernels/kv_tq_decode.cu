@@ -24,6 +24,11 @@
 // by one movmatrix per 8 tokens. Per-token factors (key norm, value scale and zero) ride along;
 // the zero-point term is a per-thread sum of p * zero.
 //
+// Loads run two steps ahead of the math: a thread's codes go straight to its slots of a three-stage
+// ring in shared memory (cp.async, no registers held), its per-token scalars to one of two register
+// sets (the loop unrolled by two). q is rotated in registers: the butterflies within a thread's
+// quarter of a head, then across the four lanes that hold that head (shuffles), no barrier.
+//
 // Out: DIRECT, the normalised rows; else per split the max (log2 units), the sum of p and the
 // unnormalised rows, the layout backends/triton/kv.py's combine merges.
 
@@ -157,12 +162,16 @@ __device__ __forceinline__ Words<N> load_words(const unsigned char* p) {
   return r;
 }
 
+// A pair of activations (one 32-bit word) times a pair of signs, as floats.
 template <bool BF16>
-__device__ __forceinline__ float load_act(const void* p, i64 i) {
+__device__ __forceinline__ void act2(u32 w, float s0, float s1, float& x0, float& x1) {
   if constexpr (BF16) {
-    return __bfloat162float(reinterpret_cast<const __nv_bfloat16*>(p)[i]);
+    x0 = __uint_as_float(w << 16) * s0;
+    x1 = __uint_as_float(w & 0xFFFF0000u) * s1;
   } else {
-    return __half2float(reinterpret_cast<const __half*>(p)[i]);
+    const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&w));
+    x0 = f.x * s0;
+    x1 = f.y * s1;
   }
 }
 
@@ -175,13 +184,71 @@ __device__ __forceinline__ void store_act(void* p, i64 i, float x) {
   }
 }
 
-// One step's data for one thread, loaded a step ahead of its use.
+// One step's data for one thread: its codes (read from the ring) and per-token scalars.
 template <int D>
 struct Step {
   Words<D / 32> k[2];  // tokens g, g + 8: this thread's D/4 key channels
   Words<D / 64> v[4];  // tokens 2t, 2t + 1, 2t + 8, 2t + 9: this thread's D/8 value channels
   unsigned short kn[2], vs[2], vz[2];  // tokens g, g + 8
 };
+
+// The per-token scalars of a step, loaded STEPS_AHEAD steps before their use.
+struct Scalars {
+  unsigned short kn[2], vs[2], vz[2];
+};
+
+// Copy N 32-bit words from global to shared memory without passing through registers
+// (cp.async; 16-byte pieces bypass L1, as a streamed cache is read once).
+template <int N>
+__device__ __forceinline__ void copy_words(unsigned dst, const unsigned char* src) {
+  if constexpr (N == 1) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(dst), "l"(src) : "memory");
+  } else if constexpr (N == 2) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(dst), "l"(src) : "memory");
+  } else {
+#pragma unroll
+    for (int j = 0; j < N / 4; ++j) {
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst + 16 * j), "l"(src + 16 * j) : "memory");
+    }
+  }
+}
+
+__device__ __forceinline__ void copies_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+
+template <int N>
+__device__ __forceinline__ void copies_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
+template <int N>
+__device__ __forceinline__ Words<N> shared_words(const u32* p) {
+  Words<N> r;
+  if constexpr (N == 1) {
+    r.w[0] = p[0];
+  } else if constexpr (N == 2) {
+    const uint2 x = *reinterpret_cast<const uint2*>(p);
+    r.w[0] = x.x;
+    r.w[1] = x.y;
+  } else {
+#pragma unroll
+    for (int j = 0; j < N / 4; ++j) {
+      const uint4 x = reinterpret_cast<const uint4*>(p)[j];
+      r.w[4 * j] = x.x;
+      r.w[4 * j + 1] = x.y;
+      r.w[4 * j + 2] = x.z;
+      r.w[4 * j + 3] = x.w;
+    }
+  }
+  return r;
+}
+
+// Steps a warp's loads run ahead of its math: codes through a ring of STEPS_AHEAD + 1 stages in
+// shared memory (cp.async: no registers held), scalars in registers (two sets, the loop unrolled
+// by two so none is moved: a move would wait for its load). The ring's size is the launch's
+// dynamic shared memory, kv_mma.shared_bytes.
+constexpr int STEPS_AHEAD = 2;
+constexpr int STAGES = STEPS_AHEAD + 1;
+
 
 }  // namespace tqkv
 
@@ -206,27 +273,50 @@ __global__ void __launch_bounds__(128, D <= 128 ? 4 : 2) tq4_decode(
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;");
 #endif
-  // q rows, each quarter of a row 4 floats past the last: a thread reads its head's quarter as
-  // float4s (QROW / 4 = 4 mod 8 and QUART / 4 odd put the eight threads of each phase of the read
-  // on distinct banks; unpadded, every thread of a warp would hit one bank)
-  constexpr int QUART = D / 4 + 4, QROW = 4 * QUART;
-  static_assert(QROW / 4 % 8 == 4 && QUART / 4 % 2 == 1, "q padding: banks");
-  __shared__ __align__(16) float qs[MAX_G * QROW];
-  auto qat = [](int r, int d) { return r * QROW + (d / (D / 4)) * QUART + d % (D / 4); };
-  // each warp's rows, lane-minor (a thread's stores hit 32 banks), one float of padding per row so
-  // the merge's reads (16 channels of a head from two lanes) spread over the banks
-  __shared__ float part[WARPS][D / 4][33];
+  // the warps' rings (dynamic: kv_mma.shared_bytes); after the token loop the same space holds each
+  // warp's rows, lane-minor (a thread's stores hit 32 banks), one float of padding per row so the
+  // merge's reads (16 channels of a head from two lanes) spread over the banks
+  extern __shared__ __align__(16) u32 ring[];
+  auto part = reinterpret_cast<float (*)[D / 4][33]>(ring);
   __shared__ float wm[WARPS][MAX_G], wl[WARPS][MAX_G];
 
-  // q of the G heads times the signs, every load issued at once (the rotation waits for them)
-  constexpr int QN = MAX_G * D / 128;
-  float qx[QN];
+  // q of head g, this thread's quarter of the channels (16-byte loads: the host aligns q), times
+  // the signs: every load issued at once (the rotation below waits for them, after the first
+  // steps' loads are out)
+  constexpr int Q = D / 4;
+  float x[Q];
+  {
+    const i64 row = b * sq_b + (static_cast<i64>(h) * G + g) * sq_h + t * Q;
+    const uint4* qv = reinterpret_cast<const uint4*>(static_cast<const unsigned short*>(q) + row);
+    const float4* sg = reinterpret_cast<const float4*>(signs + t * Q);
 #pragma unroll
-  for (int j = 0; j < QN; ++j) {
-    const int i = tid + 128 * j, r = i / D, d = i % D;
-    qx[j] = r < G ? load_act<QBF16>(q, b * sq_b + (static_cast<i64>(h) * G + r) * sq_h + d) * signs[d] : 0.f;
+    for (int i = 0; i < Q / 8; ++i) {
+      const uint4 w = g < G ? __ldg(qv + i) : make_uint4(0u, 0u, 0u, 0u);
+      const float4 sa = __ldg(sg + 2 * i), sb = __ldg(sg + 2 * i + 1);
+      act2<QBF16>(w.x, sa.x, sa.y, x[8 * i], x[8 * i + 1]);
+      act2<QBF16>(w.y, sa.z, sa.w, x[8 * i + 2], x[8 * i + 3]);
+      act2<QBF16>(w.z, sb.x, sb.y, x[8 * i + 4], x[8 * i + 5]);
+      act2<QBF16>(w.w, sb.z, sb.w, x[8 * i + 6], x[8 * i + 7]);
+    }
   }
   const int pos = lens[b * slen] - 1;
+  const i64 bt_row = b * sbt_b;
+  auto page_of = [&](int blk) -> int {
+    const i64 e = static_cast<i64>(blk) * sbt_t + bt_row;
+    const i64 p = BT64 ? reinterpret_cast<const long long*>(bt)[e] : reinterpret_cast<const int*>(bt)[e];
+    return p > 0 ? static_cast<int>(p) : 0;
+  };
+  const int lg = static_cast<int>(log2_bs);
+  // where this warp's first step would start were the sequence max_len long (in eager decode at
+  // batch 1 it is): its page is looked up while the length is still on its way, and used if so
+  auto first_step = [&](int length) {
+    const int lo = window > 0 ? max(length - static_cast<int>(window), 0) : 0;
+    const int t0 = (lo / 16) * 16;
+    const int per = (((length - t0 + 15) / 16 + S - 1) / S) * 16;
+    return t0 + sp * per + warp * 16;
+  };
+  const int guess = first_step(static_cast<int>(max_len));
+  const int guess_page = PAGED && guess < max_len ? page_of(guess >> lg) : -1;
   const int L = min(pos + 1, static_cast<int>(max_len));
   const int lo = window > 0 ? max(pos + 1 - static_cast<int>(window), 0) : 0;
   const int t0 = (lo / 16) * 16;
@@ -241,7 +331,6 @@ __global__ void __launch_bounds__(128, D <= 128 ? 4 : 2) tq4_decode(
   const float cap_in = __int_as_float(static_cast<int>(cap_in_bits));
   const float cap_out = __int_as_float(static_cast<int>(cap_out_bits));
   const float logit_mult = capped ? 1.f : LOG2E;
-  const i64 bt_row = b * sbt_b;
   // this thread's rows at slot 0: key codes and per-token scalars of token g, value codes of
   // token 2t (the scalar planes share one layout: their offsets from the key norms are fixed)
   typedef unsigned long long u64;
@@ -251,56 +340,54 @@ __global__ void __launch_bounds__(128, D <= 128 ? 4 : 2) tq4_decode(
   const unsigned char* pv = kept(vp + h * svp_h + g * (D / 16) + static_cast<u64>(2 * t) * vsl);
   const unsigned short* pn = kept(kn + h * sn_h + static_cast<u64>(g) * ssl);
   const i64 dvs = kept(vs - kn), dvz = kept(vz - kn);
-  const int lg = static_cast<int>(log2_bs);
+  // this warp's ring; a stage holds, lane-minor, each lane's key rows (tokens g, g + 8) then its
+  // value rows (2t, 2t + 1, 2t + 8, 2t + 9), so the lanes' reads and copies are contiguous
+  constexpr int STAGE_WORDS = 32 * (2 * KR + 4 * VR);
+  const unsigned ring0 = static_cast<unsigned>(__cvta_generic_to_shared(ring + warp * STAGES * STAGE_WORDS));
+  auto key_at = [&](int stage, int j) { return stage * STAGE_WORDS + (j * 32 + lane) * KR; };
+  auto value_at = [&](int stage, int j) { return stage * STAGE_WORDS + 64 * KR + (j * 32 + lane) * VR; };
 
-  auto page_of = [&](int blk) -> int {
-    const i64 e = static_cast<i64>(blk) * sbt_t + bt_row;
-    const i64 p = BT64 ? reinterpret_cast<const long long*>(bt)[e] : reinterpret_cast<const int*>(bt)[e];
-    return p > 0 ? static_cast<int>(p) : 0;
-  };
-  // this thread's tokens of the step at n0: keys and scalars of g and g + 8, value codes of 2t,
-  // 2t + 1, 2t + 8, 2t + 9. PAGED: a page holds whole 16-token steps, its slots consecutive,
-  // so one lookup gives every row (the slot of token n0 + i is base + i); else each token is
-  // looked up, those past the sequence reading its last.
-  auto load = [&](int n0, Step<D>& st) {
+  // The step at n0: this thread's codes copied into ring stage ``stage`` (keys of g and g + 8,
+  // values of 2t, 2t + 1, 2t + 8, 2t + 9) and its scalars (g, g + 8) loaded into ``sc``. PAGED: a
+  // page holds whole 16-token steps, its slots consecutive, so one lookup gives every row (the
+  // slot of token n0 + i is base + i); else each token is looked up, those past the sequence
+  // reading its last. ``page``: the step's page where already known.
+  auto fetch = [&](int n0, int stage, Scalars& sc, int page = -1) {
+    u64 rk[2], rv[4];  // rows from this thread's row pointers (pk, pn: token g; pv: token 2t)
     if constexpr (PAGED) {
-      const u64 base = static_cast<unsigned>((page_of(n0 >> lg) << lg) + (n0 & ((1 << lg) - 1)));
-      const unsigned char* k = pk + base * ksl;
-      const unsigned short* n = pn + base * ssl;
-      const unsigned char* v = pv + base * vsl;
-      st.k[0] = load_words<KR>(k);
-      st.k[1] = load_words<KR>(k + 8 * ksl);
-      st.kn[0] = __ldg(n);
-      st.kn[1] = __ldg(n + 8 * ssl);
-      st.vs[0] = __ldg(n + dvs);
-      st.vs[1] = __ldg(n + 8 * ssl + dvs);
-      st.vz[0] = __ldg(n + dvz);
-      st.vz[1] = __ldg(n + 8 * ssl + dvz);
-      st.v[0] = load_words<VR>(v);
-      st.v[1] = load_words<VR>(v + vsl);
-      st.v[2] = load_words<VR>(v + 8 * vsl);
-      st.v[3] = load_words<VR>(v + 9 * vsl);
+      const int pg = page >= 0 ? page : page_of(n0 >> lg);
+      const u64 base = static_cast<unsigned>((pg << lg) + (n0 & ((1 << lg) - 1)));
+      rk[0] = base;
+      rk[1] = base + 8;
+      rv[0] = base;
+      rv[1] = base + 1;
+      rv[2] = base + 8;
+      rv[3] = base + 9;
     } else {
       const int tok[6] = {g, g + 8, 2 * t, 2 * t + 1, 2 * t + 8, 2 * t + 9};
       u64 slot[6];
 #pragma unroll
       for (int j = 0; j < 6; ++j) {
-        const int x = min(n0 + tok[j], L - 1);
-        slot[j] = static_cast<unsigned>(page_of(x / BS) * BS + x % BS);
+        const int n = min(n0 + tok[j], L - 1);
+        slot[j] = static_cast<unsigned>(page_of(n / BS) * BS + n % BS);
       }
+      rk[0] = slot[0] - g;
+      rk[1] = slot[1] - g;
 #pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        const unsigned short* n = pn + (slot[j] - g) * ssl;
-        st.k[j] = load_words<KR>(pk + (slot[j] - g) * ksl);
-        st.kn[j] = __ldg(n);
-        st.vs[j] = __ldg(n + dvs);
-        st.vz[j] = __ldg(n + dvz);
-      }
-#pragma unroll
-      for (int j = 0; j < 4; ++j) st.v[j] = load_words<VR>(pv + (slot[2 + j] - 2 * t) * vsl);
+      for (int j = 0; j < 4; ++j) rv[j] = slot[2 + j] - 2 * t;
     }
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      copy_words<KR>(ring0 + 4 * key_at(stage, j), pk + rk[j] * ksl);
+      const unsigned short* n = pn + rk[j] * ssl;
+      sc.kn[j] = __ldg(n);
+      sc.vs[j] = __ldg(n + dvs);
+      sc.vz[j] = __ldg(n + dvz);
+    }
+#pragma unroll
+    for (int j = 0; j < 4; ++j) copy_words<VR>(ring0 + 4 * value_at(stage, j), pv + rv[j] * vsl);
+    copies_commit();
   };
-
   float m0 = -1.0e30f, m1 = -1.0e30f;  // running max of heads 2t, 2t + 1 (log2 units)
   float den0 = 0.f, den1 = 0.f, z0 = 0.f, z1 = 0.f;  // this thread's tokens only
   float acc[KSTEPS][4];
@@ -378,42 +465,81 @@ __global__ void __launch_bounds__(128, D <= 128 ? 4 : 2) tq4_decode(
       }
     }
   };
-  // the first step's loads go out before q is rotated; each step then loads the next
-  Step<D> cur;
+  // the first steps' loads go out before q is rotated
   int n0 = start + warp * 16;
-  if (n0 < end) load(n0, cur);
-#pragma unroll
-  for (int j = 0; j < QN; ++j) {
-    const int i = tid + 128 * j;
-    qs[qat(i / D, i % D)] = qx[j];
+  Scalars sa, sb;  // the scalars of this step and the next
+  int rd = 0;      // the ring stage of this step
+  // (a step past the end commits an empty group: each step's wait counts STEPS_AHEAD groups after it)
+  if (n0 < end) {
+    fetch(n0, 0, sa, n0 == guess ? guess_page : -1);
+  } else {
+    copies_commit();
   }
-  __syncthreads();
-  for (int len = 1; len < D; len <<= 1) {
-    for (int i = tid; i < G * (D / 2); i += 128) {
-      const int r = i / (D / 2), j = i % (D / 2);
-      const int a = (j / len) * 2 * len + j % len;
-      const int ia = qat(r, a), ib = qat(r, a + len);
-      const float x = qs[ia], y = qs[ib];
-      qs[ia] = x + y;
-      qs[ib] = x - y;
+  if (n0 + 16 * WARPS < end) {
+    fetch(n0 + 16 * WARPS, 1, sb);
+  } else {
+    copies_commit();
+  }
+
+  // q rotated: the butterflies within a thread's quarter, then across the four quarters of a head
+  // (lanes t ^ 1, t ^ 2); unnormalised, in the order of the channel bits, as the write rotates
+#pragma unroll
+  for (int len = 1; len < Q; len <<= 1) {
+#pragma unroll
+    for (int i = 0; i < Q; ++i) {
+      if (!(i & len)) {
+        const float u = x[i], w = x[i + len];
+        x[i] = u + w;
+        x[i + len] = u - w;
+      }
     }
-    __syncthreads();
+  }
+#pragma unroll
+  for (int m = 1; m < 4; m <<= 1) {
+    const bool upper = t & m;
+#pragma unroll
+    for (int i = 0; i < Q; ++i) {
+      const float y = __shfl_xor_sync(0xffffffffu, x[i], m);
+      x[i] = upper ? y - x[i] : x[i] + y;
+    }
   }
   const float q_scale = __int_as_float(static_cast<int>(q_scale_bits));
 #pragma unroll
   for (int s = 0; s < KSTEPS; ++s) {
-    const int c = t * (D / 4) + (s >> 1) * 8 + (s & 1) * 4;
-    const float4 x = *reinterpret_cast<const float4*>(qs + qat(g, c));
-    qf[s][0] = half2_bits(x.x * q_scale, x.y * q_scale);
-    qf[s][1] = half2_bits(x.z * q_scale, x.w * q_scale);
+    qf[s][0] = half2_bits(x[4 * s] * q_scale, x[4 * s + 1] * q_scale);
+    qf[s][1] = half2_bits(x[4 * s + 2] * q_scale, x[4 * s + 3] * q_scale);
   }
 
-#pragma unroll 1
-  for (; n0 < end; n0 += 16 * WARPS) {
-    Step<D> nxt;
-    if (n0 + 16 * WARPS < end) load(n0 + 16 * WARPS, nxt);
+  // one step: the loads STEPS_AHEAD steps on go out (into the stage and the scalars this step
+  // frees), this step's codes are read from the ring, then its math
+  auto advance = [&](Scalars& sc) {
+    Step<D> cur;
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      cur.kn[j] = sc.kn[j];
+      cur.vs[j] = sc.vs[j];
+      cur.vz[j] = sc.vz[j];
+    }
+    const int wr = rd == 0 ? STAGES - 1 : rd - 1;
+    if (n0 + STEPS_AHEAD * 16 * WARPS < end) {
+      fetch(n0 + STEPS_AHEAD * 16 * WARPS, wr, sc);
+    } else {
+      copies_commit();
+    }
+    copies_wait<STEPS_AHEAD>();
+#pragma unroll
+    for (int j = 0; j < 2; ++j) cur.k[j] = shared_words<KR>(ring + warp * STAGES * STAGE_WORDS + key_at(rd, j));
+#pragma unroll
+    for (int j = 0; j < 4; ++j) cur.v[j] = shared_words<VR>(ring + warp * STAGES * STAGE_WORDS + value_at(rd, j));
     step(n0, cur);
-    cur = nxt;
+    rd = rd == STAGES - 1 ? 0 : rd + 1;
+    n0 += 16 * WARPS;
+  };
+#pragma unroll 1
+  while (n0 < end) {
+    advance(sa);
+    if (n0 >= end) break;
+    advance(sb);
   }
 
   // this warp's sums over its tokens: reduce over the eight lanes of each head pair
