@@ -2,7 +2,7 @@
 caches (one per layer) captured back to back in one CUDA graph, the replay's median over L.
 
     python3 bench/gpu_kv_layers.py --out FILE.json [--contexts 32768,8192,1024] [--batches 1,16,64]
-        [--schemes kv-fp8,kv-tq-4bit-nc] [--chain-mb 512] [--flush read]
+        [--schemes kv-fp8,kv-tq-4bit-nc] [--chain-mb 512] [--flush read] [--cuda-source TAG=FILE]
 
 Why beside ``bench/gpu_kv.py``: that bench times one call after an L2 flush, so every cell carries
 the replay's own start (graph launch, the events; what ``floor_us`` below measures: a graph of one
@@ -40,6 +40,26 @@ from quantrt.bench import FLUSH_MODES, graph_replay_us, l2_flush
 
 WARMUP_MS, REP_MS = 10, 60
 MAX_LAYERS = 256
+#: the kernel objects behind the last quantrt_calls (their compiled launches are dropped to swap sources)
+QUANTRT_KERNELS: list[Any] = []
+TQ_SOURCE = "kv_tq_decode.cu"
+_OWN_SOURCE: Callable[[str], str] | None = None
+
+
+def swapped_source(path: str | None) -> None:
+    """Compile the CUDA TurboQuant decode from ``path`` (None: the package's own) on its next call:
+    an A/B of two versions of the kernel on the same caches in one process."""
+    from quantrt.backends.cuda import cupy_kernels as ck
+
+    global _OWN_SOURCE
+    if _OWN_SOURCE is None:
+        _OWN_SOURCE = ck.source
+    own = _OWN_SOURCE
+    text = Path(path).read_text() if path else None
+    ck.source = own if text is None else (lambda n: text if n == TQ_SOURCE else own(n))
+    ck._functions.clear()
+    for kern in QUANTRT_KERNELS:
+        getattr(kern, "_launch", {}).clear()
 
 
 def layers_for(bytes_per_layer: int, chain_bytes: int) -> int:
@@ -90,11 +110,13 @@ def quantrt_calls(
 ):
     T = k.shape[2]
     calls, kernels = [], None
+    QUANTRT_KERNELS.clear()
     for _ in range(layers):
         pages, table, lens, row = g.build_pages(scheme, k, v, 16)
         if pages is None:
             return None, row.get("skipped", "did not fit")
         kernels = pages.kernels.name
+        QUANTRT_KERNELS.append(pages.kernels)
         if portable:
             kern = getattr(pages.kernels, "portable", pages.kernels)
             kernels = kern.name
@@ -104,7 +126,9 @@ def quantrt_calls(
     return calls, kernels
 
 
-def cell(T: int, B: int, schemes: list[str], chain_bytes: int) -> list[dict[str, Any]]:
+def cell(
+    T: int, B: int, schemes: list[str], chain_bytes: int, sources: dict[str, str] | None = None
+) -> list[dict[str, Any]]:
     from quantrt.kv import bytes_per_token
     from quantrt.schemes import parse_kv_scheme
 
@@ -143,6 +167,14 @@ def cell(T: int, B: int, schemes: list[str], chain_bytes: int) -> list[dict[str,
             row.update(kernels=kernels, us_per_layer=round(us, 2))
             if best is not None:
                 row["speedup_vs_sdpa"] = round(best / us, 3)
+            if kernels == "cuda.mma" and sources:
+                for tag, path in sources.items():
+                    swapped_source(path)
+                    other = chain_us(calls)
+                    row[f"us_per_layer@{tag}"] = round(other, 2)
+                    if best is not None:
+                        row[f"speedup_vs_sdpa@{tag}"] = round(best / other, 3)
+                swapped_source(None)
         rows.append(row)
         del calls
         torch.cuda.empty_cache()
@@ -160,6 +192,14 @@ def main() -> int:
     ap.add_argument(
         "--git-note", default="", help="recorded as is (the device's checkout may not know its tree)"
     )
+    ap.add_argument(
+        "--cuda-source",
+        action="append",
+        default=[],
+        metavar="TAG=FILE",
+        help="also time the cuda.mma rows with kernels/kv_tq_decode.cu compiled from FILE (same caches, "
+        "same process), as us_per_layer@TAG; e.g. an earlier version from git show",
+    )
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("bench/gpu_kv_layers.py needs a CUDA GPU", file=sys.stderr)
@@ -172,6 +212,8 @@ def main() -> int:
         f"rep {REP_MS} ms, L2 flushed ({args.flush}) between replays"
     )
     schemes = args.schemes.split(",")
+    sources = dict(x.split("=", 1) for x in args.cuda_source)
+    doc["cuda_sources"] = sources
     with l2_flush(args.flush):
         doc["floor_us"] = round(floor_us(), 2)
         print(f"floor (one tiny kernel per replay): {doc['floor_us']} us", flush=True)
@@ -180,7 +222,7 @@ def main() -> int:
                 if 2 * B * g.HKV * T * g.D * 2 * 3 + g.MEMORY_MARGIN > g.free_bytes():
                     doc["rows"].append({"context": T, "batch": B, "skipped": "the bf16 cache does not fit"})
                     continue
-                for r in cell(T, B, schemes, args.chain_mb << 20):
+                for r in cell(T, B, schemes, args.chain_mb << 20, sources):
                     doc["rows"].append(r)
                     print(json.dumps(r), flush=True)
                 Path(args.out).write_text(json.dumps(doc, indent=1))
