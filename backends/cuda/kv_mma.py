@@ -45,8 +45,8 @@ MAX_SPLITS = 64
 #: a split walks at least this many tokens (four warps, two 16-token steps each)
 MIN_SPLIT_TOKENS = 128
 #: calls over fewer (sequence, KV head, token) triples than this go to the Triton kernel: its fixed
-#: cost per launch is lower, so it is faster on short contexts at small batches (measured on the
-#: H100 before the shared-memory padding, when the two tied at 2^18; docs/performance.md)
+#: cost per launch is lower, so it is faster on short contexts at small batches (H100,
+#: docs/performance.md "KV cache, fourth pass": the two tie at 2^16, Triton leads below)
 MIN_TOKEN_HEADS = 1 << 18
 ARGS = 39
 #: the kernel's WARPS and STEPS_AHEAD (tests read them from the source)
