@@ -105,7 +105,7 @@ def test_kernel_matches_reference(scheme: str, kernel: str, dtype: torch.dtype) 
     for K, N in shapes:
         layer, canon, bias = build(scheme, K, N, dtype, seed=K + N, kernel=kernel)
         assert layer.kernel_name == kernel, layer.selection.explain()
-        ms = (1, 5, 16, 17, 33, 64, 65, 300) if "mma" in kernel else (1, 16, 17, 300)
+        ms = (1, 5, 16, 17, 33, 64, 65, 100, 128, 300) if "mma" in kernel else (1, 16, 17, 300)
         for M in ms:
             g = torch.Generator().manual_seed(M)
             x = torch.randn(M, K, generator=g).to("cuda", dtype)
@@ -221,6 +221,7 @@ LAUNCH_SHAPES = [  # explicit launch shapes of the mma kernel, beyond what the c
     {"max_m": 64, "mt": 1, "nt": 4, "wn": 4, "swap": True, "stages": 3, "fold": False},
     {"max_m": 32, "mt": 2, "nt": 4, "wn": 2, "swap": False, "stages": 2},
     {"max_m": 64, "mt": 4, "nt": 2, "wn": 8, "swap": False, "stages": 3, "fold": False},
+    {"max_m": 128, "mt": 1, "nt": 2, "wn": 4, "swap": True, "xr": 64, "stages": 3, "fold": False},
     # the warpgroup-MMA kernel (Hopper): x rows as wgmma's n, 64 columns per warpgroup
     {"max_m": 16, "wgmma": True, "stages": 3},
     {"max_m": 40, "wgmma": True, "xr": 64, "wgn": 2, "stages": 2},
