@@ -46,8 +46,8 @@ MAX_SPLITS = 64
 MIN_SPLIT_TOKENS = 128
 #: calls over fewer (sequence, KV head, token) triples than this go to the Triton kernel: its fixed
 #: cost per launch is lower, so it is faster on short contexts at small batches (H100,
-#: docs/performance.md "KV cache, fourth pass": Triton leads at 1k batch 16, 2^17 triples; the
-#: two tie at 8k batch 1, 2^16, a shape of another kind)
+#: docs/performance.md "KV cache, fourth pass": Triton leads at 1k batch 16, 2^17 triples; at 8k
+#: batch 1, 2^16, the two tie)
 MIN_TOKEN_HEADS = 1 << 18
 ARGS = 39
 #: the kernel's WARPS and STEPS_AHEAD (tests read them from the source)
