@@ -79,13 +79,6 @@ __device__ __forceinline__ float ex2(float x) {
   return y;
 }
 
-// ``base`` advanced by ``i`` rows of ``stride`` elements; both non-negative and below 2^32, so one
-// 32 x 32 -> 64-bit multiply-add
-template <typename T>
-__device__ __forceinline__ const T* row(const T* base, int i, unsigned stride) {
-  return base + static_cast<unsigned long long>(static_cast<unsigned>(i)) * stride;
-}
-
 // A value the compiler must keep rather than recompute inside the loop (it rematerialises
 // loop-invariant address arithmetic under register pressure, in every step)
 template <typename T>
@@ -139,28 +132,6 @@ template <int N>
 struct Words {
   u32 w[N];
 };
-
-template <int N>
-__device__ __forceinline__ Words<N> load_words(const unsigned char* p) {
-  Words<N> r;
-  if constexpr (N == 1) {
-    r.w[0] = __ldg(reinterpret_cast<const unsigned int*>(p));
-  } else if constexpr (N == 2) {
-    const uint2 x = __ldg(reinterpret_cast<const uint2*>(p));
-    r.w[0] = x.x;
-    r.w[1] = x.y;
-  } else {
-#pragma unroll
-    for (int j = 0; j < N / 4; ++j) {
-      const uint4 x = __ldg(reinterpret_cast<const uint4*>(p) + j);
-      r.w[4 * j] = x.x;
-      r.w[4 * j + 1] = x.y;
-      r.w[4 * j + 2] = x.z;
-      r.w[4 * j + 3] = x.w;
-    }
-  }
-  return r;
-}
 
 // A pair of activations (one 32-bit word) times a pair of signs, as floats.
 template <bool BF16>
