@@ -26,8 +26,10 @@
 //
 // Loads run two steps ahead of the math: a thread's codes go straight to its slots of a three-stage
 // ring in shared memory (cp.async, no registers held), its per-token scalars to one of two register
-// sets (the loop unrolled by two). q is rotated in registers: the butterflies within a thread's
-// quarter of a head, then across the four lanes that hold that head (shuffles), no barrier.
+// sets (the loop unrolled by two; one scalar per register, never packed), and the block table
+// entry a fetch needs is read two steps before that fetch, into the same set (clamped only when
+// used). q is rotated in registers: the butterflies within a thread's quarter of a head, then
+// across the four lanes that hold that head (shuffles), no barrier.
 //
 // Out: DIRECT, the normalised rows; else per split the max (log2 units), the sum of p and the
 // unnormalised rows, the layout backends/triton/kv.py's combine merges.
@@ -93,8 +95,10 @@ __device__ __forceinline__ u32 half2_bits(float lo, float hi) {
   return *reinterpret_cast<u32*>(&h);
 }
 
-__device__ __forceinline__ float half_bits(unsigned short x) {
-  return __half2float(__ushort_as_half(x));
+// The fp16 in the low half of a 32-bit register (a 16-bit load's result, kept unpacked: two
+// scalars merged into one register would cost a prmt per step and wait for both loads)
+__device__ __forceinline__ float half_bits(u32 x) {
+  return __half2float(__ushort_as_half(static_cast<unsigned short>(x)));
 }
 
 // The centroids of the eight codes of one 32-bit word (channels 0..7 of it, code k in bits 4k..)
@@ -128,6 +132,15 @@ __device__ __forceinline__ void value2(u32 a, u32 b, int j, u32 out[2]) {
   out[1] = x & 0x00F000F0u;
 }
 
+template <bool C, typename A, typename B>
+struct Pick {
+  typedef A type;
+};
+template <typename A, typename B>
+struct Pick<false, A, B> {
+  typedef B type;
+};
+
 template <int N>
 struct Words {
   u32 w[N];
@@ -160,12 +173,15 @@ template <int D>
 struct Step {
   Words<D / 32> k[2];  // tokens g, g + 8: this thread's D/4 key channels
   Words<D / 64> v[4];  // tokens 2t, 2t + 1, 2t + 8, 2t + 9: this thread's D/8 value channels
-  unsigned short kn[2], vs[2], vz[2];  // tokens g, g + 8
+  u32 kn[2], vs[2], vz[2];  // tokens g, g + 8
 };
 
-// The per-token scalars of a step, loaded STEPS_AHEAD steps before their use.
+// The per-token scalars of a step, loaded STEPS_AHEAD steps before their use, and (PAGED) the page
+// of the step this set fetches next, read from the block table a further STEPS_AHEAD steps ahead:
+// the fetch's addresses then wait for no load.
 struct Scalars {
-  unsigned short kn[2], vs[2], vz[2];
+  u32 kn[2], vs[2], vz[2];
+  int page;
 };
 
 // Copy N 32-bit words from global to shared memory without passing through registers
@@ -219,6 +235,7 @@ __device__ __forceinline__ Words<N> shared_words(const u32* p) {
 // dynamic shared memory, kv_mma.shared_bytes.
 constexpr int STEPS_AHEAD = 2;
 constexpr int STAGES = STEPS_AHEAD + 1;
+static_assert(STEPS_AHEAD == 2, "the scalars' two register sets and the loop unrolled by two");
 
 
 }  // namespace tqkv
@@ -272,29 +289,45 @@ __global__ void __launch_bounds__(128, D <= 128 ? 4 : 2) tq4_decode(
   }
   const int pos = lens[b * slen] - 1;
   const i64 bt_row = b * sbt_b;
+  // a block's page as stored (negative: none); clamped where it is used, not here, so that a
+  // look-up made steps ahead is not waited for at once
   auto page_of = [&](int blk) -> int {
     const i64 e = static_cast<i64>(blk) * sbt_t + bt_row;
-    const i64 p = BT64 ? reinterpret_cast<const long long*>(bt)[e] : reinterpret_cast<const int*>(bt)[e];
-    return p > 0 ? static_cast<int>(p) : 0;
+    return BT64 ? static_cast<int>(reinterpret_cast<const long long*>(bt)[e]) : reinterpret_cast<const int*>(bt)[e];
   };
   const int lg = static_cast<int>(log2_bs);
-  // where this warp's first step would start were the sequence max_len long (in eager decode at
-  // batch 1 it is): its page is looked up while the length is still on its way, and used if so
-  auto first_step = [&](int length) {
-    const int lo = window > 0 ? max(length - static_cast<int>(window), 0) : 0;
-    const int t0 = (lo / 16) * 16;
-    const int per = (((length - t0 + 15) / 16 + S - 1) / S) * 16;
-    return t0 + sp * per + warp * 16;
+  // this split's tokens [first, last) of a sequence whose window is counted back from ``length``
+  // and whose cache holds ``held`` of its tokens
+  auto split_of = [&](int length, int held, int& first, int& last) {
+    const int from = window > 0 ? max(length - static_cast<int>(window), 0) : 0;
+    const int t0 = (from / 16) * 16;
+    const int per = (((max(held - t0, 0) + 15) / 16 + S - 1) / S) * 16;
+    first = t0 + sp * per;
+    last = min(first + per, held);
   };
-  const int guess = first_step(static_cast<int>(max_len));
-  const int guess_page = PAGED && guess < max_len ? page_of(guess >> lg) : -1;
+  // PAGED: the pages of this warp's first 2 STEPS_AHEAD steps (the ring's and the register sets'
+  // next), looked up while the length is still on its way as if the sequence were max_len long (in
+  // eager decode at batch 1 it is), and again once it is known if not
+  int pages[2 * STEPS_AHEAD] = {};
+  auto look_up = [&](int first, int last) {
+#pragma unroll
+    for (int i = 0; i < 2 * STEPS_AHEAD; ++i) {
+      const int n = first + warp * 16 + i * 16 * WARPS;
+      pages[i] = n < last ? page_of(n >> lg) : 0;
+    }
+  };
+  int guess_start = 0, guess_end = 0;
+  if constexpr (PAGED) {
+    split_of(static_cast<int>(max_len), static_cast<int>(max_len), guess_start, guess_end);
+    look_up(guess_start, guess_end);
+  }
   const int L = min(pos + 1, static_cast<int>(max_len));
   const int lo = window > 0 ? max(pos + 1 - static_cast<int>(window), 0) : 0;
-  const int t0 = (lo / 16) * 16;
-  const int steps = (max(L - t0, 0) + 15) / 16;
-  const int per = ((steps + S - 1) / S) * 16;
-  const int start = t0 + sp * per;
-  const int end = min(start + per, L);
+  int start, end;
+  split_of(pos + 1, L, start, end);
+  if constexpr (PAGED) {
+    if (start != guess_start || end != guess_end) look_up(start, end);
+  }
 
   const u32 l0 = static_cast<u32>(key_lo), l1 = static_cast<u32>(key_lo >> 32);
   const u32 h0 = static_cast<u32>(key_hi), h1 = static_cast<u32>(key_hi >> 32);
@@ -322,12 +355,13 @@ __global__ void __launch_bounds__(128, D <= 128 ? 4 : 2) tq4_decode(
   // values of 2t, 2t + 1, 2t + 8, 2t + 9) and its scalars (g, g + 8) loaded into ``sc``. PAGED: a
   // page holds whole 16-token steps, its slots consecutive, so one lookup gives every row (the
   // slot of token n0 + i is base + i); else each token is looked up, those past the sequence
-  // reading its last. ``page``: the step's page where already known.
-  auto fetch = [&](int n0, int stage, Scalars& sc, int page = -1) {
-    u64 rk[2], rv[4];  // rows from this thread's row pointers (pk, pn: token g; pv: token 2t)
+  // reading its last. ``page``: the step's page (PAGED).
+  auto fetch = [&](int n0, int stage, Scalars& sc, int page) {
+    // rows from this thread's row pointers (pk, pn: token g; pv: token 2t); PAGED: 32-bit offsets
+    // (planes_fit bounds every slot's), else 64-bit (a row pointer's offset may be negative)
+    typename Pick<PAGED, unsigned, u64>::type rk[2], rv[4];
     if constexpr (PAGED) {
-      const int pg = page >= 0 ? page : page_of(n0 >> lg);
-      const u64 base = static_cast<unsigned>((pg << lg) + (n0 & ((1 << lg) - 1)));
+      const unsigned base = (static_cast<unsigned>(max(page, 0)) << lg) + (n0 & ((1 << lg) - 1));
       rk[0] = base;
       rk[1] = base + 8;
       rv[0] = base;
@@ -340,7 +374,7 @@ __global__ void __launch_bounds__(128, D <= 128 ? 4 : 2) tq4_decode(
 #pragma unroll
       for (int j = 0; j < 6; ++j) {
         const int n = min(n0 + tok[j], L - 1);
-        slot[j] = static_cast<unsigned>(page_of(n / BS) * BS + n % BS);
+        slot[j] = static_cast<unsigned>(max(page_of(n / BS), 0) * BS + n % BS);
       }
       rk[0] = slot[0] - g;
       rk[1] = slot[1] - g;
@@ -442,15 +476,17 @@ __global__ void __launch_bounds__(128, D <= 128 ? 4 : 2) tq4_decode(
   int rd = 0;      // the ring stage of this step
   // (a step past the end commits an empty group: each step's wait counts STEPS_AHEAD groups after it)
   if (n0 < end) {
-    fetch(n0, 0, sa, n0 == guess ? guess_page : -1);
+    fetch(n0, 0, sa, pages[0]);
   } else {
     copies_commit();
   }
   if (n0 + 16 * WARPS < end) {
-    fetch(n0 + 16 * WARPS, 1, sb);
+    fetch(n0 + 16 * WARPS, 1, sb, pages[1]);
   } else {
     copies_commit();
   }
+  sa.page = pages[2];
+  sb.page = pages[3];
 
   // q rotated: the butterflies within a thread's quarter, then across the four quarters of a head
   // (lanes t ^ 1, t ^ 2); unnormalised, in the order of the channel bits, as the write rotates
@@ -492,8 +528,13 @@ __global__ void __launch_bounds__(128, D <= 128 ? 4 : 2) tq4_decode(
       cur.vz[j] = sc.vz[j];
     }
     const int wr = rd == 0 ? STAGES - 1 : rd - 1;
-    if (n0 + STEPS_AHEAD * 16 * WARPS < end) {
-      fetch(n0 + STEPS_AHEAD * 16 * WARPS, wr, sc);
+    const int ahead = n0 + STEPS_AHEAD * 16 * WARPS;
+    if (ahead < end) {
+      fetch(ahead, wr, sc, sc.page);
+      if constexpr (PAGED) {
+        const int next = ahead + STEPS_AHEAD * 16 * WARPS;
+        sc.page = next < end ? page_of(next >> lg) : 0;
+      }
     } else {
       copies_commit();
     }
