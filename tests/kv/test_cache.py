@@ -91,7 +91,11 @@ def test_sliding_window_model_decodes_from_pages(scheme: str) -> None:
     ids = torch.randint(0, 96, (2, 24), generator=g)
     fused = _walk(model, kv_cache(model, scheme, protect=0), ids, 4)
     plain = _walk(model, kv_cache(model, scheme, protect=0, fused=False), ids, 4)
-    assert rel(fused, plain) < 1e-5  # 20 decode steps, most past the window of 5
+    # 20 decode steps, most past the window of 5. The two paths round attention differently, and a
+    # last-bit difference can move one code of a later layer's write: a quantization step of one
+    # token's channel, about 1e-5 of the logits (int8 per token, transformers 5.25); a wrong window
+    # or page is 1e-2 and more
+    assert rel(fused, plain) < 1e-4
     exact = _walk(model, DynamicCache(config=model.config), ids, 4)
     print(f"{scheme}: logits rel err vs the unquantized cache {rel(fused, exact):.4f}")
     assert rel(fused, exact) < (0.05 if "tq" not in scheme else 0.2)
