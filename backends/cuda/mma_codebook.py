@@ -39,7 +39,7 @@ from quantrt.kernels import Kernel, Verdict, check
 from quantrt.prepared import Prepared
 from quantrt.specs import LayerSpec
 
-from .mma_wna16 import E2M1, LUT4, Operands, fit_tiles, groups_per_chunk, prepare_mma, sz_bytes
+from .mma_wna16 import E2M1, LUT4, Operands, fit_tiles, groups_per_chunk, over_base, prepare_mma, sz_bytes
 from .wna16_layout import KC, N_ALIGN
 from .wna16_rules import device_conditions
 
@@ -148,9 +148,10 @@ def bnb4_operands(
 
 
 def fp4_rows(table: dict[str, Any]) -> list[dict[str, Any]]:
-    """Code books may have their own sweep (``small_m_codebook``), else int4's shapes (unfolded);
+    """Code books may have their own sweep (``small_m_codebook``) over int4's shapes (unfolded);
     byte scales need 2 n8 tiles per warp at least (16-byte pieces of parameters per group)."""
-    return fit_tiles(table.get("small_m_codebook", table["small_m"]), sz_bytes(torch.float16, E2M1))
+    rows = over_base(table, "small_m_codebook", table["small_m"])
+    return fit_tiles(rows, sz_bytes(torch.float16, E2M1))
 
 
 class CudaMmaFp4(Kernel):
@@ -222,8 +223,8 @@ class CudaMmaBnb4(Kernel):
 
     @classmethod
     def tile_rows(cls, table: dict[str, Any]) -> list[dict[str, Any]]:
-        """The code book's own sweep (``small_m_bnb4``: its 32 KiB table changes what fits), else fp4's."""
-        return table.get("small_m_bnb4", fp4_rows(table))
+        """The code book's own sweep (``small_m_bnb4``: its 32 KiB table changes what fits) over fp4's."""
+        return over_base(table, "small_m_bnb4", fp4_rows(table))
 
     def prepare(self, weight: CanonicalWeight, spec: LayerSpec) -> Prepared:
         return prepare_mma(

@@ -51,6 +51,7 @@ from .mma_wna16 import (
     Operands,
     RowsFn,
     fit_tiles,
+    over_base,
     prepare_mma,
     sz_bytes,
 )
@@ -268,10 +269,10 @@ def gguf_conditions(spec: LayerSpec, caps: Any, gguf_type: str, k_multiple: int)
 
 
 def gguf_rows(table: dict[str, Any], own: str, base: str, code: int) -> list[dict[str, Any]]:
-    """The type's own sweep (``own``), else the integer rows of its code width (``base``, else
-    ``small_m``), unfolded, with as many n8 tiles as whole 16-byte copies of its group parameters
-    allow (q4_k's heads: 2 or 4)."""
-    rows = table.get(own, table.get(base, table["small_m"]))
+    """The type's own sweep (``own``) over the integer rows of its code width (``base``:
+    ``small_m`` or ``small_m_w8``), with as many n8 tiles as whole 16-byte copies of its group
+    parameters allow (q4_k's heads: 2 or 4)."""
+    rows = over_base(table, own, over_base(table, base, table["small_m"]))
     return fit_tiles(rows, sz_bytes(torch.float16, code))
 
 
@@ -356,7 +357,7 @@ class CudaMmaGGUFBlocks(Kernel):
 
     @classmethod
     def rows_for(cls, t: str) -> RowsFn:
-        """The type's own sweep rows (``small_m_q40`` ...), else int4's."""
+        """The type's own sweep rows (``small_m_q50`` ...) over int4's integer rows."""
         return lambda table: gguf_rows(table, f"small_m_{t.replace('_', '')}", "small_m", cls.CODES[t])
 
     def prepare(self, weight: CanonicalWeight, spec: LayerSpec) -> Prepared:

@@ -185,9 +185,23 @@ def int_operands(weight: CanonicalWeight, group: int | None, act: torch.dtype, b
     return weight["qweight"], sz, None, None
 
 
+def over_base(table: dict[str, Any], key: str, base: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A key's launch rows over its base's: the key holds only the buckets swept for it, and they
+    rule M from its smallest bucket to its largest (a bucket it leaves out on purpose stays out);
+    the base's rows take M below and above. So retuning the base reaches every key that did not
+    sweep those buckets, and the table holds no copies."""
+    own = table.get(key)
+    if not own:
+        return base
+    lo, hi = min(r["max_m"] for r in own), max(r["max_m"] for r in own)
+    rows = [r for r in base if r["max_m"] < lo] + list(own) + [r for r in base if r["max_m"] > hi]
+    return sorted(rows, key=lambda r: r["max_m"])
+
+
 def int_rows(table: dict[str, Any], bits: int) -> list[dict[str, Any]]:
-    """The launch shapes per M bucket (int8 codes may have their own sweep)."""
-    return table.get(f"small_m_w{bits}", table["small_m"])
+    """The launch shapes per M bucket: int4's and int8's own sweeps (``small_m_w4``,
+    ``small_m_w8``) over the integer rows (``small_m``)."""
+    return over_base(table, f"small_m_w{bits}", table["small_m"])
 
 
 # -- load: the layout and its strategies ----------------------------------------------------------

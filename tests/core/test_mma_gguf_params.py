@@ -139,7 +139,7 @@ def test_launch_rows_keep_two_to_four_tiles() -> None:
     base = [{"max_m": 1, "mt": 1, "nt": 8, "swap": True}, {"max_m": 16, "mt": 1, "nt": 1}]
     assert [r["nt"] for r in CudaMmaGGUF().tile_rows({"small_m": base})] == [4, 2]
     own = [{"max_m": 1, "mt": 1, "nt": 2, "wn": 2, "swap": True}]
-    assert CudaMmaGGUF().tile_rows({"small_m": base, "small_m_q4k": own}) == own
+    assert CudaMmaGGUF().tile_rows({"small_m": base, "small_m_q4k": own}) == [own[0], {**base[1], "nt": 2}]
 
 
 def bf16_bits(bits: torch.Tensor) -> torch.Tensor:
@@ -210,6 +210,8 @@ def test_q8_launch_rows_are_its_own_else_int8s() -> None:
     assert CudaMmaGGUFQ8().tile_rows({"small_m": base}) == base
     assert CudaMmaGGUFQ8().tile_rows({"small_m": base, "small_m_w8": w8}) == w8
     assert CudaMmaGGUFQ8().tile_rows({"small_m": base, "small_m_w8": w8, "small_m_q80": own}) == own
+    top = {"max_m": 16, "mt": 1, "nt": 2, "wn": 2}
+    assert CudaMmaGGUFQ8().tile_rows({"small_m": [*base, top], "small_m_q80": own}) == [*own, top]
 
 
 @pytest.mark.parametrize(("kernel", "t", "K"), [(CudaMmaGGUF, "q4_k", 512), (CudaMmaGGUFQ8, "q8_0", 96)])
