@@ -174,9 +174,9 @@ def write(
         cands = {k: v for k, v in times.items() if rows_of[k]["max_m"] == bucket and len(v) == done}
         if cands:
             best = min(cands, key=lambda k: math.exp(sum(math.log(t) for t in cands[k]) / len(cands[k])))
-            if rows_of[best].get("dense"):
-                break  # the table ends here: this M and every larger one run dequant + cuBLAS
             rows.append(rows_of[best])
+            if rows_of[best].get("dense"):
+                break  # the rows end here: this M and every larger one run dequant + cuBLAS
     doc = {
         "_note": f"swept by ci/tune_wna16_mma.py on {torch.cuda.get_device_name(dev)} ({scheme}, shapes "
         f"{shape_arg}; best geometric mean per bucket); wn: warps side by side over N sharing x, "

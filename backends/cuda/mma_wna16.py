@@ -186,16 +186,15 @@ def int_operands(weight: CanonicalWeight, group: int | None, act: torch.dtype, b
 
 
 def over_base(table: dict[str, Any], key: str, base: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """A key's launch rows over its base's: the key holds only the buckets swept for it, and they
-    rule M from its smallest bucket to its largest (a bucket it leaves out on purpose stays out);
-    the base's rows take M below and above. So retuning the base reaches every key that did not
-    sweep those buckets, and the table holds no copies."""
-    own = table.get(key)
-    if not own:
-        return base
-    lo, hi = min(r["max_m"] for r in own), max(r["max_m"] for r in own)
-    rows = [r for r in base if r["max_m"] < lo] + list(own) + [r for r in base if r["max_m"] > hi]
-    return sorted(rows, key=lambda r: r["max_m"])
+    """A key's launch rows over its base's, bucket by bucket: the key holds only the buckets swept
+    for it, the base's rows serve every other bucket. So retuning the base reaches every key that
+    did not sweep that bucket, and the table holds no copies. A ``dense`` row (the sweep found
+    dequant + cuBLAS faster there) ends the rows: that M and every larger one run the dense path."""
+    own = table.get(key) or []
+    mine = {r["max_m"] for r in own}
+    rows = sorted([*own, *(r for r in base if r["max_m"] not in mine)], key=lambda r: r["max_m"])
+    end = next((i for i, r in enumerate(rows) if r.get("dense")), len(rows))
+    return rows[:end]
 
 
 def int_rows(table: dict[str, Any], bits: int) -> list[dict[str, Any]]:

@@ -1,6 +1,6 @@
 """The tuning table's per-code launch rows: a code's own key holds only the buckets swept for it,
-and its base's rows take the rest at lookup (``over_base``), so retuning the base reaches every
-code that did not sweep that bucket and the committed table holds no copied rows."""
+and its base's rows serve the other buckets at lookup (``over_base``), so retuning the base reaches
+every code that did not sweep that bucket and the committed table holds no copied rows."""
 
 from __future__ import annotations
 
@@ -23,18 +23,49 @@ def row(m: int, nt: int = 4, **kw: Any) -> dict[str, Any]:
     return {"max_m": m, "mt": 1, "nt": nt, "swap": m <= 8, **kw}
 
 
-def test_own_rows_rule_their_span_and_the_base_the_rest() -> None:
+def test_own_rows_serve_their_buckets_and_the_base_the_rest() -> None:
     base = [row(1), row(8), row(16), row(32), row(64)]
     own = [row(1, 8, wn=2), row(16, 2, wn=4)]
-    got = over_base({"k": own}, "k", base)
-    # M=8 is inside the own span but not in it: left out on purpose, M<=16 runs the own M=16 row
-    assert got == [own[0], own[1], base[3], base[4]]
+    assert over_base({"k": own}, "k", base) == [own[0], base[1], own[1], base[3], base[4]]
     above = [row(128, 2, xr=64)]
     assert over_base({"k": above}, "k", base) == [*base, above[0]]
+    assert over_base({"k": [*own, *above]}, "k", base) == [
+        own[0],
+        base[1],
+        own[1],
+        base[3],
+        base[4],
+        above[0],
+    ]
     assert over_base({}, "k", base) == base
     assert over_base({"k": []}, "k", base) == base
-    middle = [row(16, 8, wn=2)]
-    assert over_base({"k": middle}, "k", base) == [base[0], base[1], middle[0], base[3], base[4]]
+    dense = {"max_m": 32, "dense": True}
+    assert over_base({"k": [own[0], dense]}, "k", base) == [own[0], base[1], base[2]]
+    assert over_base({}, "k", [*base, {"max_m": 128, "dense": True}]) == base
+
+
+def test_a_sweep_merges_into_its_key_bucket_by_bucket(tmp_path: Path) -> None:
+    """ci/codebook_rows.py: swept buckets replaced, the key's others kept, nothing of the base copied."""
+    import subprocess
+    import sys
+
+    base = [row(1), row(8), row(16), row(32), row(64)]
+    table = {"small_m": base, "small_m_q4k": [row(1, 2, wn=2), row(16, 2)]}
+    sweep = {
+        "small_m": [row(16, 8, stages=4), row(128, 2, xr=64), {"max_m": 256, "dense": True}],
+        "_note": "n",
+    }
+    tp, sp = tmp_path / "t.json", tmp_path / "s.json"
+    tp.write_text(json.dumps(table))
+    sp.write_text(json.dumps(sweep))
+    tool = Path(__file__).resolve().parents[2] / "ci" / "codebook_rows.py"
+    subprocess.run(
+        [sys.executable, str(tool), str(sp), str(tp), "small_m_q4k"], check=True, capture_output=True
+    )
+    merged = json.loads(tp.read_text())
+    assert merged["small_m"] == base
+    assert merged["small_m_q4k"] == [table["small_m_q4k"][0], *sweep["small_m"]]
+    assert [r["max_m"] for r in over_base(merged, "small_m_q4k", base)] == [1, 8, 16, 32, 64, 128]
 
 
 def test_a_base_retune_reaches_every_code_that_did_not_sweep_the_bucket() -> None:
@@ -71,8 +102,9 @@ def test_committed_keys_hold_no_copies_and_resolve_one_row_per_bucket(name: str)
         ms = [r["max_m"] for r in rows]
         assert ms == sorted(set(ms)), f"{name} {key}: buckets {ms}"
         base = table.get(bases.get(key, "small_m"), table["small_m"])
-        inside = [r for r in rows if r in base and ms[0] < r["max_m"] < ms[-1]]
-        assert not inside, f"{name} {key}: rows copied from its base inside its own span: {inside}"
+        # int8's sweep found int4's shape best at M=16: a swept row, kept should small_m's change
+        copied = [r for r in rows if r in base and (key, r["max_m"]) != ("small_m_w8", 16)]
+        assert not copied, f"{name} {key}: rows copied from its base: {copied}"
     for code, rows_of in ROWS.items():
         ms = [r["max_m"] for r in rows_of(table)]
         assert ms and ms == sorted(set(ms)), f"{name} {code}: buckets {ms}"
