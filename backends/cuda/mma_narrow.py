@@ -23,7 +23,7 @@ from quantrt.packing import pack_codes, unpack_codes
 from quantrt.prepared import Prepared
 from quantrt.specs import LayerSpec
 
-from .mma_wna16 import Operands, groups_per_chunk, int_rows, prepare_mma
+from .mma_wna16 import Operands, groups_per_chunk, int_rows, over_base, prepare_mma
 from .wna16_layout import KC, ROW_SLICE, group_params
 from .wna16_rules import device_conditions
 
@@ -70,7 +70,12 @@ class CudaMmaNarrow(Kernel):
             ),
         )
 
+    @staticmethod
+    def rows_for(bits: int) -> Any:
+        """A width's own sweep rows (``small_m_w2``, ``small_m_w3``: their group parameters, not
+        their codes, differ from int4's: w2's catalog groups are 64) over int4's."""
+        return lambda table: over_base(table, f"small_m_w{bits}", int_rows(table, 4))
+
     def prepare(self, weight: CanonicalWeight, spec: LayerSpec) -> Prepared:
-        return prepare_mma(
-            self, weight, spec, bits=4, code=4, operands=narrow_operands, tile_rows=lambda t: int_rows(t, 4)
-        )
+        rows = self.rows_for(weight.scheme.bits)
+        return prepare_mma(self, weight, spec, bits=4, code=4, operands=narrow_operands, tile_rows=rows)

@@ -14,6 +14,7 @@ import pytest
 from quantrt.backends.cuda.mma_codebook import CudaMmaBnb4, CudaMmaFp4
 from quantrt.backends.cuda.mma_fp8 import fp8_rows
 from quantrt.backends.cuda.mma_gguf import CudaMmaGGUF, CudaMmaGGUFBlocks, CudaMmaGGUFQ8
+from quantrt.backends.cuda.mma_narrow import NARROW_BITS, CudaMmaNarrow
 from quantrt.backends.cuda.mma_wna16 import int_rows, over_base
 
 TUNINGS = Path(__file__).resolve().parents[2] / "backends" / "cuda" / "tunings"
@@ -83,6 +84,7 @@ def test_a_base_retune_reaches_every_code_that_did_not_sweep_the_bucket() -> Non
 ROWS = {
     "int4": lambda t: int_rows(t, 4),
     "int8": lambda t: int_rows(t, 8),
+    **{f"int{b}": CudaMmaNarrow.rows_for(b) for b in NARROW_BITS},
     "fp8": fp8_rows,
     "fp4": CudaMmaFp4.tile_rows,
     "bnb4": CudaMmaBnb4.tile_rows,
