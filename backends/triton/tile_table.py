@@ -85,8 +85,10 @@ class GemvConfig:
             v = getattr(self, field)
             if not isinstance(v, int) or v < 1 or v & (v - 1):
                 raise ValueError(f"GemvConfig: {field} must be a power of two >= 1, found {v!r}")
-        if self.max_m > 16:
-            raise ValueError(f"GemvConfig: max_m must be at most 16 (a GEMV's batch), found {self.max_m}")
+        if self.max_m > 4:
+            raise ValueError(
+                f"GemvConfig: max_m must be at most 4 (its registers hold every row), found {self.max_m}"
+            )
         for field in ("num_warps", "num_stages"):
             v = getattr(self, field)
             if not isinstance(v, int) or v < 1:

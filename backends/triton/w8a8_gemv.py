@@ -8,8 +8,8 @@ for one. Here each program takes all of K for ``block_n`` output columns and eve
 batch (``MB`` rows, a power of two up to ``max_m``): it finds the rows' scale (amax over K, read
 from the L2, or the static scale), then streams its weight rows once, turning each x tile into
 the numbers of its codes (``act_quant._code_value``: the same codes the quantization kernels
-store, as fp32 values) and summing products in registers (int32 for int8: exact, as the int8
-GEMM's). Both scales and the bias are applied once, and the output dtype is stored directly: one
+store, as fp32 values) and adding products into a [rows, block_n, block_k] register accumulator
+that is summed over k once, after the loop (int32 for int8: exact, as the int8 GEMM's). Both scales and the bias are applied once, and the output dtype is stored directly: one
 launch, no scratch, no atomics, deterministic. The quantization work per program is one pass over
 x, small next to its ``block_n`` weight rows.
 
@@ -62,29 +62,27 @@ def _w8a8_gemv_kernel(
         if ACT == 2:  # one scale over the batch (rows past M read as zeros)
             amax = tl.zeros((MB,), dtype=tl.float32) + tl.max(amax, axis=0)
         s = _dynamic_scale(amax, qmax, scale_mult)
-    # each step reads a [BN, BK] weight tile once and meets it with every row in turn: a row's
-    # partial sums are a [BN, BK] product reduced over k (no [MB, BN, BK] temporary in registers)
-    acc = tl.zeros((MB, BN), dtype=tl.int32 if INT8 else tl.float32)
+    # each step reads a [BN, BK] weight tile once and multiplies it with every row's codes into a
+    # [MB, BN, BK] accumulator, summed over k once after the loop: no cross-thread reduction (and
+    # no barrier) inside the loop, which would stall the weight stream
+    acc = tl.zeros((MB, BN, BK), dtype=tl.int32 if INT8 else tl.float32)
     for k0 in range(0, K, BK):
         kk = k0 + ks
         if EVEN_K:
-            mk = ks < BK
+            xt = tl.load(x_rows + kk[None, :] * stride_xk, mask=mask_m[:, None], other=0.0)
             wt = tl.load(w_rows + kk[None, :], mask=mask_n[:, None], other=0.0)
         else:
             mk = kk < K
+            xt = tl.load(x_rows + kk[None, :] * stride_xk, mask=mask_m[:, None] & mk[None, :], other=0.0)
             wt = tl.load(w_rows + kk[None, :], mask=mask_n[:, None] & mk[None, :], other=0.0)
-        wv = wt.to(tl.int32 if INT8 else tl.float32)
-        for r in tl.static_range(MB):
-            xr = tl.load(X + r * stride_xm + kk * stride_xk, mask=mk & (r < M), other=0.0).to(tl.float32)
-            s_r = tl.sum(tl.where(rows == r, s, 0.0), axis=0)
-            q = _code_value(xr, s_r, INT8, HW_FP8, FMAX, MANT, EMIN, QTY)
-            if INT8:
-                part = tl.sum(wv * q.to(tl.int32)[None, :], axis=1)
-            else:
-                part = tl.sum(wv * q[None, :], axis=1)
-            acc += tl.where(rows[:, None] == r, part[None, :], 0)
+        q = _code_value(xt.to(tl.float32), s[:, None], INT8, HW_FP8, FMAX, MANT, EMIN, QTY)
+        if INT8:
+            acc += q.to(tl.int32)[:, None, :] * wt.to(tl.int32)[None, :, :]
+        else:
+            acc += q[:, None, :] * wt.to(tl.float32)[None, :, :]
+    sums = tl.sum(acc, axis=2)
     w_s = tl.load(WS + cols, mask=mask_n, other=0.0)
-    y = acc.to(tl.float32) * s[:, None] * w_s[None, :]
+    y = sums.to(tl.float32) * s[:, None] * w_s[None, :]
     if HAS_B:
         y += tl.load(B + cols * stride_b, mask=mask_n, other=0.0).to(tl.float32)[None, :]
     tl.store(

@@ -151,7 +151,7 @@ def test_zero_rows_and_bounds() -> None:
             act=act,
             qmax=127.0,
         )
-    for bad in (dict(max_m=3), dict(block_n=24), dict(max_m=32), dict(num_warps=0)):
+    for bad in (dict(max_m=3), dict(block_n=24), dict(max_m=8), dict(num_warps=0)):
         with pytest.raises(ValueError, match="GemvConfig"):
             GemvConfig(**{"max_m": 4, "block_n": 32, "block_k": 64, **bad})
 

