@@ -22,15 +22,13 @@ measured on Triton 3.6 with some margin (the shared-memory pair tables these rep
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
-import sys
 from typing import Any
 
 import numpy as np
 import pytest
 from ptx_emulator import lop3, prmt
+from sm90_child import require_triton, results
 
 #: KV format -> (scheme name or None for bf16 pages, the word decoders: PTX (as the CUDA backend
 #: passes them), portable, or none (4-bit codes through the shared-memory pair tables, 8-bit values
@@ -196,12 +194,7 @@ def _grid_sync_compile(kv: Any, compiled: list, combined: list, shape: tuple) ->
 @pytest.fixture(scope="module")
 def compiled() -> dict:
     """Every format's loop figures (or its error), from one child process."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    r = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True, timeout=600)
-    if r.returncode == 3:
-        pytest.skip(r.stdout.strip() or "no NVIDIA toolchain in this triton build")
-    assert r.returncode == 0, r.stderr[-3000:]
-    return json.loads(r.stdout.strip().splitlines()[-1])
+    return results(__file__, timeout=600)
 
 
 @pytest.mark.parametrize("name", list(FORMATS))
@@ -376,10 +369,5 @@ def test_key_asm(book: str, n: int) -> None:
 
 
 if __name__ == "__main__":
-    try:
-        import triton  # noqa: F401
-        from triton.backends.compiler import GPUTarget  # noqa: F401
-    except ImportError as e:
-        print(f"no triton: {e}")
-        raise SystemExit(3) from None
+    require_triton()
     print(json.dumps(_compile_all()))

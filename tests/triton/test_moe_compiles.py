@@ -10,13 +10,10 @@ one child process without TRITON_INTERPRET (this file run as a script)."""
 from __future__ import annotations
 
 import inspect
-import json
-import os
 import re
-import subprocess
-import sys
 
 import pytest
+from sm90_child import child_main, results
 
 PTRS = {
     "X": "*bf16", "XS": "*fp32", "W": "*u8", "S": "*bf16", "Z": "*bf16", "R": "*fp32", "B": "*bf16",
@@ -99,12 +96,7 @@ VARIANTS = {
 @pytest.fixture(scope="module")
 def compiled() -> dict:
     """Every variant's PTX markers (or its error), from one child process."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    r = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True, timeout=900)
-    if r.returncode == 3:
-        pytest.skip(r.stdout.strip() or "no NVIDIA toolchain in this triton build")
-    assert r.returncode == 0, r.stderr[-3000:]
-    return json.loads(r.stdout.strip().splitlines()[-1])
+    return results(__file__)
 
 
 @pytest.mark.parametrize("name", list(VARIANTS))
@@ -116,29 +108,14 @@ def test_compiles_for_sm90(compiled: dict, name: str) -> None:
         assert got["wgmma"] if VARIANTS[name]["SWAP"] else got["mma_sync"]
 
 
+def _markers(cx: dict) -> dict:
+    ptx = _compile(cx)
+    return {
+        "cp_async": bool(re.search(r"cp\.async\.c[ag]", ptx)),
+        "wgmma": "wgmma.mma_async" in ptx,
+        "mma_sync": "mma.sync" in ptx,
+    }
+
+
 if __name__ == "__main__":
-    try:
-        import triton  # noqa: F401
-        from triton.backends.compiler import GPUTarget  # noqa: F401
-    except ImportError as e:
-        print(f"no triton: {e}")
-        raise SystemExit(3) from None
-    out = {}
-    for name, cx in VARIANTS.items():
-        try:
-            ptx = _compile(cx)
-        except Exception as e:  # reported per variant; the test names the failure
-            if "ptxas" in str(e).lower() and not out:
-                print(f"no ptxas: {str(e)[:200]}")
-                raise SystemExit(3) from None
-            root = e
-            while root.__cause__ is not None:  # the innermost error names the real cause
-                root = root.__cause__
-            out[name] = {"error": f"{type(root).__name__}: {str(root)[:1500]}"}
-            continue
-        out[name] = {
-            "cp_async": bool(re.search(r"cp\.async\.c[ag]", ptx)),
-            "wgmma": "wgmma.mma_async" in ptx,
-            "mma_sync": "mma.sync" in ptx,
-        }
-    print(json.dumps(out))
+    child_main(VARIANTS, _markers)

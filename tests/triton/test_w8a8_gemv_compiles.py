@@ -8,15 +8,13 @@ TRITON_INTERPRET (this file run as a script)."""
 from __future__ import annotations
 
 import inspect
-import json
-import os
 import re
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
 import pytest
+from sm90_child import child_main, results
 
 DIV16 = {"X", "W", "WS", "IS", "B", "Y", "N", "K", "stride_xm", "stride_wn", "stride_ym"}
 FP8 = dict(INT8=False, HW_FP8=True, FMAX=448.0, MANT=3, EMIN=-6, NAN=0x7F, NEG_ZERO=True, QTY="float8e4nv")
@@ -41,8 +39,8 @@ VARIANTS = {
 }
 
 
-def _compile(cx: dict) -> tuple[str, str]:
-    """The PTX and ptxas's resource report (registers, spills) for one variant."""
+def _compile(cx: dict) -> dict:
+    """One variant's figures: registers and spills (ptxas's report), the fp8 conversions used."""
     import triton
     import triton.language as tl
     from triton.backends.compiler import GPUTarget
@@ -80,18 +78,21 @@ def _compile(cx: dict) -> tuple[str, str]:
             capture_output=True,
             text=True,
         )
-    return ptx, r.stdout + r.stderr
+    report = r.stdout + r.stderr
+    regs = re.search(r"Used (\d+) registers", report)
+    spills = [int(v) for v in re.findall(r"(\d+) bytes spill (?:stores|loads)", report)]
+    return {
+        "registers": int(regs.group(1)) if regs else 0,
+        "spill_bytes": sum(spills) if spills else (0 if regs else -1),
+        "cvt_to_fp8": bool(re.search(r"cvt\.rn\.satfinite\.e4m3x2", ptx)),
+        "cvt_from_fp8": bool(re.search(r"cvt\.rn\.f16x2\.e4m3x2", ptx)),
+    }
 
 
 @pytest.fixture(scope="module")
 def compiled() -> dict:
-    """Every variant's markers (or its error), from one child process."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    r = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True, timeout=900)
-    if r.returncode == 3:
-        pytest.skip(r.stdout.strip() or "no NVIDIA toolchain in this triton build")
-    assert r.returncode == 0, r.stderr[-3000:]
-    return json.loads(r.stdout.strip().splitlines()[-1])
+    """Every variant's figures (or its error), from one child process."""
+    return results(__file__)
 
 
 @pytest.mark.parametrize("name", list(VARIANTS))
@@ -107,31 +108,4 @@ def test_compiles_for_sm90_without_spills(compiled: dict, name: str) -> None:
 
 
 if __name__ == "__main__":
-    try:
-        import triton  # noqa: F401
-        from triton.backends.compiler import GPUTarget  # noqa: F401
-    except ImportError as e:
-        print(f"no triton: {e}")
-        raise SystemExit(3) from None
-    out = {}
-    for name, cx in VARIANTS.items():
-        try:
-            ptx, report = _compile(cx)
-        except Exception as e:  # reported per variant; the test names the failure
-            if "ptxas" in str(e).lower() and not out:
-                print(f"no ptxas: {str(e)[:200]}")
-                raise SystemExit(3) from None
-            root = e
-            while root.__cause__ is not None:
-                root = root.__cause__
-            out[name] = {"error": f"{type(root).__name__}: {str(root)[:1500]}"}
-            continue
-        regs = re.search(r"Used (\d+) registers", report)
-        spills = [int(v) for v in re.findall(r"(\d+) bytes spill (?:stores|loads)", report)]
-        out[name] = {
-            "registers": int(regs.group(1)) if regs else 0,
-            "spill_bytes": sum(spills) if spills else (0 if regs else -1),
-            "cvt_to_fp8": bool(re.search(r"cvt\.rn\.satfinite\.e4m3x2", ptx)),
-            "cvt_from_fp8": bool(re.search(r"cvt\.rn\.f16x2\.e4m3x2", ptx)),
-        }
-    print(json.dumps(out))
+    child_main(VARIANTS, _compile)
