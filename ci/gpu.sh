@@ -5,7 +5,7 @@
 # The wheels the image lacks come from bash ci/gpu-wheels.sh (run here, then carry .whl).
 # Usage (device tool): bash ci/gpu.sh            (bench off: QUANTRT_GPU_BENCH=0; sweep the CUDA
 # W4A16 launch shapes first and use them: QUANTRT_GPU_TUNE=1; the Triton W8A8 tiles:
-# QUANTRT_GPU_TUNE_W8A8=1; the one-launch W8A8 GEMV: QUANTRT_GPU_TUNE_W8A8_GEMV=1; the FP4/NF4 and GGUF kernels: QUANTRT_GPU_TUNE_LUT=1; the CUDA GGUF GEMV:
+# QUANTRT_GPU_TUNE_W8A8=1; the FP4/NF4 and GGUF kernels: QUANTRT_GPU_TUNE_LUT=1; the CUDA GGUF GEMV:
 # QUANTRT_GPU_TUNE_GGUF_GEMV=1; the MoE bench (bench/gpu_moe.py): QUANTRT_GPU_MOE_BENCH=1; the KV-cache
 # benches (bench/gpu_kv.py, bench/gpu_model.py --kv-caches): QUANTRT_GPU_KV_BENCH=1; the 8B quantize-at-load
 # bench: QUANTRT_GPU_LOAD_BENCH=1 (with cProfile: QUANTRT_LOAD_PROFILE=1); bench schemes:
@@ -52,22 +52,6 @@ if [ "${QUANTRT_GPU_TUNE_W8A8:-0}" = 1 ] && [ "$status" = 0 ]; then
     cp "$OUT/w8a8_${arch}.json" "backends/cuda/tunings/w8a8_${arch}.json"
     python3 -m pytest -q -p no:cacheprovider tests/gpu tests/triton -k "fp8 or int8 or w8a8" 2>&1 \
       | tee "$OUT/gpu-tests-w8a8.log" | tail -n 2
-    [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
-  fi
-fi
-if [ "${QUANTRT_GPU_TUNE_W8A8_GEMV:-0}" = 1 ] && [ "$status" = 0 ]; then
-  # sweep the one-launch W8A8 GEMV against the committed small-batch path; where it wins, its
-  # "gemv" rows go into the table for the rest of this run (commit the file from $OUT with the
-  # sweep's JSON afterwards), and the W8A8 kernels are tested again with them
-  arch=$(python3 -c "import torch; print('sm_%d%d' % torch.cuda.get_device_capability())")
-  cp "backends/cuda/tunings/w8a8_${arch}.json" "$OUT/w8a8_${arch}.json"
-  python3 ci/tune_w8a8_gemv.py --out "$OUT/w8a8-gemv-sweep.json" --table "$OUT/w8a8_${arch}.json" \
-    --seconds "${QUANTRT_W8A8_SECONDS:-inf}" > "$OUT/tune-w8a8-gemv.log" 2>&1 || { tail -n 5 "$OUT/tune-w8a8-gemv.log"; status=1; }
-  tail -n 2 "$OUT/tune-w8a8-gemv.log"
-  if [ "$status" = 0 ]; then
-    cp "$OUT/w8a8_${arch}.json" "backends/cuda/tunings/w8a8_${arch}.json"
-    python3 -m pytest -q -p no:cacheprovider tests/triton -k "w8a8 or fp8_mm or int8_mm" 2>&1 \
-      | tee "$OUT/gpu-tests-w8a8-gemv.log" | tail -n 2
     [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
   fi
 fi

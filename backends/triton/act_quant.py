@@ -84,57 +84,23 @@ def _dynamic_scale(amax, qmax, scale_mult):
 
 
 @triton.jit
-def _scaled(x, s, INT8: tl.constexpr, FMAX: tl.constexpr):
-    """fp32 ``x / s`` where the codes are taken from it: int8's rounded to an integer in
-    [-128, 127], fp8's saturated at the flavour's largest value (NaN kept)."""
+def _encode(x, s, INT8: tl.constexpr, HW_FP8: tl.constexpr, FMAX: tl.constexpr, MANT: tl.constexpr,
+            EMIN: tl.constexpr, NAN: tl.constexpr, NEG_ZERO: tl.constexpr, QTY: tl.constexpr):  # fmt: skip
+    """Codes of fp32 ``x / s``: int8, fp8 through the hardware cast, or fp8 bits as uint8."""
     v = tl.math.div_rn(x, s)
     if INT8:
         v = tl.minimum(tl.maximum(v, -128.0), 127.0)
         # 1.5 * 2^23: the fp32 sum's ulp is 1, so IEEE addition rounds half to even (|v| <= 128)
         v = (v + 12582912.0) - 12582912.0
+        code = v.to(tl.int8)
     else:
         v = tl.maximum(v, -FMAX, propagate_nan=tl.PropagateNan.ALL)
         v = tl.minimum(v, FMAX, propagate_nan=tl.PropagateNan.ALL)
-    return v
-
-
-@triton.jit
-def _encode(x, s, INT8: tl.constexpr, HW_FP8: tl.constexpr, FMAX: tl.constexpr, MANT: tl.constexpr,
-            EMIN: tl.constexpr, NAN: tl.constexpr, NEG_ZERO: tl.constexpr, QTY: tl.constexpr):  # fmt: skip
-    """Codes of fp32 ``x / s``: int8, fp8 through the hardware cast, or fp8 bits as uint8."""
-    v = _scaled(x, s, INT8, FMAX)
-    if INT8:
-        code = v.to(tl.int8)
-    elif HW_FP8:
-        code = v.to(QTY, fp_downcast_rounding="rtne")
-    else:
-        code = _fp8_bits(v, MANT, EMIN, NAN, NEG_ZERO)
+        if HW_FP8:
+            code = v.to(QTY, fp_downcast_rounding="rtne")
+        else:
+            code = _fp8_bits(v, MANT, EMIN, NAN, NEG_ZERO)
     return code
-
-
-@triton.jit
-def _code_value(x, s, INT8: tl.constexpr, HW_FP8: tl.constexpr, FMAX: tl.constexpr, MANT: tl.constexpr,
-                EMIN: tl.constexpr, QTY: tl.constexpr):  # fmt: skip
-    """The number (fp32) of the code :func:`_encode` gives ``x / s``: what a kernel multiplies when
-    it quantizes x on the fly instead of storing codes. Exact: every int8 and fp8 value is an fp32."""
-    v = _scaled(x, s, INT8, FMAX)
-    if INT8:
-        return v
-    if HW_FP8:
-        return v.to(QTY, fp_downcast_rounding="rtne").to(tl.float32)
-    r = _fp8_grid(v.to(tl.int32, bitcast=True) & 0x7FFFFFFF, MANT, EMIN)
-    return tl.where(v < 0.0, -r, r)
-
-
-@triton.jit
-def _fp8_grid(a, MANT: tl.constexpr, EMIN: tl.constexpr):
-    """|v| (its fp32 bits ``a``) rounded half to even onto the fp8 grid, as fp32."""
-    # c = 1.5 * 2^(e - MANT + 23) with e the binade of |v| (at least the smallest normal's): the
-    # sum's ulp is the fp8 spacing there, so (|v| + c) - c is |v| rounded half to even onto the
-    # fp8 grid, subnormals included; a carry into the next binade comes out right.
-    e = tl.maximum(a >> 23, EMIN + 127)
-    c = (((e + (23 - MANT)) << 23) | 0x400000).to(tl.float32, bitcast=True)
-    return (a.to(tl.float32, bitcast=True) + c) - c
 
 
 @triton.jit
@@ -142,7 +108,13 @@ def _fp8_bits(v, MANT: tl.constexpr, EMIN: tl.constexpr, NAN: tl.constexpr, NEG_
     """The fp8 code (uint8) of fp32 v, |v| <= the flavour's max, rounded to nearest even."""
     vb = v.to(tl.int32, bitcast=True)
     sign = (vb >> 24) & 0x80
-    r = _fp8_grid(vb & 0x7FFFFFFF, MANT, EMIN)
+    a = vb & 0x7FFFFFFF
+    # c = 1.5 * 2^(e - MANT + 23) with e the binade of |v| (at least the smallest normal's): the
+    # sum's ulp is the fp8 spacing there, so (|v| + c) - c is |v| rounded half to even onto the
+    # fp8 grid, subnormals included; a carry into the next binade comes out right.
+    e = tl.maximum(a >> 23, EMIN + 127)
+    c = (((e + (23 - MANT)) << 23) | 0x400000).to(tl.float32, bitcast=True)
+    r = (a.to(tl.float32, bitcast=True) + c) - c
     rb = r.to(tl.int32, bitcast=True)
     normal = (rb >> (23 - MANT)) - ((126 + EMIN) << MANT)  # rebias the exponent: fp8 bias is 1 - EMIN
     # exact: r is a multiple of the subnormal step (the min keeps normals' unused value in range)
@@ -329,12 +301,14 @@ def _check_x(x: torch.Tensor, what: str) -> tuple[int, int]:
     return x.shape[0], x.shape[1]
 
 
-def encoding(x: torch.Tensor, kind: str, fp8_dtype: torch.dtype, what: str) -> dict:
-    """The constexprs that pick the encoding of x's codes (``_encode`` and ``_code_value``):
-    ``kind`` "int8", or "fp8" in the flavour ``fp8_dtype``, through the hardware cast where
-    :func:`_use_hw_fp8_cast` allows it."""
+def _codes_args(x: torch.Tensor, kind: str, fp8_dtype: torch.dtype, what: str) -> tuple[torch.Tensor, dict]:
+    """The output codes tensor and the constexprs that pick the encoding. Returns the codes tensor
+    the caller hands back (fp8 or int8) together with the kernel arguments."""
+    M, K = x.shape
     if kind == "int8":
-        return dict(INT8=True, HW_FP8=False, FMAX=127.0, MANT=0, EMIN=0, NAN=0, NEG_ZERO=False, QTY=tl.int8)
+        q = torch.empty(M, K, dtype=torch.int8, device=x.device)
+        meta = dict(INT8=True, HW_FP8=False, FMAX=127.0, MANT=0, EMIN=0, NAN=0, NEG_ZERO=False, QTY=tl.int8)
+        return q, meta
     if kind != "fp8":
         raise ValueError(f"{what}: kind must be 'fp8' or 'int8', found {kind!r}")
     fmt = FP8_FORMATS.get(fp8_dtype)
@@ -343,17 +317,12 @@ def encoding(x: torch.Tensor, kind: str, fp8_dtype: torch.dtype, what: str) -> d
             f"{what}: fp8_dtype must be one of "
             f"{', '.join(str(d).replace('torch.', '') for d in FP8_FORMATS)}, found {fp8_dtype}"
         )
-    return dict(
-        INT8=False, HW_FP8=_use_hw_fp8_cast(x, fp8_dtype), FMAX=fmt.fmax, MANT=fmt.mant, EMIN=fmt.emin,
-        NAN=fmt.nan, NEG_ZERO=fmt.neg_zero, QTY=fmt.tl_dtype,
+    q = torch.empty(M, K, dtype=fp8_dtype, device=x.device)
+    hw = _use_hw_fp8_cast(x, fp8_dtype)
+    meta = dict(
+        INT8=False, HW_FP8=hw, FMAX=fmt.fmax, MANT=fmt.mant, EMIN=fmt.emin, NAN=fmt.nan,
+        NEG_ZERO=fmt.neg_zero, QTY=fmt.tl_dtype,
     )  # fmt: skip
-
-
-def _codes_args(x: torch.Tensor, kind: str, fp8_dtype: torch.dtype, what: str) -> tuple[torch.Tensor, dict]:
-    """The output codes tensor (fp8 or int8, what the caller hands back) and the constexprs that
-    pick the encoding."""
-    meta = encoding(x, kind, fp8_dtype, what)
-    q = torch.empty(x.shape, dtype=torch.int8 if meta["INT8"] else fp8_dtype, device=x.device)
     return q, meta
 
 
@@ -362,7 +331,7 @@ def _kernel_out(q: torch.Tensor, meta: dict) -> torch.Tensor:
     return q if meta["INT8"] or meta["HW_FP8"] else q.view(torch.uint8)
 
 
-def qmax_of(kind: str, qmax: float | None) -> float:
+def _qmax(kind: str, qmax: float | None) -> float:
     if qmax is not None:
         if not qmax > 0:
             raise ValueError(f"qmax must be positive, found {qmax}")
@@ -396,7 +365,7 @@ def quantize_per_token(
     """
     M, K = _check_x(x, "quantize_per_token")
     q, meta = _codes_args(x, kind, fp8_dtype, "quantize_per_token")
-    qm = qmax_of(kind, qmax)
+    qm = _qmax(kind, qmax)
     s = torch.empty(M, 1, dtype=torch.float32, device=x.device)
     if M == 0:
         return q, s
@@ -433,7 +402,7 @@ def quantize_per_token_group(
     q, meta = _codes_args(x, "fp8", fp8_dtype, "quantize_per_token_group")
     out = _kernel_out(q, meta)
     meta = {k: v for k, v in meta.items() if k != "INT8"}  # the group kernel is fp8 only
-    qm = qmax_of("fp8", qmax)
+    qm = _qmax("fp8", qmax)
     ng = -(-K // group)
     s = torch.empty(M, ng, dtype=torch.float32, device=x.device)
     if M == 0 or K == 0:
@@ -501,7 +470,7 @@ def quantize_per_tensor(
     gives the scale of an all-zero x (``scale_mult``)."""
     M, K = _check_x(x, "quantize_per_tensor")
     q, meta = _codes_args(x, kind, fp8_dtype, "quantize_per_tensor")
-    qm = qmax_of(kind, qmax)
+    qm = _qmax(kind, qmax)
     s = torch.empty((), dtype=torch.float32, device=x.device)
     if q.numel() == 0:
         return q, s.fill_(scale_mult)  # amax of nothing taken as 0: the scale of zeros

@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .act_quant import _TILE, _codes_args, _group_codes, _kernel_out, _warps, qmax_of
+from .act_quant import _TILE, _codes_args, _group_codes, _kernel_out, _qmax, _warps
 from .launch import Launcher, cdiv, next_power_of_2
 
 #: Activation.kind -> the kernel's KIND constexpr
@@ -137,7 +137,7 @@ def gated_group_quant(
     GP = next_power_of_2(group)
     GB = max(1, min(_TILE // GP, next_power_of_2(ng)))
     _gated_group_quant_launch((A, cdiv(ng, GB)),
-        h, out, s, inter, ng, h.stride(0), float(alpha), float(limit), qmax_of("fp8", None),
+        h, out, s, inter, ng, h.stride(0), float(alpha), float(limit), _qmax("fp8", None),
         KIND=KINDS[kind], GROUP=group, GP=GP, GB=GB, num_warps=_warps(GB * GP), **meta,
     )  # fmt: skip
     return q, s

@@ -6,7 +6,6 @@ resolved for one layer at load: nothing tunes while a user waits, and a call onl
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
@@ -67,41 +66,3 @@ def pick(configs: tuple, m: int) -> Any:
 def describe(c: Any) -> str:
     """A configuration as plans and benchmarks print it."""
     return f"{'splitk' if c.split_k > 1 else 'tile'} BM{c.block_m} BN{c.block_n} BK{c.block_k} S{c.split_k}"
-
-
-@dataclass(frozen=True)
-class GemvConfig:
-    """Batches of up to ``max_m`` rows; ``block_n`` output columns and ``block_k`` inputs per step
-    per program (powers of two)."""
-
-    max_m: int
-    block_n: int
-    block_k: int
-    num_warps: int = 4
-    num_stages: int = 3
-
-    def __post_init__(self) -> None:
-        for field in ("max_m", "block_n", "block_k"):
-            v = getattr(self, field)
-            if not isinstance(v, int) or v < 1 or v & (v - 1):
-                raise ValueError(f"GemvConfig: {field} must be a power of two >= 1, found {v!r}")
-        if self.max_m > 4:
-            raise ValueError(
-                f"GemvConfig: max_m must be at most 4 (its registers hold every row), found {self.max_m}"
-            )
-        for field in ("num_warps", "num_stages"):
-            v = getattr(self, field)
-            if not isinstance(v, int) or v < 1:
-                raise ValueError(f"GemvConfig: {field} must be a positive integer, found {v!r}")
-
-
-def gemv_config(section: dict[str, Any]) -> GemvConfig | None:
-    """The tile table's ``gemv`` entry of a W8A8 section, or None where the table has none (the
-    split-K GEMMs then serve every small batch)."""
-    row = section.get("gemv")
-    return None if row is None else GemvConfig(**row)
-
-
-def describe_gemv(c: GemvConfig) -> str:
-    """A GEMV strategy's name in plans and benchmarks."""
-    return f"fused quant + gemv BN{c.block_n} BK{c.block_k}"

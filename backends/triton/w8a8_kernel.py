@@ -17,9 +17,7 @@
 
 Tile configurations per M bucket come from the vendor's ``tunings/w8a8_<arch>.json``
 (``w8a8_default.json`` otherwise, see ``tile_table``); ``prepare`` fixes them, one strategy each,
-nothing tunes at run time. A section's ``gemv`` row, where a table has one, puts the batches up to
-its ``max_m`` on the one-launch GEMV of ``w8a8_gemv`` (activation codes made inside it) for
-``triton_fp8`` and ``triton_int8``. The strategies themselves are in ``w8a8_ops`` (they import Triton).
+nothing tunes at run time. The strategies themselves are in ``w8a8_ops`` (they import Triton).
 """
 
 from __future__ import annotations
@@ -35,7 +33,7 @@ from quantrt.prepared import ALL_M, Prepared, Strategy
 from quantrt.specs import LayerSpec
 from quantrt.torchops import SCHEME_FP8_MAX, fp8_as_fnuz, per_channel_scales
 
-from .tile_table import BUCKETS, GemvConfig, describe, describe_gemv, gemv_config, tile_configs
+from .tile_table import BUCKETS, describe, tile_configs
 from .vendor import Target, TritonKernel
 
 
@@ -51,15 +49,6 @@ def int8_w8a8_conditions(s: Any, caps: Any) -> tuple[tuple[bool, str, dict[str, 
         (s.act == "int8", "int8 activations", {"act": s.act}),
         (s.granularity in ("tensor", "channel"), "tensor or channel scales", {"granularity": s.granularity}),
     )
-
-
-def with_gemv(strategies: list[Strategy], gemv: GemvConfig | None, make: Any, layout: Any) -> list[Strategy]:
-    """The small batches on the one-launch GEMV (:mod:`.w8a8_gemv`) where the tile table has a
-    ``gemv`` row, the strategies above its ``max_m`` as they were; unchanged without one."""
-    if gemv is None:
-        return strategies
-    rest = [s for s in strategies if s.max_m > gemv.max_m]
-    return [Strategy(gemv.max_m, describe_gemv(gemv), make(gemv, layout)), *rest]
 
 
 def _static_scale(weight: CanonicalWeight) -> torch.Tensor | None:
@@ -158,7 +147,6 @@ class TritonFp8(TritonKernel):
                 *tile_strategies(BUCKETS, configs, name, w8a8_ops.fp8_triton, upto=start - 1),
                 Strategy(ALL_M, "triton quant + _scaled_mm", w8a8_ops.fp8_scaled_mm),
             ]
-        strategies = with_gemv(strategies, gemv_config(table), w8a8_ops.fp8_gemv, layout)
         return self.prepared(layout, strategies, spec, q.device)
 
 
@@ -328,6 +316,4 @@ class TritonInt8(TritonKernel):
             q, per_channel_scales(weight).contiguous(), _static_scale(weight), spec.output_dtype
         )
         name = lambda c: "triton quant + " + describe(c)  # noqa: E731
-        strategies = tile_strategies(BUCKETS, configs, name, w8a8_ops.int8)
-        strategies = with_gemv(strategies, gemv_config(section), w8a8_ops.int8_gemv, layout)
-        return self.prepared(layout, strategies, spec, q.device)
+        return self.prepared(layout, tile_strategies(BUCKETS, configs, name, w8a8_ops.int8), spec, q.device)

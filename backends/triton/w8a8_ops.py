@@ -19,7 +19,6 @@ from .common import TileConfig
 from .fp8_mm import fp8_block_matmul, fp8_rowwise_matmul
 from .fp8_weight_only import fp8_weight_only_matmul
 from .int8_mm import int8_matmul
-from .w8a8_gemv import GemvConfig, w8a8_gemv
 
 
 def quantize(
@@ -47,40 +46,6 @@ def fp8_triton(tile: TileConfig) -> StrategyFn:
     def fn(lay: Any, x: torch.Tensor, bias: Any, out: Any, ws: Any) -> torch.Tensor:
         xq, a_scale = quantize(x, "fp8", lay.act, lay.in_scale, lay.fp8, lay.mult)
         return fp8_rowwise_matmul(xq, a_scale, lay.w, lay.w_scale, bias, lay.out_dtype, tile, out)
-
-    return fn
-
-
-def fp8_gemv(config: GemvConfig, lay: Any) -> StrategyFn:
-    """fp8 W8A8 (tensor/channel weights) for batches up to ``config.max_m``: the activation
-    quantization inside one GEMV launch. The encoding is fixed here, at load: static codes saturate
-    at the scheme's max over the flavour's factor, as :func:`quantize` has them."""
-    meta = act_quant.encoding(lay.w, "fp8", lay.fp8, "fp8_gemv")
-    if lay.act == "static":
-        meta["FMAX"] = SCHEME_FP8_MAX / lay.mult
-    qmax = act_quant.qmax_of("fp8", None)
-
-    def fn(lay: Any, x: torch.Tensor, bias: Any, out: Any, ws: Any) -> torch.Tensor:
-        return w8a8_gemv(
-            x, lay.w, lay.w_scale, bias, lay.out_dtype, config, meta,
-            act=lay.act, in_scale=lay.in_scale, qmax=qmax, scale_mult=lay.mult, out=out,
-        )  # fmt: skip
-
-    return fn
-
-
-def int8_gemv(config: GemvConfig, lay: Any) -> StrategyFn:
-    """int8 W8A8 for batches up to ``config.max_m``: per-token (or static) activation codes made
-    inside one GEMV launch, int32 sums as the int8 GEMM's."""
-    meta = act_quant.encoding(lay.w, "int8", torch.float8_e4m3fn, "int8_gemv")
-    act = "token" if lay.in_scale is None else "static"
-    qmax = act_quant.qmax_of("int8", None)
-
-    def fn(lay: Any, x: torch.Tensor, bias: Any, out: Any, ws: Any) -> torch.Tensor:
-        return w8a8_gemv(
-            x, lay.w, lay.w_scale, bias, lay.out_dtype, config, meta,
-            act=act, in_scale=lay.in_scale, qmax=qmax, out=out,
-        )  # fmt: skip
 
     return fn
 
