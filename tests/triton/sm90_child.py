@@ -45,11 +45,17 @@ def child_main(variants: dict[str, Any], compile_one: Callable[[Any], dict[str, 
         try:
             out[name] = compile_one(cx)
         except Exception as e:  # reported per variant
-            if "ptxas" in str(e).lower() and not out:
-                print(f"no ptxas: {str(e)[:200]}")
-                raise SystemExit(3) from None
-            root = e
-            while root.__cause__ is not None:
-                root = root.__cause__
-            out[name] = {"error": f"{type(root).__name__}: {str(root)[:1500]}"}
+            out[name] = failure(e, out)
     print(json.dumps(out))
+
+
+def failure(e: Exception, done: dict[str, Any]) -> dict[str, Any]:
+    """A variant's error as its figures: the innermost cause, which names the real one. Exits with
+    status 3 where the first compile finds no ptxas (the toolchain is missing, not the kernel wrong)."""
+    if "ptxas" in str(e).lower() and not done:
+        print(f"no ptxas: {str(e)[:200]}")
+        raise SystemExit(3) from None
+    root: BaseException = e
+    while root.__cause__ is not None:
+        root = root.__cause__
+    return {"error": f"{type(root).__name__}: {str(root)[:1500]}"}

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import pytest
 from ptx_emulator import lop3, prmt
-from sm90_child import require_triton, results
+from sm90_child import failure, require_triton, results
 
 #: KV format -> (scheme name or None for bf16 pages, the word decoders: PTX (as the CUDA backend
 #: passes them), portable, or none (4-bit codes through the shared-memory pair tables, 8-bit values
@@ -149,13 +149,7 @@ def _compile_all() -> dict[str, Any]:
             )  # fmt: skip
             out[name] = _stats(compiled.pop())
         except Exception as e:  # reported per format; the test names the failure
-            if "ptxas" in str(e).lower() and not out:
-                print(f"no ptxas: {str(e)[:200]}")
-                raise SystemExit(3) from None
-            root = e
-            while root.__cause__ is not None:
-                root = root.__cause__
-            out[name] = {"error": f"{type(root).__name__}: {str(root)[:1500]}"}
+            out[name] = failure(e, out)
     out["grid-sync"] = _grid_sync_compile(kv, compiled, combined, (B, H, G, D, T))
     return out
 
