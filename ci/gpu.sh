@@ -11,18 +11,8 @@
 # bench: QUANTRT_GPU_LOAD_BENCH=1 (with cProfile: QUANTRT_LOAD_PROFILE=1); bench schemes:
 # QUANTRT_BENCH_SCHEMES, shapes: QUANTRT_BENCH_SHAPES, batch sizes: QUANTRT_BENCH_MS; test paths: QUANTRT_GPU_TESTS)
 set -uo pipefail
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-OUT="${OUT:-$ROOT/out}"
-mkdir -p "$OUT"
-cd "$ROOT"
-export PYTHONUNBUFFERED=1
-# what the image lacks travels as wheels in .whl/ (fetched by ci/gpu-wheels.sh, named in carry)
-if compgen -G ".whl/*.whl" > /dev/null; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-    .whl/*.whl > "$OUT/wheels.log" 2>&1 || { cat "$OUT/wheels.log"; exit 1; }
-  export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
-fi
-python3 -m pip install -q --no-deps --no-build-isolation -e . > "$OUT/install.log" 2>&1 || { cat "$OUT/install.log"; exit 1; }
+# shellcheck source=ci/gpu-install.sh
+source "$(dirname "${BASH_SOURCE[0]}")/gpu-install.sh" || exit 1
 status=0
 ( cd /tmp && quantrt probe --json ) > "$OUT/probe.json" 2> "$OUT/probe.err" || status=1
 # shellcheck disable=SC2086  # a list of paths

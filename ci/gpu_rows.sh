@@ -11,19 +11,11 @@
 # default kernel is another). The default list is issue 26's open sweeps: M=128 for every format
 # other than int4 (which has its row), and w2 g64 at M=1.
 set -uo pipefail
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-OUT="${OUT:-$ROOT/out}"
-mkdir -p "$OUT"
-cd "$ROOT"
-export PYTHONUNBUFFERED=1
+# shellcheck source=ci/gpu-install.sh
+source "$(dirname "${BASH_SOURCE[0]}")/gpu-install.sh" || exit 1
 ROWS="${ROWS:-w4a16-nvfp4:small_m_codebook:128 w4a16-nf4-g64:small_m_bnb4:128 w8a16-int-ch-sym:small_m_w8:128 gguf-q4_k:small_m_q4k:128 gguf-q8_0:small_m_q80:128 gguf-q5_k:small_m_q5k:128 w2a16-int-g64-sym:small_m_w2:1}"
 SHAPES="${SHAPES:-8192x57344,28672x8192,4096x28672}"
 SWEEP_S="${SWEEP_S:-240}"
-if [ -d .whl ]; then  # wheels the machine lacks (it has no network): gguf, pydantic
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl > /dev/null 2>&1
-  export PYTHONPATH=/tmp/site
-fi
-python3 -m pip install -q --no-deps --no-build-isolation -e . > "$OUT/install.log" 2>&1 || { tail "$OUT/install.log"; exit 1; }
 arch=$(python3 -c "import torch; print('sm_%d%d' % torch.cuda.get_device_capability())")
 T="backends/cuda/tunings/wna16_mma_${arch}.json"
 [ -f "$T" ] || { echo "no committed table $T for this GPU"; exit 1; }
