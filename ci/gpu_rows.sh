@@ -9,7 +9,8 @@
 #
 # Each item is SCHEME:KEY:BUCKETS[:KERNEL] (KERNEL: a QUANTRT_KERNEL override, for types whose
 # default kernel is another). The default list is issue 26's open sweeps: M=128 for every format
-# other than int4 (which has its row), and w2 g64 at M=1.
+# other than int4 (which has its row), and w2 g64 at M=1. SWEEP_ONLY=1 stops after the sweeps and
+# merges (a list too long for one call runs in parts; the last part runs the tests and the bench).
 set -uo pipefail
 # shellcheck source=ci/gpu-install.sh
 source "$(dirname "${BASH_SOURCE[0]}")/gpu-install.sh" || exit 1
@@ -30,6 +31,7 @@ for item in $ROWS; do
   schemes+=("$scheme") ms+=("${buckets//,/ }")
 done
 cp "$T" "$OUT/"
+[ "${SWEEP_ONLY:-0}" = 1 ] && exit 0
 timeout 300 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_cuda_kernels.py tests/gpu/test_cuda_lut_gguf.py \
   -k "mma" 2>&1 | tail -n 3
 M=$(printf '%s\n' ${ms[@]} | sort -n -u | paste -sd, -)
