@@ -2,16 +2,27 @@
 :mod:`.fp8_weight_only`, :mod:`.int8_mm`).
 
 Every one of them tiles the output [M, N] in ``block_m`` x ``block_n`` tiles and may split K over
-``split_k`` programs per tile. ``split_k`` = 1 stores the output dtype directly; ``split_k`` > 1 adds
-fp32 partial sums with atomics into a zeroed fp32 buffer (``out`` itself when the output is fp32),
-cast into the output afterwards. Host side: :class:`TileConfig`, the argument checks, the output
-buffers (:func:`output_buffers`, :func:`finish_output`), one prepared strategy per tile
-(:func:`tile_strategies`); device side: the K-loop's operand loads (:func:`load_k_tiles`) and the
-epilogue (:func:`store_tile`).
+``split_k`` programs per tile. ``split_k`` = 1 stores the output dtype directly. ``split_k`` > 1
+reduces the partial sums one of two ways:
+
+- in the launch (:func:`reduce_tile`, the W8A8 GEMMs of :mod:`.fp8_mm` and :mod:`.int8_mm`): each
+  program stores its fp32 partial tile, counts itself in on the tile's arrival counter
+  (:class:`TileCounters`), and the last to arrive sums the partials in ``pid_k`` order, adds the bias,
+  stores the output dtype and resets the counter. One launch, deterministic, and the partials need
+  no zeroing: the host allocates them uninitialised;
+- with fp32 atomics into a zeroed buffer (``out`` itself when the output is fp32) cast into the
+  output afterwards (:func:`output_buffers`, :func:`store_tile`, :func:`finish_output`): the older
+  kernels, whose CUDA calls now go to the CuPy-launched kernels, so their two extra launches are off
+  the hot path.
+
+Host side: :class:`TileConfig`, the argument checks, the output buffers, one prepared strategy per
+tile (:func:`tile_strategies`); device side: the K-loop's operand loads (:func:`load_k_tiles`) and
+the epilogues.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -29,7 +40,7 @@ FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 @dataclass(frozen=True)
 class TileConfig:
-    """One launch configuration; ``split_k`` > 1 reduces partial sums with fp32 atomics."""
+    """One launch configuration; ``split_k`` > 1 splits K over that many programs per output tile."""
 
     block_m: int
     block_n: int
@@ -191,3 +202,90 @@ def store_tile(
         tl.atomic_add(y_ptrs, acc, mask=mask)
     else:
         tl.store(y_ptrs, acc.to(Y.dtype.element_ty), mask=mask)
+
+
+class TileCounters:
+    """The arrival counters of an in-launch split-K reduction (:func:`reduce_tile`): int32 zeros, one
+    per output tile, which every launch leaves at zero again (its last program per tile resets
+    its counter). One set per thread: launches on one thread's stream run one after another, so
+    a layer's counters are never shared by two launches at once (the contract of the shared
+    workspace in ``quantrt.prepared``). The preparing thread's set is allocated at load; another
+    thread's on its first call. A batch needing more tiles than a set holds gets a larger one;
+    the old set stays alive for a CUDA graph captured with it."""
+
+    def __init__(self, tiles: int, device: torch.device) -> None:
+        self.device = device
+        self._local = threading.local()
+        self._kept: list[torch.Tensor] = []
+        if tiles:
+            self.get(tiles)
+
+    def get(self, tiles: int) -> torch.Tensor:
+        """A zeroed counter per tile for a launch of ``tiles`` output tiles."""
+        t = getattr(self._local, "t", None)
+        if t is None or t.numel() < tiles:
+            if t is not None:
+                self._kept.append(t)
+            t = torch.zeros(
+                max(tiles, 2 * t.numel() if t is not None else 0), dtype=torch.int32, device=self.device
+            )
+            self._local.t = t
+        return t
+
+
+def split_k_tiles(bounds: Sequence[int], configs: Sequence[TileConfig], N: int) -> int:
+    """Output tiles of the largest split-K launch a tile table makes for N columns (0 without
+    split-K; an unbounded split-K bucket counts its first 256 rows, larger batches grow the set)."""
+    tiles, lo = 0, 0
+    for bound, c in zip(bounds, configs):
+        if c.split_k > 1:
+            tiles = max(tiles, cdiv(min(bound, max(lo, 256)), c.block_m) * cdiv(N, c.block_n))
+        lo = bound
+    return tiles
+
+
+def split_k_buffers(
+    y: torch.Tensor, tiles: int, M: int, N: int, config: TileConfig, counters: TileCounters | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`reduce_tile`'s partials (uninitialised fp32 [split_k, M, N]: every element a launch
+    reads, one of its programs wrote first) and arrival counters (``counters``' set, or zeros
+    made for this call); without split-K, ``y`` stands in for both (never read)."""
+    if config.split_k == 1:
+        return y, y
+    part = torch.empty((config.split_k, M, N), dtype=torch.float32, device=y.device)
+    if counters is None:
+        return part, torch.zeros(tiles, dtype=torch.int32, device=y.device)
+    return part, counters.get(tiles)
+
+
+@triton.jit
+def reduce_tile(
+    acc, B, Y, P, C, tile, pid_k, offs_m, offs_n, mask_m, mask_n, M, N, stride_b, stride_ym, stride_yn,
+    HAS_B: tl.constexpr, SPLIT_K: tl.constexpr,
+):  # fmt: skip
+    """The epilogue after scaling, reducing split-K in the launch. ``SPLIT_K`` = 1: bias, then a
+    store in Y's dtype. Otherwise the fp32 tile goes to its slot ``pid_k`` of the partials P
+    ([SPLIT_K, M, N]); the barrier and the release half of the counter's atomic (one thread's,
+    Triton's scalar atomics) publish the whole program's stores; the program that counts
+    ``SPLIT_K`` - 1 (the acquire half) sums the slots in order (past L1: ``.cg``), adds the bias,
+    stores Y and resets the counter ``C[tile]`` for the next launch."""
+    mask = mask_m[:, None] & mask_n[None, :]
+    y_ptrs = Y + offs_m[:, None] * stride_ym + offs_n[None, :] * stride_yn
+    if SPLIT_K == 1:
+        if HAS_B:
+            acc += tl.load(B + offs_n * stride_b, mask=mask_n, other=0.0).to(tl.float32)[None, :]
+        tl.store(y_ptrs, acc.to(Y.dtype.element_ty), mask=mask)
+    else:
+        mn = tl.cast(M, tl.int64) * N  # M or N may arrive as a constexpr 1
+        part = P + offs_m.to(tl.int64)[:, None] * N + offs_n[None, :]
+        tl.store(part + pid_k * mn, acc, mask=mask)
+        tl.debug_barrier()
+        arrived = tl.atomic_add(C + tile, 1, sem="acq_rel", scope="gpu")
+        if arrived == SPLIT_K - 1:
+            total = tl.load(part, mask=mask, other=0.0, cache_modifier=".cg")
+            for s in range(1, SPLIT_K):
+                total += tl.load(part + s * mn, mask=mask, other=0.0, cache_modifier=".cg")
+            if HAS_B:
+                total += tl.load(B + offs_n * stride_b, mask=mask_n, other=0.0).to(tl.float32)[None, :]
+            tl.store(y_ptrs, total.to(Y.dtype.element_ty), mask=mask)
+            tl.atomic_xchg(C + tile, 0, sem="relaxed", scope="gpu")

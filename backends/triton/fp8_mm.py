@@ -15,10 +15,9 @@ autotuned at run time, so a call can be captured in a CUDA graph with the tile t
   ``_scaled_mm`` rejects block scales; this kernel is the portable block GEMM.
 
 Split-K (``split_k`` > 1, for small M where N/BN tiles cannot fill the GPU): program ``pid_k`` takes
-every ``split_k``-th K-tile, scales its partial sum, and adds it with fp32 ``tl.atomic_add`` into a
-zeroed fp32 buffer; the programs with ``pid_k == 0`` add the bias there, and torch casts the buffer
-to the output dtype afterwards (fp32 output: the atomics land in ``out`` itself, no copy). With
-``split_k == 1`` the epilogue applies scales and bias and stores the output dtype directly.
+every ``split_k``-th K-tile and scales its partial sum; the tile's last program to finish sums the
+partials in order, adds the bias and stores the output dtype (``common.reduce_tile``): one launch,
+deterministic. With ``split_k == 1`` the epilogue applies scales and bias and stores directly.
 """
 
 from __future__ import annotations
@@ -29,14 +28,14 @@ import triton.language as tl
 
 from .common import (
     TileConfig,
+    TileCounters,
     check_block,
     check_config,
     check_epilogue,
     empty_result,
-    finish_output,
     load_k_tiles,
-    output_buffers,
-    store_tile,
+    reduce_tile,
+    split_k_buffers,
 )
 from .launch import Launcher, cdiv
 
@@ -63,11 +62,11 @@ def _tile_ids(M, N, BM: tl.constexpr, BN: tl.constexpr, GM: tl.constexpr):
 
 @triton.jit
 def _fp8_rowwise_kernel(
-    X, W, AS, WS, B, Y,
+    X, W, AS, WS, B, Y, P, C,
     M, N, K,
     stride_xm, stride_xk, stride_wn, stride_wk, stride_am, stride_wsn, stride_b, stride_ym, stride_yn,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, SPLIT_K: tl.constexpr, GM: tl.constexpr,
-    EVEN_K: tl.constexpr, HAS_B: tl.constexpr, ATOMIC: tl.constexpr,
+    EVEN_K: tl.constexpr, HAS_B: tl.constexpr,
 ):  # fmt: skip
     pid_m, pid_n = _tile_ids(M, N, BM, BN, GM)
     pid_k = tl.program_id(1)
@@ -89,9 +88,8 @@ def _fp8_rowwise_kernel(
     a_s = tl.load(AS + offs_m * stride_am, mask=mask_m, other=0.0)
     w_s = tl.load(WS + offs_n * stride_wsn, mask=mask_n, other=0.0)
     acc = acc * a_s[:, None] * w_s[None, :]
-    store_tile(
-        acc, B, Y, offs_m, offs_n, mask_m, mask_n, pid_k, stride_b, stride_ym, stride_yn, HAS_B, ATOMIC
-    )
+    reduce_tile(acc, B, Y, P, C, tl.program_id(0), pid_k, offs_m, offs_n, mask_m, mask_n, M, N,
+                stride_b, stride_ym, stride_yn, HAS_B, SPLIT_K)  # fmt: skip
 
 
 _fp8_rowwise_launch = Launcher(_fp8_rowwise_kernel)
@@ -99,13 +97,13 @@ _fp8_rowwise_launch = Launcher(_fp8_rowwise_kernel)
 
 @triton.jit
 def _fp8_block_kernel(
-    X, XS, W, WS, B, Y,
+    X, XS, W, WS, B, Y, P, C,
     M, N, K,
     stride_xm, stride_xk, stride_xsm, stride_xsk, stride_wn, stride_wk, stride_wsn, stride_wsk, stride_b,
     stride_ym, stride_yn,
     QN: tl.constexpr, QK: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, SPLIT_K: tl.constexpr, GM: tl.constexpr,
-    EVEN_K: tl.constexpr, HAS_B: tl.constexpr, ATOMIC: tl.constexpr,
+    EVEN_K: tl.constexpr, HAS_B: tl.constexpr,
 ):  # fmt: skip
     pid_m, pid_n = _tile_ids(M, N, BM, BN, GM)
     pid_k = tl.program_id(1)
@@ -125,9 +123,8 @@ def _fp8_block_kernel(
         x_s = tl.load(XS + offs_m * stride_xsm + kb * stride_xsk, mask=mask_m, other=0.0)
         w_s = tl.load(WS + nb * stride_wsn + kb * stride_wsk)
         acc += tl.dot(a, b) * (x_s * w_s)[:, None]
-    store_tile(
-        acc, B, Y, offs_m, offs_n, mask_m, mask_n, pid_k, stride_b, stride_ym, stride_yn, HAS_B, ATOMIC
-    )
+    reduce_tile(acc, B, Y, P, C, tl.program_id(0), pid_k, offs_m, offs_n, mask_m, mask_n, M, N,
+                stride_b, stride_ym, stride_yn, HAS_B, SPLIT_K)  # fmt: skip
 
 
 _fp8_block_launch = Launcher(_fp8_block_kernel)
@@ -196,6 +193,7 @@ def fp8_rowwise_matmul(
     out_dtype: torch.dtype,
     config: TileConfig,
     out: torch.Tensor | None = None,
+    counters: TileCounters | None = None,
 ) -> torch.Tensor:
     """``y[m, n] = sum_k xq[m, k] * w[n, k] * a_scale[m] * w_scale[n] (+ bias[n])``, fp32 accumulation.
 
@@ -204,7 +202,8 @@ def fp8_rowwise_matmul(
     it expanded); bias: [N] float16/bfloat16/float32 or None. The result is ``out_dtype`` [M, N] (fp16,
     bf16 or fp32), written into ``out`` when given. Scales are applied once, in the epilogue: they do
     not depend on k. On Hopper the tensor cores' reduced-precision fp8 sums are promoted into the
-    fp32 accumulator once per K tile, so long K stays as accurate as the reference.
+    fp32 accumulator once per K tile, so long K stays as accurate as the reference. ``counters``:
+    the layer's split-K arrival counters (:class:`.common.TileCounters`); None makes zeros per call.
     """
     what = "fp8_rowwise_matmul"
     M, N, K = _check_operands(xq, w, bias, out_dtype, out, config, what)
@@ -218,18 +217,19 @@ def fp8_rowwise_matmul(
     _check_scale(w_scale, "w_scale", ((N,), (N, 1)), dev, what)
     if M == 0:
         return empty_result(N, out_dtype, out, dev)
-    atomic = config.split_k > 1
-    y, result = output_buffers(M, N, out_dtype, out, atomic, dev)
-    _fp8_rowwise_launch(_grid(M, N, config),
-        xq, w, a_scale, w_scale, bias if bias is not None else w_scale, y,
+    grid = _grid(M, N, config)
+    y = torch.empty(M, N, device=dev, dtype=out_dtype) if out is None else out
+    part, cnt = split_k_buffers(y, grid[0], M, N, config, counters)
+    _fp8_rowwise_launch(grid,
+        xq, w, a_scale, w_scale, bias if bias is not None else w_scale, y, part, cnt,
         M, N, K,
         xq.stride(0), xq.stride(1), w.stride(0), w.stride(1), stride_am, w_scale.stride(0),
         bias.stride(0) if bias is not None else 0, y.stride(0), y.stride(1),
         BM=config.block_m, BN=config.block_n, BK=config.block_k, SPLIT_K=config.split_k, GM=GROUP_M,
-        EVEN_K=K % config.block_k == 0, HAS_B=bias is not None, ATOMIC=atomic,
+        EVEN_K=K % config.block_k == 0, HAS_B=bias is not None,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )  # fmt: skip
-    return finish_output(y, result)
+    return y
 
 
 def fp8_block_matmul(
@@ -242,6 +242,7 @@ def fp8_block_matmul(
     out_dtype: torch.dtype,
     config: TileConfig,
     out: torch.Tensor | None = None,
+    counters: TileCounters | None = None,
 ) -> torch.Tensor:
     """Block fp8 (DeepSeek-V3): ``y = sum_kb (xq_kb . w_kb) * x_scale[m, kb] * w_scale[nb, kb] (+ bias)``.
 
@@ -250,6 +251,7 @@ def fp8_block_matmul(
     column-major). Ragged last blocks of N and K keep their own scales. ``config.block_k`` must divide
     bk and ``config.block_n`` must divide bn, so every tile needs one weight scale per K-tile (and one
     activation scale per row); each K-tile's partial dot is scaled, then accumulated in fp32.
+    ``counters``: as :func:`fp8_rowwise_matmul`'s.
     """
     what = "fp8_block_matmul"
     M, N, K = _check_operands(xq, w, bias, out_dtype, out, config, what)
@@ -265,17 +267,18 @@ def fp8_block_matmul(
     _check_scale(x_scale, "x_scale", ((M, nkb),), dev, what)
     if M == 0:
         return empty_result(N, out_dtype, out, dev)
-    atomic = config.split_k > 1
-    y, result = output_buffers(M, N, out_dtype, out, atomic, dev)
-    _fp8_block_launch(_grid(M, N, config),
-        xq, x_scale, w, w_scale, bias if bias is not None else w_scale, y,
+    grid = _grid(M, N, config)
+    y = torch.empty(M, N, device=dev, dtype=out_dtype) if out is None else out
+    part, cnt = split_k_buffers(y, grid[0], M, N, config, counters)
+    _fp8_block_launch(grid,
+        xq, x_scale, w, w_scale, bias if bias is not None else w_scale, y, part, cnt,
         M, N, K,
         xq.stride(0), xq.stride(1), x_scale.stride(0), x_scale.stride(1), w.stride(0), w.stride(1),
         w_scale.stride(0), w_scale.stride(1), bias.stride(0) if bias is not None else 0,
         y.stride(0), y.stride(1),
         QN=bn, QK=bk,
         BM=config.block_m, BN=config.block_n, BK=config.block_k, SPLIT_K=config.split_k, GM=GROUP_M,
-        EVEN_K=K % config.block_k == 0, HAS_B=bias is not None, ATOMIC=atomic,
+        EVEN_K=K % config.block_k == 0, HAS_B=bias is not None,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )  # fmt: skip
-    return finish_output(y, result)
+    return y

@@ -8,9 +8,9 @@ applied while the tile is still in registers. On the GPU that makes the scaling 
 
 The weight is signed int8 [N, K], row-major: quantrt's canonical codes are uint8 with offset
 128, and the caller subtracts the offset once at load. Split-K (``split_k`` > 1) scales each
-program's int32 partial sum and adds it into a zeroed fp32 buffer with atomics (the scales are
-per row and column, so scaling distributes over the partial sums); ``split_k`` = 1 writes the
-output dtype directly. No host synchronization and no run-time tuning: the caller passes the tile.
+program's int32 partial sum (the scales are per row and column, so scaling distributes over the
+partial sums) and the tile's last program sums them in order (``common.reduce_tile``: one launch,
+deterministic); ``split_k`` = 1 writes the output dtype directly. No host synchronization and no run-time tuning: the caller passes the tile.
 """
 
 from __future__ import annotations
@@ -21,13 +21,13 @@ import triton.language as tl
 
 from .common import (
     TileConfig,
+    TileCounters,
     check_config,
     check_epilogue,
     empty_result,
-    finish_output,
     load_k_tiles,
-    output_buffers,
-    store_tile,
+    reduce_tile,
+    split_k_buffers,
     tile_grid,
 )
 from .launch import Launcher
@@ -37,11 +37,11 @@ __all__ = ["int8_matmul"]
 
 @triton.jit
 def _int8_mm_kernel(
-    X, W, A, S, B, Y,
+    X, W, A, S, B, Y, P, C,
     M, N, K,
     stride_xm, stride_xk, stride_wn, stride_wk, stride_am, stride_b, stride_ym, stride_yn,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, SPLIT_K: tl.constexpr,
-    PER_TOKEN: tl.constexpr, EVEN_K: tl.constexpr, HAS_B: tl.constexpr, ATOMIC: tl.constexpr,
+    PER_TOKEN: tl.constexpr, EVEN_K: tl.constexpr, HAS_B: tl.constexpr,
 ):  # fmt: skip
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -64,7 +64,9 @@ def _int8_mm_kernel(
         a = tl.load(A)
     s = tl.load(S + offs_n, mask=mask_n, other=0.0)
     y = acc.to(tl.float32) * a * s[None, :]
-    store_tile(y, B, Y, offs_m, offs_n, mask_m, mask_n, pid_k, stride_b, stride_ym, stride_yn, HAS_B, ATOMIC)
+    tile = pid_m * tl.num_programs(1) + pid_n
+    reduce_tile(y, B, Y, P, C, tile, pid_k, offs_m, offs_n, mask_m, mask_n, M, N,
+                stride_b, stride_ym, stride_yn, HAS_B, SPLIT_K)  # fmt: skip
 
 
 _int8_mm_launch = Launcher(_int8_mm_kernel)
@@ -79,13 +81,15 @@ def int8_matmul(
     out_dtype: torch.dtype,
     config: TileConfig,
     out: torch.Tensor | None = None,
+    counters: TileCounters | None = None,
 ) -> torch.Tensor:
     """``y = (xq @ w.T) * a_scale * w_scale (+ bias)`` in ``out_dtype``; the int8 dot is exact in int32.
 
     xq int8 [M, K] (contiguous is fastest; any strides work); a_scale float32 [M, 1] (per token)
     or one element (per tensor, static); w int8 [N, K] (signed codes); w_scale float32 [N] (per
     channel); bias [N] float16/bfloat16/float32 or None; ``out``: an [M, N] ``out_dtype`` tensor
-    to write into (returned). ``config.block_k`` must be at least 32 (int8 dots).
+    to write into (returned). ``config.block_k`` must be at least 32 (int8 dots). ``counters``: the
+    layer's split-K arrival counters (:class:`.common.TileCounters`); None makes zeros per call.
     """
     what = "int8_matmul"
     if xq.dim() != 2 or xq.dtype != torch.int8:
@@ -119,15 +123,16 @@ def int8_matmul(
     check_epilogue(bias, out, out_dtype, M, N, dev, what)
     if M == 0:
         return empty_result(N, out_dtype, out, dev)
-    atomic = config.split_k > 1
-    y, result = output_buffers(M, N, out_dtype, out, atomic, dev)
-    _int8_mm_launch(tile_grid(M, N, config),
-        xq, w, a_scale, w_scale, bias if bias is not None else w_scale, y,
+    grid = tile_grid(M, N, config)
+    y = torch.empty(M, N, device=dev, dtype=out_dtype) if out is None else out
+    part, cnt = split_k_buffers(y, grid[0] * grid[1], M, N, config, counters)
+    _int8_mm_launch(grid,
+        xq, w, a_scale, w_scale, bias if bias is not None else w_scale, y, part, cnt,
         M, N, K,
         xq.stride(0), xq.stride(1), w.stride(0), w.stride(1), a_scale.stride(0) if per_token else 0,
         bias.stride(0) if bias is not None else 0, y.stride(0), y.stride(1),
         BM=config.block_m, BN=config.block_n, BK=config.block_k, SPLIT_K=config.split_k,
-        PER_TOKEN=per_token, EVEN_K=K % config.block_k == 0, HAS_B=bias is not None, ATOMIC=atomic,
+        PER_TOKEN=per_token, EVEN_K=K % config.block_k == 0, HAS_B=bias is not None,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )  # fmt: skip
-    return finish_output(y, result)
+    return y

@@ -74,7 +74,9 @@ class Launcher:
         spec = tuple(
             native_specialize_impl(BaseBackend, a, c, s, al) for a, (c, s, al) in zip(args, self._flags)
         )
-        device = torch.cuda.current_device()  # Triton launches on the current device, as here
+        device = (
+            torch._C._cuda_getDevice()
+        )  # the current device (Triton launches there), without the lazy-init check
         key = (device, spec, tuple(meta.items()))
         hit = self._hits.get(key)
         if hit is None or _hooked(knobs.runtime.launch_enter_hook) or _hooked(knobs.runtime.launch_exit_hook):
@@ -82,26 +84,34 @@ class Launcher:
             if hasattr(kernel, "result"):
                 kernel = kernel.result()
             consts = tuple(meta[n] if n in meta else d for n, d in self._consts)
-            self._hits[key] = (kernel.run, kernel.function, kernel.packed_metadata, consts)
+            self._hits[key] = (*_entry(kernel), kernel.function, kernel.packed_metadata, consts)
             return
-        run, function, packed, consts = hit
+        run, head, function, packed, consts = hit
         self.direct_launches += 1
         g1 = grid[1] if len(grid) > 1 else 1
         g2 = grid[2] if len(grid) > 2 else 1
         stream = torch._C._cuda_getCurrentRawStream(device)  # Triton's driver asks the same, without a Stream
-        run(
-            grid[0],
-            g1,
-            g2,
-            stream,
-            function,
-            packed,
-            None,
-            None,
-            None,
-            *args,
-            *consts,
-        )
+        run(grid[0], g1, g2, stream, function, *head, packed, None, None, None, *args, *consts)
+
+
+def _entry(kernel: Any) -> tuple[Any, tuple]:
+    """The launch function of a compiled kernel and the arguments it takes before ``function``'s
+    successors. Triton 3.6's CUDA launcher wraps its C ``launch`` in a Python ``__call__`` that
+    only allocates the global and profile scratch a kernel may ask for; a kernel that asks for
+    neither goes straight to ``launch`` with what ``__call__`` would pass (cooperative grid, PDL,
+    no scratch). Any other launcher (HIP, another Triton) keeps its ``__call__``."""
+    run = kernel.run
+    if (
+        type(run).__name__ == "CudaLauncher"
+        and getattr(run, "global_scratch_size", 1) == 0
+        and getattr(run, "profile_scratch_size", 1) == 0
+        and hasattr(run, "launch_cooperative_grid")
+        and hasattr(run, "launch_pdl")
+        and getattr(run.launch, "__name__", "")
+        == "launch"  # the C function, not the tensor-descriptor wrapper
+    ):
+        return run.launch, (run.launch_cooperative_grid, run.launch_pdl, None, None)
+    return run, ()
 
 
 def _hooked(hook: Any) -> bool:

@@ -75,6 +75,7 @@ class Fp8Layout:
     out_dtype: torch.dtype
     fp8: torch.dtype = torch.float8_e4m3fn  # the codes' flavour (activations quantized to it)
     mult: float = 1.0  # 2 for e4m3fnuz: dynamic activation scales doubled as the weights' were
+    counters: Any = None  # common.TileCounters: the split-K launches' arrival counters
 
 
 class TritonFp8(TritonKernel):
@@ -109,7 +110,7 @@ class TritonFp8(TritonKernel):
 
     def prepare(self, weight: CanonicalWeight, spec: LayerSpec) -> Prepared:
         from . import w8a8_ops
-        from .common import TileConfig, tile_strategies
+        from .common import TileConfig, TileCounters, split_k_tiles, tile_strategies
 
         target = self.policy.target(weight["qweight"].device)
         q, mult = _flavour(weight["qweight"].contiguous(), target)
@@ -137,6 +138,7 @@ class TritonFp8(TritonKernel):
             spec.output_dtype,
             q.dtype,
             mult,
+            TileCounters(split_k_tiles(BUCKETS, configs, weight.N), q.device),
         )
         name = lambda c: "triton quant + " + describe(c)  # noqa: E731
         if not ok:
@@ -161,6 +163,7 @@ class BlockFp8Layout:
     out_dtype: torch.dtype
     fp8: torch.dtype = torch.float8_e4m3fn  # the codes' flavour (activations quantized to it)
     qmax: float = SCHEME_FP8_MAX  # activation groups' amax maps here (224 in fnuz: doubled scales)
+    counters: Any = None  # common.TileCounters: the split-K launches' arrival counters
 
 
 class TritonBlockFp8(TritonKernel):
@@ -194,7 +197,7 @@ class TritonBlockFp8(TritonKernel):
 
     def prepare(self, weight: CanonicalWeight, spec: LayerSpec) -> Prepared:
         from . import w8a8_ops
-        from .common import TileConfig, tile_strategies
+        from .common import TileConfig, TileCounters, split_k_tiles, tile_strategies
 
         bn, bk = weight.scheme.block
         target = self.policy.target(weight["qweight"].device)
@@ -202,7 +205,10 @@ class TritonBlockFp8(TritonKernel):
         section = self.policy.table("w8a8", target)["fp8_block"]
         configs = tile_configs(section, weight.N, weight.K, TileConfig, block=(bn, bk))  # tiles inside blocks
         scales = (weight["scales"].float() * mult).contiguous()
-        layout = BlockFp8Layout(q, scales, (bn, bk), spec.output_dtype, q.dtype, SCHEME_FP8_MAX / mult)
+        counters = TileCounters(split_k_tiles(BUCKETS, configs, weight.N), q.device)
+        layout = BlockFp8Layout(
+            q, scales, (bn, bk), spec.output_dtype, q.dtype, SCHEME_FP8_MAX / mult, counters
+        )
         name = lambda c: "triton group quant + " + describe(c)  # noqa: E731
         return self.prepared(
             layout, tile_strategies(BUCKETS, configs, name, w8a8_ops.block_fp8), spec, q.device
@@ -279,6 +285,7 @@ class Int8Layout:
     w_scale: torch.Tensor  # fp32 [N]
     in_scale: torch.Tensor | None
     out_dtype: torch.dtype
+    counters: Any = None  # common.TileCounters: the split-K launches' arrival counters
 
 
 class TritonInt8(TritonKernel):
@@ -307,13 +314,17 @@ class TritonInt8(TritonKernel):
 
     def prepare(self, weight: CanonicalWeight, spec: LayerSpec) -> Prepared:
         from . import w8a8_ops
-        from .common import TileConfig, tile_strategies
+        from .common import TileConfig, TileCounters, split_k_tiles, tile_strategies
 
         q = (weight["qweight"].to(torch.int16) - 128).to(torch.int8).contiguous()  # canonical offset 128
         section = self.policy.table("w8a8", self.policy.target(q.device))["int8"]
         configs = tile_configs(section, weight.N, weight.K, TileConfig)
         layout = Int8Layout(
-            q, per_channel_scales(weight).contiguous(), _static_scale(weight), spec.output_dtype
+            q,
+            per_channel_scales(weight).contiguous(),
+            _static_scale(weight),
+            spec.output_dtype,
+            TileCounters(split_k_tiles(BUCKETS, configs, weight.N), q.device),
         )
         name = lambda c: "triton quant + " + describe(c)  # noqa: E731
         return self.prepared(layout, tile_strategies(BUCKETS, configs, name, w8a8_ops.int8), spec, q.device)

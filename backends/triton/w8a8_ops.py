@@ -45,7 +45,9 @@ def fp8_triton(tile: TileConfig) -> StrategyFn:
 
     def fn(lay: Any, x: torch.Tensor, bias: Any, out: Any, ws: Any) -> torch.Tensor:
         xq, a_scale = quantize(x, "fp8", lay.act, lay.in_scale, lay.fp8, lay.mult)
-        return fp8_rowwise_matmul(xq, a_scale, lay.w, lay.w_scale, bias, lay.out_dtype, tile, out)
+        return fp8_rowwise_matmul(
+            xq, a_scale, lay.w, lay.w_scale, bias, lay.out_dtype, tile, out, lay.counters
+        )
 
     return fn
 
@@ -70,7 +72,9 @@ def block_fp8(tile: TileConfig) -> StrategyFn:
 
     def fn(lay: Any, x: torch.Tensor, bias: Any, out: Any, ws: Any) -> torch.Tensor:
         xq, xs = act_quant.quantize_per_token_group(x, lay.block[1], fp8_dtype=lay.fp8, qmax=lay.qmax)
-        return fp8_block_matmul(xq, xs, lay.w, lay.w_scale, lay.block, bias, lay.out_dtype, tile, out)
+        return fp8_block_matmul(
+            xq, xs, lay.w, lay.w_scale, lay.block, bias, lay.out_dtype, tile, out, lay.counters
+        )
 
     return fn
 
@@ -95,6 +99,6 @@ def int8(tile: TileConfig) -> StrategyFn:
             xq, a_scale = act_quant.quantize_per_token(x, "int8")
         else:
             xq, a_scale = act_quant.quantize_static(x, lay.in_scale, "int8"), lay.in_scale
-        return int8_matmul(xq, a_scale, lay.w, lay.w_scale, bias, lay.out_dtype, tile, out)
+        return int8_matmul(xq, a_scale, lay.w, lay.w_scale, bias, lay.out_dtype, tile, out, lay.counters)
 
     return fn

@@ -305,7 +305,7 @@ def test_m_zero_out_and_strided_out() -> None:
     for dt in (torch.float16, torch.float32):
         for split in (1, 3):
             cfg = TileConfig(16, 16, 64, split_k=split)
-            # NaN-filled, and a column slice of a wider buffer: strides honoured, atomics start from zero
+            # NaN-filled, and a column slice of a wider buffer: strides honoured, split-K needs no zeroed output
             big = torch.full((M, N + 8), float("nan"), dtype=dt, device=DEV)
             out = big[:, 4 : 4 + N]
             bd = bias.to(DEV)
