@@ -177,11 +177,13 @@ class Kernel(ABC):
         device: Any = None,
         rows: Any = None,
         act_dtypes: Sequence[torch.dtype] | None = None,
+        workspace: Callable[[int], int] | None = None,
     ) -> Prepared:
-        """The :class:`Prepared` for ``layout``: this layer's shape and dtypes, the workspace from
-        :meth:`workspace_bytes` (when the kernel overrides it) and the optional exact row access."""
-        ws = None
-        if type(self).workspace_bytes is not Kernel.workspace_bytes:
+        """The :class:`Prepared` for ``layout``: this layer's shape and dtypes, the workspace (bytes
+        for batches up to m rows: ``workspace``, a need of this layout, else :meth:`workspace_bytes`
+        when the kernel overrides it) and the optional exact row access."""
+        ws = workspace
+        if ws is None and type(self).workspace_bytes is not Kernel.workspace_bytes:
             ws = lambda m: self.workspace_bytes(spec, m)  # noqa: E731
         return Prepared(
             layout,

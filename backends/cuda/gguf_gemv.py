@@ -34,6 +34,7 @@ from quantrt.backends.triton import dense_slices
 from quantrt.backends.triton.gguf_kernel import TABLE as TRITON_TABLE
 from quantrt.backends.triton.gguf_kernel import (
     GGUFLayout,
+    gemv_workspace,
     gguf_condition,
     gguf_layout,
     gguf_rows,
@@ -152,7 +153,9 @@ def build(kernel: Kernel, layout: GemvLayout, spec: LayerSpec) -> Prepared:
     """The prepared layer over ``layout`` with :func:`strategies` and exact row access (tools
     rebuild one from a replaced layout)."""
     s = dense_slices.in_act_dtype(strategies(layout), layout.act, spec.output_dtype)
-    return kernel.prepared(layout, s, spec, layout.plane_list[0].device, rows=gguf_rows)
+    return kernel.prepared(
+        layout, s, spec, layout.plane_list[0].device, rows=gguf_rows, workspace=gemv_workspace(layout)
+    )
 
 
 class CudaGemvGGUF(Kernel):

@@ -34,7 +34,7 @@ import triton.language as tl
 
 from quantrt.torchops import SCHEME_FP8_MAX
 
-from .launch import Launcher, cdiv, next_power_of_2
+from .launch import Call, Launcher, cdiv, next_power_of_2
 
 INT8_QMAX = 127.0
 _X_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -301,14 +301,11 @@ def _check_x(x: torch.Tensor, what: str) -> tuple[int, int]:
     return x.shape[0], x.shape[1]
 
 
-def _codes_args(x: torch.Tensor, kind: str, fp8_dtype: torch.dtype, what: str) -> tuple[torch.Tensor, dict]:
-    """The output codes tensor and the constexprs that pick the encoding. Returns the codes tensor
-    the caller hands back (fp8 or int8) together with the kernel arguments."""
-    M, K = x.shape
+def codes_meta(x: torch.Tensor, kind: str, fp8_dtype: torch.dtype, what: str) -> tuple[torch.dtype, dict]:
+    """The codes' dtype (fp8 or int8) and the constexprs that pick the encoding for ``x``'s device."""
     if kind == "int8":
-        q = torch.empty(M, K, dtype=torch.int8, device=x.device)
         meta = dict(INT8=True, HW_FP8=False, FMAX=127.0, MANT=0, EMIN=0, NAN=0, NEG_ZERO=False, QTY=tl.int8)
-        return q, meta
+        return torch.int8, meta
     if kind != "fp8":
         raise ValueError(f"{what}: kind must be 'fp8' or 'int8', found {kind!r}")
     fmt = FP8_FORMATS.get(fp8_dtype)
@@ -317,16 +314,21 @@ def _codes_args(x: torch.Tensor, kind: str, fp8_dtype: torch.dtype, what: str) -
             f"{what}: fp8_dtype must be one of "
             f"{', '.join(str(d).replace('torch.', '') for d in FP8_FORMATS)}, found {fp8_dtype}"
         )
-    q = torch.empty(M, K, dtype=fp8_dtype, device=x.device)
     hw = _use_hw_fp8_cast(x, fp8_dtype)
     meta = dict(
         INT8=False, HW_FP8=hw, FMAX=fmt.fmax, MANT=fmt.mant, EMIN=fmt.emin, NAN=fmt.nan,
         NEG_ZERO=fmt.neg_zero, QTY=fmt.tl_dtype,
     )  # fmt: skip
-    return q, meta
+    return fp8_dtype, meta
 
 
-def _kernel_out(q: torch.Tensor, meta: dict) -> torch.Tensor:
+def _codes_args(x: torch.Tensor, kind: str, fp8_dtype: torch.dtype, what: str) -> tuple[torch.Tensor, dict]:
+    """The output codes tensor [M, K] (fp8 or int8) and the constexprs of :func:`codes_meta`."""
+    dtype, meta = codes_meta(x, kind, fp8_dtype, what)
+    return torch.empty(x.shape, dtype=dtype, device=x.device), meta
+
+
+def kernel_out(q: torch.Tensor, meta: dict) -> torch.Tensor:
     """The pointer the kernel stores to: fp8 codes go through a uint8 view unless cast in hardware."""
     return q if meta["INT8"] or meta["HW_FP8"] else q.view(torch.uint8)
 
@@ -371,15 +373,24 @@ def quantize_per_token(
         return q, s
     if K == 0:
         return q, s.fill_(scale_mult)  # an empty row's amax is 0: the scale of zeros
+    per_token_call(x, kernel_out(q, meta), s, qm, scale_mult, meta)()
+    return q, s
+
+
+def per_token_call(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, qmax: float, scale_mult: float,
+                   meta: dict) -> Call:  # fmt: skip
+    """The launch of :func:`quantize_per_token` into given buffers, unchecked: x [M, K] with M, K >=
+    1; q the codes [M, K] contiguous, as the kernel stores them (:func:`kernel_out`); s fp32, M
+    elements; ``meta`` from :func:`codes_meta`."""
+    M, K = x.shape
     p2 = next_power_of_2(K)
     single = p2 <= _SINGLE_PASS_MAX
     BK = p2 if single else _LOOP_BLOCK
     BM = max(1, min(_TILE // BK, 64)) if single else 1  # from K only: one compile per K
-    _per_token_launch((cdiv(M, BM),),
-        x, _kernel_out(q, meta), s, M, K, x.stride(0), x.stride(1), qm, float(scale_mult),
-        BM=BM, BK=BK, SINGLE=single, K64=_k64(x), num_warps=_warps(BM * BK), **meta,
+    return Call(_per_token_launch, (cdiv(M, BM),),
+        (x, q, s, M, K, x.stride(0), x.stride(1), float(qmax), float(scale_mult)),
+        dict(BM=BM, BK=BK, SINGLE=single, K64=_k64(x), num_warps=_warps(BM * BK), **meta),
     )  # fmt: skip
-    return q, s
 
 
 def quantize_per_token_group(
@@ -400,20 +411,30 @@ def quantize_per_token_group(
     if group < 1:
         raise ValueError(f"quantize_per_token_group: group must be >= 1, found {group}")
     q, meta = _codes_args(x, "fp8", fp8_dtype, "quantize_per_token_group")
-    out = _kernel_out(q, meta)
+    out = kernel_out(q, meta)
     meta = {k: v for k, v in meta.items() if k != "INT8"}  # the group kernel is fp8 only
     qm = _qmax("fp8", qmax)
     ng = -(-K // group)
     s = torch.empty(M, ng, dtype=torch.float32, device=x.device)
     if M == 0 or K == 0:
         return q, s
+    per_group_call(x, out, s, group, qm, meta)()
+    return q, s
+
+
+def per_group_call(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, group: int, qmax: float,
+                   meta: dict) -> Call:  # fmt: skip
+    """The launch of :func:`quantize_per_token_group` into given buffers, unchecked: x [M, K] with
+    M, K >= 1; q the codes [M, K] contiguous as the kernel stores them; s fp32 [M, ceil(K / group)]
+    contiguous; ``meta`` from :func:`codes_meta` without ``INT8`` (the group kernel is fp8 only)."""
+    M, K = x.shape
+    ng = -(-K // group)
     GP = next_power_of_2(group)
     GB = max(1, min(_TILE // GP, next_power_of_2(ng)))
-    _per_group_launch((M, cdiv(ng, GB)),
-        x, out, s, K, ng, x.stride(0), x.stride(1), qm,
-        GROUP=group, GP=GP, GB=GB, K64=_k64(x), num_warps=_warps(GB * GP), **meta,
+    return Call(_per_group_launch, (M, cdiv(ng, GB)),
+        (x, q, s, K, ng, x.stride(0), x.stride(1), float(qmax)),
+        dict(GROUP=group, GP=GP, GB=GB, K64=_k64(x), num_warps=_warps(GB * GP), **meta),
     )  # fmt: skip
-    return q, s
 
 
 def _tensor_tiles(K: int) -> tuple[int, int]:
@@ -434,7 +455,7 @@ def quantize_static(
     any shape; it is read by the kernel, never by the host. ``fmax``: the magnitude fp8 codes
     saturate at (the flavour's max by default; e4m3fnuz holding the e4m3 grid at half the value
     saturates at 224, as e4m3 does at 448, and not at its own 240)."""
-    M, K = _check_x(x, "quantize_static")
+    _check_x(x, "quantize_static")
     if scale.numel() != 1 or not scale.is_floating_point():
         raise ValueError(
             f"quantize_static: scale must hold one float element, found {list(scale.shape)} {scale.dtype}"
@@ -448,12 +469,20 @@ def quantize_static(
         meta["FMAX"] = float(fmax)
     if q.numel() == 0:
         return q
-    BM, BK = _tensor_tiles(K)
-    _per_tensor_launch((cdiv(M, BM), cdiv(K, BK)),
-        x, _kernel_out(q, meta), scale, scale, M, K, x.stride(0), x.stride(1), 1.0, 1.0,
-        BM=BM, BK=BK, K64=_k64(x), FROM_AMAX=False, num_warps=_warps(BM * BK), **meta,
-    )  # fmt: skip
+    static_call(x, kernel_out(q, meta), scale, meta)()
     return q
+
+
+def static_call(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, meta: dict) -> Call:
+    """The launch of :func:`quantize_static` into given buffers, unchecked: x [M, K] with M, K >= 1;
+    q the codes [M, K] contiguous as the kernel stores them; ``scale`` one float element; ``meta``
+    from :func:`codes_meta`, its ``FMAX`` the saturation magnitude."""
+    M, K = x.shape
+    BM, BK = _tensor_tiles(K)
+    return Call(_per_tensor_launch, (cdiv(M, BM), cdiv(K, BK)),
+        (x, q, scale, scale, M, K, x.stride(0), x.stride(1), 1.0, 1.0),
+        dict(BM=BM, BK=BK, K64=_k64(x), FROM_AMAX=False, num_warps=_warps(BM * BK), **meta),
+    )  # fmt: skip
 
 
 def quantize_per_tensor(
@@ -494,7 +523,7 @@ def quantize_per_tensor(
         num_warps=_warps(BM * BK),
     )
     _per_tensor_launch((cdiv(M, BM), grid_k),
-        x, _kernel_out(q, meta), s, amax, M, K, x.stride(0), x.stride(1), qm, float(scale_mult),
+        x, kernel_out(q, meta), s, amax, M, K, x.stride(0), x.stride(1), qm, float(scale_mult),
         BM=BM, BK=BK, K64=k64, FROM_AMAX=True, num_warps=_warps(BM * BK), **meta,
     )  # fmt: skip
     return q, s

@@ -5,7 +5,8 @@ Every one of them tiles the output [M, N] in ``block_m`` x ``block_n`` tiles and
 ``split_k`` programs per tile. ``split_k`` = 1 stores the output dtype directly. ``split_k`` > 1
 reduces the partial sums one of two ways:
 
-- in the launch (:func:`reduce_tile`, the W8A8 GEMMs of :mod:`.fp8_mm` and :mod:`.int8_mm`): each
+- in the launch (:func:`reduce_tile`: the W8A8 GEMMs of :mod:`.fp8_mm` and :mod:`.int8_mm`, the GGUF
+  GEMV of :mod:`.gguf`): each
   program stores its fp32 partial tile, counts itself in on the tile's arrival counter
   (:class:`TileCounters`), and the last to arrive sums the partials in ``pid_k`` order, adds the bias,
   stores the output dtype and resets the counter. One launch, deterministic, and the partials need
@@ -230,7 +231,15 @@ class TileCounters:
                 max(tiles, 2 * t.numel() if t is not None else 0), dtype=torch.int32, device=self.device
             )
             self._local.t = t
+            self._local.held = (t.numel(), t.data_ptr())
         return t
+
+    def address(self, tiles: int) -> int:
+        """:meth:`get`'s counters as a raw address (for bound launches)."""
+        held = getattr(self._local, "held", None)
+        if held is None or held[0] < tiles:
+            return self.get(tiles).data_ptr()
+        return held[1]
 
 
 def split_k_tiles(bounds: Sequence[int], configs: Sequence[TileConfig], N: int) -> int:

@@ -37,7 +37,7 @@ from .common import (
     reduce_tile,
     split_k_buffers,
 )
-from .launch import Launcher, cdiv
+from .launch import Call, Launcher, cdiv
 
 #: fp8 flavours the kernels read: OCP (NVIDIA Ada/Hopper/Blackwell, AMD gfx950) and fnuz (AMD gfx942)
 OCP_FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
@@ -206,7 +206,7 @@ def fp8_rowwise_matmul(
     the layer's split-K arrival counters (:class:`.common.TileCounters`); None makes zeros per call.
     """
     what = "fp8_rowwise_matmul"
-    M, N, K = _check_operands(xq, w, bias, out_dtype, out, config, what)
+    M, N, _ = _check_operands(xq, w, bias, out_dtype, out, config, what)
     dev = xq.device
     if a_scale.numel() == 1 and a_scale.dim() <= 2:
         stride_am = 0  # per tensor: every row reads the one scale
@@ -217,19 +217,39 @@ def fp8_rowwise_matmul(
     _check_scale(w_scale, "w_scale", ((N,), (N, 1)), dev, what)
     if M == 0:
         return empty_result(N, out_dtype, out, dev)
-    grid = _grid(M, N, config)
     y = torch.empty(M, N, device=dev, dtype=out_dtype) if out is None else out
-    part, cnt = split_k_buffers(y, grid[0], M, N, config, counters)
-    _fp8_rowwise_launch(grid,
+    part, cnt = split_k_buffers(y, _grid(M, N, config)[0], M, N, config, counters)
+    rowwise_call(xq, a_scale, w, w_scale, bias, y, part, cnt, config, stride_am)()
+    return y
+
+
+def rowwise_call(
+    xq: torch.Tensor,
+    a_scale: torch.Tensor,
+    w: torch.Tensor,
+    w_scale: torch.Tensor,
+    bias: torch.Tensor | None,
+    y: torch.Tensor,
+    part: torch.Tensor,
+    cnt: torch.Tensor,
+    config: TileConfig,
+    stride_am: int,
+) -> Call:
+    """The launch of :func:`fp8_rowwise_matmul` into given buffers, unchecked (M >= 1): ``part``
+    and ``cnt`` from :func:`.common.split_k_buffers`; ``stride_am`` 0 for one activation scale.
+    Its first eight arguments are the pointers."""
+    M, K = xq.shape
+    N = w.shape[0]
+    return Call(_fp8_rowwise_launch, _grid(M, N, config), (
         xq, w, a_scale, w_scale, bias if bias is not None else w_scale, y, part, cnt,
         M, N, K,
         xq.stride(0), xq.stride(1), w.stride(0), w.stride(1), stride_am, w_scale.stride(0),
         bias.stride(0) if bias is not None else 0, y.stride(0), y.stride(1),
+    ), dict(
         BM=config.block_m, BN=config.block_n, BK=config.block_k, SPLIT_K=config.split_k, GM=GROUP_M,
         EVEN_K=K % config.block_k == 0, HAS_B=bias is not None,
         num_warps=config.num_warps, num_stages=config.num_stages,
-    )  # fmt: skip
-    return y
+    ))  # fmt: skip
 
 
 def fp8_block_matmul(
@@ -267,18 +287,37 @@ def fp8_block_matmul(
     _check_scale(x_scale, "x_scale", ((M, nkb),), dev, what)
     if M == 0:
         return empty_result(N, out_dtype, out, dev)
-    grid = _grid(M, N, config)
     y = torch.empty(M, N, device=dev, dtype=out_dtype) if out is None else out
-    part, cnt = split_k_buffers(y, grid[0], M, N, config, counters)
-    _fp8_block_launch(grid,
+    part, cnt = split_k_buffers(y, _grid(M, N, config)[0], M, N, config, counters)
+    block_call(xq, x_scale, w, w_scale, (bn, bk), bias, y, part, cnt, config)()
+    return y
+
+
+def block_call(
+    xq: torch.Tensor,
+    x_scale: torch.Tensor,
+    w: torch.Tensor,
+    w_scale: torch.Tensor,
+    block: tuple[int, int],
+    bias: torch.Tensor | None,
+    y: torch.Tensor,
+    part: torch.Tensor,
+    cnt: torch.Tensor,
+    config: TileConfig,
+) -> Call:
+    """The launch of :func:`fp8_block_matmul` into given buffers, unchecked (M >= 1), as
+    :func:`rowwise_call`'s. Its first eight arguments are the pointers."""
+    M, K = xq.shape
+    N = w.shape[0]
+    return Call(_fp8_block_launch, _grid(M, N, config), (
         xq, x_scale, w, w_scale, bias if bias is not None else w_scale, y, part, cnt,
         M, N, K,
         xq.stride(0), xq.stride(1), x_scale.stride(0), x_scale.stride(1), w.stride(0), w.stride(1),
         w_scale.stride(0), w_scale.stride(1), bias.stride(0) if bias is not None else 0,
         y.stride(0), y.stride(1),
-        QN=bn, QK=bk,
+    ), dict(
+        QN=block[0], QK=block[1],
         BM=config.block_m, BN=config.block_n, BK=config.block_k, SPLIT_K=config.split_k, GM=GROUP_M,
         EVEN_K=K % config.block_k == 0, HAS_B=bias is not None,
         num_warps=config.num_warps, num_stages=config.num_stages,
-    )  # fmt: skip
-    return y
+    ))  # fmt: skip

@@ -25,7 +25,7 @@ q6_k        ql uint8 [N, K/2], qh uint8 [N, K/4], scales int8 [N, K/16], d fp16 
 **GEMV** (:func:`gguf_matmul`). One kernel for the ten types; the per-type decode is chosen by a
 constexpr type id. A program owns ``block_m`` rows of x and ``block_n`` rows of the weight and
 walks K ``block_k`` elements per iteration; ``split_k`` > 1 deals those iterations out over
-programs and adds the fp32 partial sums with atomics. A K tile of a plane is cut into *runs* of 8
+programs, whose fp32 partial sums the launch reduces itself (:func:`.common.reduce_tile`). A K tile of a plane is cut into *runs* of 8
 consecutive code bytes; the tile is [runs, block_n, 8], lanes and warps along the runs, each
 thread holding one run of each of its block_n rows (one 8-byte load per row) and the 8 matching
 activations (one 16-byte load for fp16/bf16, shared by its rows). Codes are decoded in *plane
@@ -51,14 +51,27 @@ bit for bit.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import triton
 import triton.language as tl
 
-from .common import FLOAT_DTYPES, check_epilogue, dtype_name, empty_result, finish_output, output_buffers
-from .launch import Launcher, cdiv, next_power_of_2
+from quantrt.prepared import StrategyFn
+
+from .bound import Runner, bind_one, bound_strategy, regions
+from .common import (
+    FLOAT_DTYPES,
+    TileCounters,
+    check_epilogue,
+    dtype_name,
+    empty_result,
+    reduce_tile,
+    split_k_buffers,
+)
+from .launch import Call, Launcher, cdiv, next_power_of_2
 
 #: type -> (elements per block, bytes per block), as quantrt.schemes.GGUF_TYPES
 BLOCKS: dict[str, tuple[int, int]] = {
@@ -105,8 +118,8 @@ class GGUFConfig:
     """One GEMV launch configuration.
 
     block_m: rows of x per program (1, 2, 4 or 8); block_n: weight rows per program (a power of
-    two); split_k: programs that share one output tile's K loop (> 1 reduces fp32 partial sums
-    with atomics); block_k: K elements per loop iteration, a power of two >= 256, or 0 (the
+    two); split_k: programs that share one output tile's K loop (> 1: their fp32 partial sums
+    reduced in the launch); block_k: K elements per loop iteration, a power of two >= 256, or 0 (the
     default) for the type's fast tile, 32 runs of 8 code bytes per warp (:func:`auto_block_k`).
 
     Fast GEMV tiles keep every lane and warp along K (block_k >= auto_block_k) and few weight rows
@@ -626,16 +639,17 @@ def _gemv_step(acc, t, x0, mlast, stride_xm, stride_xk, p0, p1, p2, p3, p4, K, Q
 
 @triton.jit
 def _gguf_gemv_kernel(
-    X, P0, P1, P2, P3, P4, Bias, Y,
+    X, P0, P1, P2, P3, P4, Bias, Y, Part, Cnt,
     M, N, K,
     stride_xm, stride_xk, stride_b, stride_ym, stride_yn,
     S0, S1, S2, S3, S4,
     QT: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, R: tl.constexpr,
-    SPLIT_K: tl.constexpr, HAS_B: tl.constexpr, ATOMIC: tl.constexpr, HAS_TAIL: tl.constexpr,
+    SPLIT_K: tl.constexpr, HAS_B: tl.constexpr, HAS_TAIL: tl.constexpr,
 ):  # fmt: skip
     """y[M, N] = x @ dequant(W)^T (+ bias). Program (pid, pid_k): the pid-th [BM, BN] output tile
     (M tiles vary fastest, so programs sharing a weight tile run together), K tiles pid_k,
-    pid_k + SPLIT_K, ... The last, partial K tile (HAS_TAIL) runs masked, by one program."""
+    pid_k + SPLIT_K, ... The last, partial K tile (HAS_TAIL) runs masked, by one program. Split-K
+    partials are reduced in the launch (:func:`.common.reduce_tile`: Part, Cnt)."""
     pid = tl.program_id(0)
     pid_k = tl.program_id(1)
     num_m = tl.cdiv(M, BM)
@@ -662,17 +676,9 @@ def _gguf_gemv_kernel(
             acc = _gemv_step(
                 acc, n_full, x0, mlast, stride_xm, stride_xk, p0, p1, p2, p3, p4, K, QT, BM, BN, BK, R, True
             )
-    y = tl.sum(acc, axis=0)  # [BN, BM]
-    mask_n = offs_n < N
-    if HAS_B:
-        if pid_k == 0:
-            y += tl.load(Bias + offs_n * stride_b, mask=mask_n, other=0.0).to(tl.float32)[:, None]
-    y_ptrs = Y + offs_m.to(tl.int64)[None, :] * stride_ym + offs_n[:, None] * stride_yn
-    mask = mask_n[:, None] & (offs_m < M)[None, :]
-    if ATOMIC:
-        tl.atomic_add(y_ptrs, y, mask=mask)
-    else:
-        tl.store(y_ptrs, y.to(Y.dtype.element_ty), mask=mask)
+    y = tl.trans(tl.sum(acc, axis=0))  # [BM, BN]
+    reduce_tile(y, Bias, Y, Part, Cnt, pid, pid_k, offs_m.to(tl.int64), offs_n, offs_m < M, offs_n < N, M, N,
+                stride_b, stride_ym, stride_yn, HAS_B, SPLIT_K)  # fmt: skip
 
 
 _gemv_launch = Launcher(_gguf_gemv_kernel)
@@ -687,10 +693,12 @@ def gguf_matmul(
     bias: torch.Tensor | None = None,
     config: GGUFConfig | None = None,
     out: torch.Tensor | None = None,
+    counters: TileCounters | None = None,
 ) -> torch.Tensor:
     """``y = x @ dequant(W).T (+ bias)`` for x fp16/bf16/fp32 [M, K] (any strides) and the planes of
     :func:`gguf_planes`; y [M, N] in x's dtype (or ``out``), fp32 accumulation, no dense weight.
-    ``config`` None takes :func:`default_config`."""
+    ``config`` None takes :func:`default_config`. ``counters``: the layer's split-K arrival
+    counters (:class:`.common.TileCounters`); None makes zeros per call."""
     t = _type(gguf_type)
     _check_nk(t, N, K, "gguf_matmul")
     if config is None:
@@ -702,23 +710,82 @@ def gguf_matmul(
     check_epilogue(bias, out, x.dtype, M, N, x.device, "gguf_matmul")
     if M == 0:
         return empty_result(N, x.dtype, out, x.device)
-    atomic = config.split_k > 1
-    y, result = output_buffers(M, N, x.dtype, out, atomic, x.device)
     bk = config.block_k or auto_block_k(t, config.num_warps)
     if config.block_n * bk > _MAX_TILE:
         raise ValueError(
             f"gguf_matmul: block_n * block_k = {config.block_n * bk} exceeds {_MAX_TILE} (Triton's largest tile)"
         )
-    _gemv_launch((cdiv(M, config.block_m) * cdiv(N, config.block_n), config.split_k),
-        x, *ps, bias if bias is not None else y, y,
+    y = torch.empty(M, N, device=x.device, dtype=x.dtype) if out is None else out
+    part, cnt = split_k_buffers(y, gemv_tiles(M, N, config), M, N, config, counters)
+    gemv_call(x, ps, strides, t, bias, y, part, cnt, config)()
+    return y
+
+
+def gemv_tiles(M: int, N: int, config: GGUFConfig) -> int:
+    """Output tiles of a GEMV launch (one split-K counter each)."""
+    return cdiv(M, config.block_m) * cdiv(N, config.block_n)
+
+
+def gemv_call(
+    x: torch.Tensor,
+    ps: list[torch.Tensor],
+    strides: list[int],
+    gguf_type: str,
+    bias: torch.Tensor | None,
+    y: torch.Tensor,
+    part: torch.Tensor,
+    cnt: torch.Tensor,
+    config: GGUFConfig,
+) -> Call:
+    """The launch of :func:`gguf_matmul` into given buffers, unchecked (M >= 1): ``ps`` and
+    ``strides`` the five planes of :func:`_padded`; ``part`` and ``cnt`` from
+    :func:`.common.split_k_buffers`. Its first ten arguments are the pointers."""
+    M, K = x.shape
+    N = y.shape[1]
+    bk = config.block_k or auto_block_k(gguf_type, config.num_warps)
+    return Call(_gemv_launch, (gemv_tiles(M, N, config), config.split_k), (
+        x, *ps, bias if bias is not None else y, y, part, cnt,
         M, N, K,
         x.stride(0), x.stride(1), bias.stride(0) if bias is not None else 0, y.stride(0), y.stride(1),
         *strides,
-        QT=_TYPE_ID[t], BM=config.block_m, BN=config.block_n, BK=bk, R=_groups(t, bk),
-        SPLIT_K=config.split_k, HAS_B=bias is not None, ATOMIC=atomic, HAS_TAIL=K % bk != 0,
+    ), dict(
+        QT=_TYPE_ID[gguf_type], BM=config.block_m, BN=config.block_n, BK=bk, R=_groups(gguf_type, bk),
+        SPLIT_K=config.split_k, HAS_B=bias is not None, HAS_TAIL=K % bk != 0,
         num_warps=config.num_warps, num_stages=config.num_stages,
-    )  # fmt: skip
-    return finish_output(y, result)
+    ))  # fmt: skip
+
+
+def gemv_strategy(config: GGUFConfig) -> StrategyFn:
+    """One layer's GEMV strategy on ``config``: :func:`gguf_matmul`, and from a batch size's second
+    call on its bound launch (:mod:`.bound`: split-K partials in the workspace)."""
+
+    def checked(lay: Any, x: torch.Tensor, bias: Any, out: Any, ws: Any) -> torch.Tensor:
+        return gguf_matmul(x, lay.planes, lay.gguf_type, lay.N, lay.K, bias, config, out, lay.counters)
+
+    return bound_strategy(functools.partial(_first_gemv, config), checked)
+
+
+def _first_gemv(
+    config: GGUFConfig, lay: Any, x: torch.Tensor, bias: Any, out: Any, ws: torch.Tensor | None
+) -> tuple[torch.Tensor, Runner | None] | None:
+    """The GEMV with its split-K partials in the workspace; binds the launch."""
+    if config.split_k > 1 and ws is None:
+        return None
+    M, N, t = x.shape[0], lay.N, lay.gguf_type
+    ps, strides = _padded(_plane_list(lay.planes, t, N, lay.K, x.device, "gguf_matmul"))
+    y = torch.empty(M, N, dtype=x.dtype, device=x.device) if out is None else out
+    tiles, split = gemv_tiles(M, N, config), config.split_k
+    if split > 1:
+        part = ws[: regions(M, 0, N, 0, split)[2]].view(torch.float32).view(split, M, N)
+        cnt = lay.counters.get(tiles)
+    else:
+        part = cnt = y
+    call = gemv_call(x, ps, strides, t, bias, y, part, cnt, config)
+    call()
+    planes = tuple(p.data_ptr() for p in ps)
+    run = bind_one(call, lambda xp, bp, yp, pp, cp: (xp, *planes, yp if bp is None else bp, yp, pp, cp),
+                   M=M, N=N, out_dtype=x.dtype, split_k=split, tiles=tiles, counters=lay.counters)  # fmt: skip
+    return y, run
 
 
 # -- the dequantizer ----------------------------------------------------------------------------------

@@ -57,15 +57,20 @@ the type, and lost at 256 (cuBLAS's 750 TFLOP/s against the decode in the K loop
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import triton
 import triton.language as tl
 
+from quantrt.prepared import StrategyFn
+
+from .bound import Runner, bind_one, bound_strategy
 from .common import check_epilogue, empty_result
 from .gguf import BLOCKS, _check_nk, _check_x, _padded, _plane_list, _type
-from .launch import Launcher, cdiv
+from .launch import Call, Launcher, cdiv
 
 #: the types the GEMM decodes, with their kernel ids (the constexpr QT)
 GEMM_TYPES: dict[str, int] = {
@@ -402,14 +407,56 @@ def gguf_gemm(
     if M == 0:
         return empty_result(N, x.dtype, out, x.device)
     y = torch.empty(M, N, device=x.device, dtype=x.dtype) if out is None else out
+    gemm_call(x, ps, strides, t, bias, y, config)()
+    return y
+
+
+def gemm_call(
+    x: torch.Tensor,
+    ps: list[torch.Tensor],
+    strides: list[int],
+    gguf_type: str,
+    bias: torch.Tensor | None,
+    y: torch.Tensor,
+    config: GemmConfig,
+) -> Call:
+    """The launch of :func:`gguf_gemm` into ``y``, unchecked (M >= 1): ``ps`` and ``strides`` the
+    padded planes. Its first seven arguments are the pointers."""
+    M, K = x.shape
+    N = y.shape[1]
     bm, bn, bk = config.block_m, config.block_n, config.block_k
-    _gemm_launch((cdiv(M, bm) * cdiv(N, bn),),
+    return Call(_gemm_launch, (cdiv(M, bm) * cdiv(N, bn),), (
         x, *ps, bias if bias is not None else y, y,
         M, N, K,
         x.stride(0), x.stride(1), bias.stride(0) if bias is not None else 0, y.stride(0), y.stride(1),
         *strides,
-        QT=GEMM_TYPES[t], BM=bm, BN=bn, BK=bk, GROUP_M=config.group_m,
+    ), dict(
+        QT=GEMM_TYPES[gguf_type], BM=bm, BN=bn, BK=bk, GROUP_M=config.group_m,
         HAS_B=bias is not None, HAS_TAIL=K % bk != 0, IEEE=x.dtype == torch.float32,
         num_warps=config.num_warps, num_stages=config.num_stages,
-    )  # fmt: skip
-    return y
+    ))  # fmt: skip
+
+
+def gemm_strategy(config: GemmConfig) -> StrategyFn:
+    """One layer's fused-GEMM strategy on ``config``: :func:`gguf_gemm`, and from a batch size's
+    second call on its bound launch (:mod:`.bound`; no scratch)."""
+
+    def checked(lay: Any, x: torch.Tensor, bias: Any, out: Any, ws: Any) -> torch.Tensor:
+        return gguf_gemm(x, lay.planes, lay.gguf_type, lay.N, lay.K, bias, config, out)
+
+    return bound_strategy(functools.partial(_first_gemm, config), checked)
+
+
+def _first_gemm(
+    config: GemmConfig, lay: Any, x: torch.Tensor, bias: Any, out: Any, ws: torch.Tensor | None
+) -> tuple[torch.Tensor, Runner | None]:
+    """The fused GEMM, bound after its launch."""
+    M, N, t = x.shape[0], lay.N, _gemm_type(lay.gguf_type)
+    ps, strides = _padded(_plane_list(lay.planes, t, N, lay.K, x.device, "gguf_gemm"), _MAX_PLANES)
+    y = torch.empty(M, N, dtype=x.dtype, device=x.device) if out is None else out
+    call = gemm_call(x, ps, strides, t, bias, y, config)
+    call()
+    planes = tuple(p.data_ptr() for p in ps)
+    run = bind_one(call, lambda xp, bp, yp, pp, cp: (xp, *planes, yp if bp is None else bp, yp),
+                   M=M, N=N, out_dtype=x.dtype)  # fmt: skip
+    return y, run

@@ -24,7 +24,7 @@ import torch
 
 from quantrt.canonical import CanonicalWeight
 from quantrt.kernels import Kernel, Verdict, check
-from quantrt.prepared import Prepared, Strategy, StrategyFn
+from quantrt.prepared import Prepared, Strategy
 from quantrt.specs import LayerSpec
 
 from . import dense_slices, tile_table
@@ -48,9 +48,8 @@ class GGUFLayout:
     gemm_configs: tuple[Any, ...]  # a GemmConfig per tile_table bucket, or () without the GEMM
     gemm_max_m: int  # batches above gemv_max_m up to this take the GEMM
     slice_rows: int  # rows of W dequantized per cuBLAS call
-    matmul: Any  # gguf_matmul, bound at load so a call imports nothing
     dequant: Any  # gguf_dequant
-    gemm: Any  # gguf_gemm
+    counters: Any = None  # common.TileCounters: the split-K GEMV launches' arrival counters
 
 
 def _configs(doc: dict[str, Any], gguf_type: str, make: Any) -> tuple[tuple[int, Any], ...]:
@@ -82,18 +81,23 @@ def gguf_condition(spec: LayerSpec) -> Condition:
 def gguf_layout(weight: CanonicalWeight, spec: LayerSpec, doc: dict[str, Any]) -> GGUFLayout:
     """The planes of ``weight`` and the launch shapes of the device's table ``doc``
     (``gguf_<arch>.json``)."""
-    from .gguf import GGUFConfig, gguf_dequant, gguf_matmul, gguf_planes, plane_list
-    from .gguf_gemm import GEMM_TYPES, GemmConfig, gguf_gemm
+    from .common import TileCounters, split_k_tiles
+    from .gguf import GGUFConfig, gguf_dequant, gguf_planes, plane_list
+    from .gguf_gemm import GEMM_TYPES, GemmConfig
 
     t = weight.scheme.gguf_type
     assert t is not None
     q = weight["qweight"]
     planes = gguf_planes(q, t, weight.N, weight.K)
     gemm_tiles, gemm_max_m = _gemm(doc, t, GemmConfig) if t in GEMM_TYPES else ((), 0)
+    configs = _configs(doc, t, GGUFConfig)
+    gemv_max_m = int(doc["gemv_max_m"])
+    tiles = split_k_tiles([min(b, gemv_max_m) for b, _ in configs], [c for _, c in configs], weight.N)
     return GGUFLayout(
-        planes, plane_list(planes, t), t, weight.N, weight.K, spec.act_dtype, _configs(doc, t, GGUFConfig),
-        int(doc["gemv_max_m"]), gemm_tiles, gemm_max_m,
-        dense_slices.rows_for(weight.N, weight.K, spec.act_dtype, doc), gguf_matmul, gguf_dequant, gguf_gemm,
+        planes, plane_list(planes, t), t, weight.N, weight.K, spec.act_dtype, configs,
+        gemv_max_m, gemm_tiles, gemm_max_m,
+        dense_slices.rows_for(weight.N, weight.K, spec.act_dtype, doc), gguf_dequant,
+        TileCounters(tiles, q.device),
     )  # fmt: skip
 
 
@@ -102,16 +106,18 @@ def gguf_strategies(layout: GGUFLayout) -> list[Strategy]:
     ``gemm_max_m``, then dequant + cuBLAS for every larger batch. Their ``fn`` takes x, bias and
     ``out`` in the activation dtype (wrap the list with ``dense_slices.in_act_dtype``)."""
     from .common import tile_strategies
+    from .gguf import gemv_strategy
+    from .gguf_gemm import gemm_strategy
 
     gemv = tile_strategies(
         [b for b, _ in layout.configs],
         [c for _, c in layout.configs],
         _gemv_name,
-        _gemv,
+        gemv_strategy,
         upto=layout.gemv_max_m,
     )
     gemm = tile_strategies(
-        tile_table.BUCKETS, layout.gemm_configs, _gemm_name, _fused_gemm, upto=layout.gemm_max_m
+        tile_table.BUCKETS, layout.gemm_configs, _gemm_name, gemm_strategy, upto=layout.gemm_max_m
     )
     return [
         *gemv,
@@ -124,7 +130,22 @@ def build(kernel: Kernel, layout: GGUFLayout, spec: LayerSpec) -> Prepared:
     """The prepared layer over ``layout`` with :func:`gguf_strategies` and exact row access (tools
     rebuild one from a replaced layout)."""
     strategies = dense_slices.in_act_dtype(gguf_strategies(layout), layout.act, spec.output_dtype)
-    return kernel.prepared(layout, strategies, spec, layout.plane_list[0].device, rows=gguf_rows)
+    return kernel.prepared(
+        layout,
+        strategies,
+        spec,
+        layout.plane_list[0].device,
+        rows=gguf_rows,
+        workspace=gemv_workspace(layout),
+    )
+
+
+def gemv_workspace(layout: GGUFLayout) -> Any:
+    """The workspace the GEMV strategies bind their split-K partials in (:mod:`.bound`)."""
+    from .bound import workspace_fn
+
+    bounds, configs = [b for b, _ in layout.configs], [c for _, c in layout.configs]
+    return workspace_fn(bounds, configs, 0, layout.N, 0, upto=layout.gemv_max_m)
 
 
 def gguf_rows(layout: GGUFLayout, n0: int, n1: int) -> torch.Tensor:
@@ -135,20 +156,6 @@ def gguf_rows(layout: GGUFLayout, n0: int, n1: int) -> torch.Tensor:
 def _dequant(layout: GGUFLayout, n0: int, n1: int, out: torch.Tensor | None) -> torch.Tensor:
     """Rows of W in the activation dtype, for the dense strategy."""
     return layout.dequant(layout.planes, layout.gguf_type, layout.N, layout.K, layout.act, n0, n1, out)
-
-
-def _gemv(config: Any) -> StrategyFn:
-    def fn(lay: GGUFLayout, x: torch.Tensor, bias: Any, out: Any, ws: Any) -> torch.Tensor:
-        return lay.matmul(x, lay.planes, lay.gguf_type, lay.N, lay.K, bias, config, out)
-
-    return fn
-
-
-def _fused_gemm(config: Any) -> StrategyFn:
-    def fn(lay: GGUFLayout, x: torch.Tensor, bias: Any, out: Any, ws: Any) -> torch.Tensor:
-        return lay.gemm(x, lay.planes, lay.gguf_type, lay.N, lay.K, bias, config, out)
-
-    return fn
 
 
 def _gemv_name(c: Any) -> str:

@@ -30,7 +30,7 @@ from .common import (
     split_k_buffers,
     tile_grid,
 )
-from .launch import Launcher
+from .launch import Call, Launcher
 
 __all__ = ["int8_matmul"]
 
@@ -126,13 +126,34 @@ def int8_matmul(
     grid = tile_grid(M, N, config)
     y = torch.empty(M, N, device=dev, dtype=out_dtype) if out is None else out
     part, cnt = split_k_buffers(y, grid[0] * grid[1], M, N, config, counters)
-    _int8_mm_launch(grid,
+    int8_call(xq, a_scale, w, w_scale, bias, y, part, cnt, config, per_token)()
+    return y
+
+
+def int8_call(
+    xq: torch.Tensor,
+    a_scale: torch.Tensor,
+    w: torch.Tensor,
+    w_scale: torch.Tensor,
+    bias: torch.Tensor | None,
+    y: torch.Tensor,
+    part: torch.Tensor,
+    cnt: torch.Tensor,
+    config: TileConfig,
+    per_token: bool,
+) -> Call:
+    """The launch of :func:`int8_matmul` into given buffers, unchecked (M >= 1): ``part`` and
+    ``cnt`` from :func:`.common.split_k_buffers`; ``per_token`` False for one activation scale.
+    Its first eight arguments are the pointers."""
+    M, K = xq.shape
+    N = w.shape[0]
+    return Call(_int8_mm_launch, tile_grid(M, N, config), (
         xq, w, a_scale, w_scale, bias if bias is not None else w_scale, y, part, cnt,
         M, N, K,
         xq.stride(0), xq.stride(1), w.stride(0), w.stride(1), a_scale.stride(0) if per_token else 0,
         bias.stride(0) if bias is not None else 0, y.stride(0), y.stride(1),
+    ), dict(
         BM=config.block_m, BN=config.block_n, BK=config.block_k, SPLIT_K=config.split_k,
         PER_TOKEN=per_token, EVEN_K=K % config.block_k == 0, HAS_B=bias is not None,
         num_warps=config.num_warps, num_stages=config.num_stages,
-    )  # fmt: skip
-    return y
+    ))  # fmt: skip

@@ -17,7 +17,7 @@ streams (Intel's XPU: its streams are not torch.cuda's; ROCm torch answers torch
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from triton import knobs
@@ -71,13 +71,7 @@ class Launcher:
         if not self._direct or knobs.runtime.interpret or len(args) != self._nargs:
             self.fn[grid](*args, **meta)
             return
-        spec = tuple(
-            native_specialize_impl(BaseBackend, a, c, s, al) for a, (c, s, al) in zip(args, self._flags)
-        )
-        device = (
-            torch._C._cuda_getDevice()
-        )  # the current device (Triton launches there), without the lazy-init check
-        key = (device, spec, tuple(meta.items()))
+        key = self._key(args, meta)
         hit = self._hits.get(key)
         if hit is None or _hooked(knobs.runtime.launch_enter_hook) or _hooked(knobs.runtime.launch_exit_hook):
             kernel = self.fn[grid](*args, **meta)
@@ -87,11 +81,80 @@ class Launcher:
             self._hits[key] = (*_entry(kernel), kernel.function, kernel.packed_metadata, consts)
             return
         run, head, function, packed, consts = hit
+        device = key[0]
         self.direct_launches += 1
         g1 = grid[1] if len(grid) > 1 else 1
         g2 = grid[2] if len(grid) > 2 else 1
         stream = torch._C._cuda_getCurrentRawStream(device)  # Triton's driver asks the same, without a Stream
         run(grid[0], g1, g2, stream, function, *head, packed, None, None, None, *args, *consts)
+
+    def _key(self, args: tuple, meta: dict[str, Any]) -> tuple:
+        """The cache key: the current device (Triton launches there; read without torch's lazy-init
+        check), Triton's specialization of every runtime argument, the constexprs and options."""
+        spec = tuple(
+            native_specialize_impl(BaseBackend, a, c, s, al) for a, (c, s, al) in zip(args, self._flags)
+        )
+        return (torch._C._cuda_getDevice(), spec, tuple(meta.items()))
+
+    def bind(self, grid: tuple[int, ...], pointers: int, *args: Any, **meta: Any) -> Bound | None:
+        """The launch ``self(grid, *args, **meta)`` made after such a call, as a :class:`Bound` that
+        takes its first ``pointers`` arguments per call as raw addresses: the binary, the grid, the
+        other arguments and the constexprs are fixed here. None where this launcher does not launch
+        directly (interpreter, hooks, another Triton) or has not launched these arguments yet.
+
+        A bound launch skips the per-call specialization, so its caller answers for what the key
+        held: each address has the alignment (16 bytes or not) and the element type of the tensor
+        passed here, on the same device."""
+        if not self._direct or knobs.runtime.interpret or len(args) != self._nargs:
+            return None
+        key = self._key(args, meta)
+        hit = self._hits.get(key)
+        if hit is None or _hooked(knobs.runtime.launch_enter_hook) or _hooked(knobs.runtime.launch_exit_hook):
+            return None
+        run, head, function, packed, consts = hit
+        full = (grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1)
+        return Bound(run, full, function, head, packed, (*args[pointers:], *consts), key[0])
+
+
+class Bound:
+    """One compiled Triton kernel with its grid and every argument but the leading pointers fixed:
+    ``bound(stream, *addresses)`` launches it on ``stream`` (a raw handle of ``device``). Addresses
+    as ints also skip the driver's pointer query that a tensor argument costs per launch."""
+
+    __slots__ = ("_grid", "_mid", "_run", "_tail", "device")
+
+    def __init__(
+        self,
+        run: Any,
+        grid: tuple[int, int, int],
+        function: Any,
+        head: tuple,
+        packed: Any,
+        tail: tuple,
+        device: int,
+    ) -> None:
+        self._run, self._grid, self._tail, self.device = run, grid, tail, device
+        self._mid = (function, *head, packed, None, None, None)  # between the stream and the arguments
+
+    def __call__(self, stream: int, *pointers: int) -> None:
+        g = self._grid
+        self._run(g[0], g[1], g[2], stream, *self._mid, *pointers, *self._tail)
+
+
+class Call(NamedTuple):
+    """One launch spelled as data: ``call()`` launches it through its :class:`Launcher`;
+    ``call.bind(pointers)`` is :meth:`Launcher.bind` of the same launch."""
+
+    launcher: Launcher
+    grid: tuple[int, ...]
+    args: tuple
+    meta: dict[str, Any]
+
+    def __call__(self) -> None:
+        self.launcher(self.grid, *self.args, **self.meta)
+
+    def bind(self, pointers: int) -> Bound | None:
+        return self.launcher.bind(self.grid, pointers, *self.args, **self.meta)
 
 
 def _entry(kernel: Any) -> tuple[Any, tuple]:

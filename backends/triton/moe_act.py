@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .act_quant import _TILE, _codes_args, _group_codes, _kernel_out, _qmax, _warps
+from .act_quant import _TILE, _codes_args, _group_codes, _qmax, _warps, kernel_out
 from .launch import Launcher, cdiv, next_power_of_2
 
 #: Activation.kind -> the kernel's KIND constexpr
@@ -128,7 +128,7 @@ def gated_group_quant(
         h = h.contiguous()
     A, inter = h.shape[0], h.shape[1] // 2
     q, meta = _codes_args(h[:, :inter], "fp8", fp8_dtype, "gated_group_quant")
-    out = _kernel_out(q, meta)
+    out = kernel_out(q, meta)
     meta = {k: v for k, v in meta.items() if k != "INT8"}
     ng = -(-inter // group)
     s = torch.empty(A, ng, dtype=torch.float32, device=h.device)

@@ -110,6 +110,7 @@ class TritonFp8(TritonKernel):
 
     def prepare(self, weight: CanonicalWeight, spec: LayerSpec) -> Prepared:
         from . import w8a8_ops
+        from .bound import workspace_fn
         from .common import TileConfig, TileCounters, split_k_tiles, tile_strategies
 
         target = self.policy.target(weight["qweight"].device)
@@ -141,15 +142,18 @@ class TritonFp8(TritonKernel):
             TileCounters(split_k_tiles(BUCKETS, configs, weight.N), q.device),
         )
         name = lambda c: "triton quant + " + describe(c)  # noqa: E731
+        start = int(table.get("scaled_mm_from_m", 1 << 30)) if ok else ALL_M
         if not ok:
             strategies = tile_strategies(BUCKETS, configs, name, w8a8_ops.fp8_triton)
         else:  # batches of at least scaled_mm_from_m rows run torch._scaled_mm
-            start = int(table.get("scaled_mm_from_m", 1 << 30))
             strategies = [
                 *tile_strategies(BUCKETS, configs, name, w8a8_ops.fp8_triton, upto=start - 1),
                 Strategy(ALL_M, "triton quant + _scaled_mm", w8a8_ops.fp8_scaled_mm),
             ]
-        return self.prepared(layout, strategies, spec, q.device)
+        ws = None  # per-tensor dynamic scales take the checked path (a zeroed amax, a third launch)
+        if gran != "tensor":
+            ws = workspace_fn(BUCKETS, configs, weight.K, weight.N, 0 if gran == "static" else 1, start - 1)
+        return self.prepared(layout, strategies, spec, q.device, workspace=ws)
 
 
 # -- block fp8 --------------------------------------------------------------------------------
@@ -197,6 +201,7 @@ class TritonBlockFp8(TritonKernel):
 
     def prepare(self, weight: CanonicalWeight, spec: LayerSpec) -> Prepared:
         from . import w8a8_ops
+        from .bound import workspace_fn
         from .common import TileConfig, TileCounters, split_k_tiles, tile_strategies
 
         bn, bk = weight.scheme.block
@@ -210,8 +215,9 @@ class TritonBlockFp8(TritonKernel):
             q, scales, (bn, bk), spec.output_dtype, q.dtype, SCHEME_FP8_MAX / mult, counters
         )
         name = lambda c: "triton group quant + " + describe(c)  # noqa: E731
+        ws = workspace_fn(BUCKETS, configs, weight.K, weight.N, -(-weight.K // bk))
         return self.prepared(
-            layout, tile_strategies(BUCKETS, configs, name, w8a8_ops.block_fp8), spec, q.device
+            layout, tile_strategies(BUCKETS, configs, name, w8a8_ops.block_fp8), spec, q.device, workspace=ws
         )
 
 
@@ -314,6 +320,7 @@ class TritonInt8(TritonKernel):
 
     def prepare(self, weight: CanonicalWeight, spec: LayerSpec) -> Prepared:
         from . import w8a8_ops
+        from .bound import workspace_fn
         from .common import TileConfig, TileCounters, split_k_tiles, tile_strategies
 
         q = (weight["qweight"].to(torch.int16) - 128).to(torch.int8).contiguous()  # canonical offset 128
@@ -327,4 +334,7 @@ class TritonInt8(TritonKernel):
             TileCounters(split_k_tiles(BUCKETS, configs, weight.N), q.device),
         )
         name = lambda c: "triton quant + " + describe(c)  # noqa: E731
-        return self.prepared(layout, tile_strategies(BUCKETS, configs, name, w8a8_ops.int8), spec, q.device)
+        ws = workspace_fn(BUCKETS, configs, weight.K, weight.N, 0 if layout.in_scale is not None else 1)
+        return self.prepared(
+            layout, tile_strategies(BUCKETS, configs, name, w8a8_ops.int8), spec, q.device, workspace=ws
+        )

@@ -30,6 +30,7 @@ from gguf_testing import (
     typical_d,
 )
 
+from quantrt.backends.triton.common import TileCounters
 from quantrt.backends.triton.gguf import (
     PLANE_NAMES,
     PLANES,
@@ -231,8 +232,8 @@ def test_shapes_and_strides(gtype: str):
 
 @pytest.mark.parametrize("gtype", SHAPE_TYPES)
 def test_bias_out_split_k_and_empty(gtype: str):
-    """bias; out= (a column slice of a poisoned wider buffer); split_k > 1 (fp32 atomics into out,
-    or into a scratch buffer then cast), more splits than K tiles; M = 0."""
+    """bias; out= (a column slice of a poisoned wider buffer); split_k > 1 (the partials reduced in
+    the launch, into out's strides), more splits than K tiles; M = 0."""
     seed = fresh_seed()
     g = torch.Generator().manual_seed(seed)
     K = 32 * 9 if legacy(gtype) else 768
@@ -256,6 +257,27 @@ def test_bias_out_split_k_and_empty(gtype: str):
     assert gguf_matmul(x0, planes, gtype, N, K).shape == (0, N)
     out0 = torch.empty(0, N, device=DEV)
     assert gguf_matmul(x0, planes, gtype, N, K, out=out0) is out0
+
+
+def test_split_k_counters_shared_across_calls_reset_and_deterministic():
+    """One counter set (fewer counters than the first launch needs: it grows) through calls at
+    several M and splits: each matches the reference, repeats the same bits, and leaves every
+    counter at zero (a counter left set would let the wrong program finish the next call's tile)."""
+    seed = fresh_seed()
+    g = torch.Generator().manual_seed(seed)
+    K, N = 768, 45
+    q = random_blocks("q4_k", N, K, seed)
+    planes = planes_of(q, "q4_k", K)
+    counters = TileCounters(2, torch.device(DEV))
+    for M, split in ((1, 2), (3, 3), (6, 5), (1, 7)):
+        x = torch.randn(M, K, generator=g).to(DEV)
+        cfg = GGUFConfig(block_m=2, block_n=8, split_k=split, block_k=256)
+        first = gguf_matmul(x, planes, "q4_k", N, K, config=cfg, counters=counters)
+        ref = x.double().cpu() @ dense(q, "q4_k").double().T
+        assert rel(first, ref) < TOL[torch.float32], (M, split, seed)
+        for _ in range(2):
+            assert torch.equal(gguf_matmul(x, planes, "q4_k", N, K, config=cfg, counters=counters), first)
+        assert int(counters.get(0).abs().sum()) == 0, (M, split, "a counter was not reset")
 
 
 def test_a_wrong_byte_is_caught():
