@@ -11,7 +11,8 @@ What a bound launch fixed is what a call checks before taking it (:func:`plain`)
 16-byte aligned in the dtype it was bound with (:func:`key`), the bias (if any) of the bound dtype,
 contiguous and aligned, ``out`` (if any) contiguous and aligned. Anything else, and batches above
 :data:`BOUND_M`, take the strategy's checked path, which is also where the interpreter and
-launchers that cannot bind stay.
+launchers that cannot bind stay. Bound launches skip Triton's launch hooks (see
+:meth:`.launch.Launcher.bind`).
 """
 
 from __future__ import annotations
@@ -23,19 +24,16 @@ import torch
 
 from quantrt.prepared import StrategyFn
 
-from .launch import Call
+from .launch import Call, raw_stream
 
 #: batches up to this many rows run bound (their scratch fits the workspace)
 BOUND_M = 256
 _ALIGN = 256
 
-#: ``run(x, bias, out, ws) -> y`` of one layer at one batch size
-Runner = Callable[[torch.Tensor, Any, Any, torch.Tensor], torch.Tensor]
+#: ``run(x, bias, out, ws) -> y`` of one layer at one batch size (``ws`` None where it needs none)
+Runner = Callable[[torch.Tensor, Any, Any, Any], torch.Tensor]
 #: byte offsets of the scales and the partials, and the bytes in all
 Regions = tuple[int, int, int]
-
-#: torch's current stream on a device as a raw handle, without a Stream object
-raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
 
 def _up(n: int) -> int:
@@ -96,7 +94,7 @@ def key(x: torch.Tensor, bias: torch.Tensor | None) -> tuple:
 #: ``first(layout, x, bias, out, ws) -> (y, runner or None)``: a strategy's binding call, its
 #: scratch in the workspace ``ws`` (None where the layer has none); None where this call cannot run
 #: bound (the checked path serves it)
-FirstFn = Callable[[Any, torch.Tensor, Any, Any, torch.Tensor], "tuple[torch.Tensor, Runner | None] | None"]
+FirstFn = Callable[[Any, torch.Tensor, Any, Any, Any], "tuple[torch.Tensor, Runner | None] | None"]
 
 
 def bound_strategy(first: FirstFn, checked: StrategyFn) -> StrategyFn:
@@ -146,7 +144,7 @@ def bind_one(
         return None
     dev, split = b.device, split_k > 1
 
-    def run(x: torch.Tensor, bias: Any, out: Any, ws: torch.Tensor) -> torch.Tensor:
+    def run(x: torch.Tensor, bias: Any, out: Any, ws: Any) -> torch.Tensor:
         y = torch.empty((M, N), dtype=out_dtype, device=dev) if out is None else out
         yp = y.data_ptr()
         part, cnt = (ws.data_ptr(), counters.address(tiles)) if split else (yp, yp)

@@ -5,11 +5,10 @@ Every one of them tiles the output [M, N] in ``block_m`` x ``block_n`` tiles and
 ``split_k`` programs per tile. ``split_k`` = 1 stores the output dtype directly. ``split_k`` > 1
 reduces the partial sums one of two ways:
 
-- in the launch (:func:`reduce_tile`: the W8A8 GEMMs of :mod:`.fp8_mm` and :mod:`.int8_mm`, the GGUF
-  GEMV of :mod:`.gguf`): each
-  program stores its fp32 partial tile, counts itself in on the tile's arrival counter
-  (:class:`TileCounters`), and the last to arrive sums the partials in ``pid_k`` order, adds the bias,
-  stores the output dtype and resets the counter. One launch, deterministic, and the partials need
+- in the launch (:func:`reduce_tile`: the W8A8 GEMMs of :mod:`.fp8_mm` and :mod:`.int8_mm`, the
+  GGUF GEMV of :mod:`.gguf`): each program stores its fp32 partial tile, counts itself in on the
+  tile's arrival counter (:class:`TileCounters`), and the last to arrive sums the partials in
+  ``pid_k`` order, adds the bias, stores the output dtype and resets the counter. One launch, deterministic, and the partials need
   no zeroing: the host allocates them uninitialised;
 - with fp32 atomics into a zeroed buffer (``out`` itself when the output is fp32) cast into the
   output afterwards (:func:`output_buffers`, :func:`store_tile`, :func:`finish_output`): the older

@@ -25,8 +25,8 @@ q6_k        ql uint8 [N, K/2], qh uint8 [N, K/4], scales int8 [N, K/16], d fp16 
 **GEMV** (:func:`gguf_matmul`). One kernel for the ten types; the per-type decode is chosen by a
 constexpr type id. A program owns ``block_m`` rows of x and ``block_n`` rows of the weight and
 walks K ``block_k`` elements per iteration; ``split_k`` > 1 deals those iterations out over
-programs, whose fp32 partial sums the launch reduces itself (:func:`.common.reduce_tile`). A K tile of a plane is cut into *runs* of 8
-consecutive code bytes; the tile is [runs, block_n, 8], lanes and warps along the runs, each
+programs, whose fp32 partial sums the launch reduces itself (:func:`.common.reduce_tile`). A K
+tile of a plane is cut into *runs* of 8 consecutive code bytes; the tile is [runs, block_n, 8], lanes and warps along the runs, each
 thread holding one run of each of its block_n rows (one 8-byte load per row) and the 8 matching
 activations (one 16-byte load for fp16/bf16, shared by its rows). Codes are decoded in *plane
 order*: a byte's two nibbles (or four 2-bit fields) are elements that are not adjacent in k, so

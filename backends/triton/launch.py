@@ -29,6 +29,11 @@ except ImportError:  # pragma: no cover - older or newer Triton: every call take
     native_specialize_impl = None
 
 
+#: torch's current stream on a device as a raw handle (what Triton's driver asks for), without a
+#: Stream object; None in a torch without CUDA, where nothing launches directly
+raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
 def cdiv(a: int, b: int) -> int:
     """``triton.cdiv`` for host code: Triton 3.6 makes it a constexpr function, microseconds a call."""
     return -(-a // b)
@@ -85,8 +90,7 @@ class Launcher:
         self.direct_launches += 1
         g1 = grid[1] if len(grid) > 1 else 1
         g2 = grid[2] if len(grid) > 2 else 1
-        stream = torch._C._cuda_getCurrentRawStream(device)  # Triton's driver asks the same, without a Stream
-        run(grid[0], g1, g2, stream, function, *head, packed, None, None, None, *args, *consts)
+        run(grid[0], g1, g2, raw_stream(device), function, *head, packed, None, None, None, *args, *consts)
 
     def _key(self, args: tuple, meta: dict[str, Any]) -> tuple:
         """The cache key: the current device (Triton launches there; read without torch's lazy-init
@@ -104,7 +108,8 @@ class Launcher:
 
         A bound launch skips the per-call specialization, so its caller answers for what the key
         held: each address has the alignment (16 bytes or not) and the element type of the tensor
-        passed here, on the same device."""
+        passed here, on the same device. It also skips the launch hooks: a profiler's hook set
+        after binding does not see these launches (one set before binding prevents it)."""
         if not self._direct or knobs.runtime.interpret or len(args) != self._nargs:
             return None
         key = self._key(args, meta)

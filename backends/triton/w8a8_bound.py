@@ -12,8 +12,8 @@ from typing import Any
 
 import torch
 
-from .bound import Runner, raw_stream, regions
-from .launch import Call
+from .bound import Runner, regions
+from .launch import Call, raw_stream
 
 
 def views(
