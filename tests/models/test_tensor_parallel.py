@@ -12,8 +12,6 @@ safetensors fixture has one key/value head for two ranks, so each rank holds a r
 
 from __future__ import annotations
 
-import os
-import socket
 from pathlib import Path
 
 import pytest
@@ -60,16 +58,16 @@ TOLERANCE = {
 }
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _store(tmp_path: Path) -> str:
+    """A rendezvous file of this test's own: a TCP port probed free can be taken by a test running
+    beside it (pytest-xdist) before rank 0 binds it, and a rank that then meets the other test's
+    store aborts (seen in CI: SIGABRT, "terminate called without an active exception")."""
+    return f"file://{tmp_path / 'rendezvous'}"
 
 
-def _rank(rank: int, port: int, path: str, ids: torch.Tensor, out: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+def _rank(rank: int, store: str, path: str, ids: torch.Tensor, out: str) -> None:
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
+    dist.init_process_group("gloo", init_method=store, rank=rank, world_size=WORLD)
     try:
         model = quantrt.from_pretrained(path, device="cpu", dtype=torch.float32, tp=WORLD, progress=False)
         kinds = {n: type(m).__name__ for n, m in model.named_modules()}
@@ -116,7 +114,9 @@ def test_two_ranks_equal_one(case: str, tmp_path: Path) -> None:
         want = single(ids).logits
         want_tokens = single.generate(ids[:1], max_new_tokens=8, do_sample=False)
     out = str(tmp_path / "rank")
-    mp.start_processes(_rank, args=(_free_port(), str(path), ids, out), nprocs=WORLD, start_method="spawn")
+    mp.start_processes(
+        _rank, args=(_store(tmp_path), str(path), ids, out), nprocs=WORLD, start_method="spawn"
+    )
     heads = single.config.num_attention_heads
     for r in range(WORLD):
         got = torch.load(f"{out}.{r}", weights_only=True)
@@ -130,10 +130,9 @@ def test_two_ranks_equal_one(case: str, tmp_path: Path) -> None:
         assert torch.equal(got["tokens"], want_tokens), (case, r)  # greedy decoding, as tp=1 decodes
 
 
-def _rank_refusal(rank: int, port: int, path: str, out: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+def _rank_refusal(rank: int, store: str, path: str, out: str) -> None:
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
+    dist.init_process_group("gloo", init_method=store, rank=rank, world_size=WORLD)
     try:
         quantrt.from_pretrained(path, device="cpu", dtype=torch.float32, tp=WORLD, progress=False)
         message = ""
@@ -149,7 +148,9 @@ def test_a_cut_through_a_weight_block_is_refused(tmp_path: Path) -> None:
     error naming the tensor on every rank, not a silently wrong model."""
     path = FIXTURES / "interop" / "ct-fp8-w-block128-a-dyngroup128"
     out = str(tmp_path / "rank")
-    mp.start_processes(_rank_refusal, args=(_free_port(), str(path), out), nprocs=WORLD, start_method="spawn")
+    mp.start_processes(
+        _rank_refusal, args=(_store(tmp_path), str(path), out), nprocs=WORLD, start_method="spawn"
+    )
     for r in range(WORLD):
         message = Path(f"{out}.{r}").read_text()
         assert "ShardError" in message and "would split a group/block" in message, message
